@@ -1,0 +1,60 @@
+/* The shmloader C helper: atomic slot states and the parent-death signal. Kept tiny. */
+#include <stdint.h>
+#include <stddef.h>
+#include <errno.h>
+#include <sys/prctl.h>
+#include <sys/mman.h>
+
+/* Acquire: everything the writer did before its release store is visible after this. */
+uint32_t sl_load(uint32_t *states, size_t index) {
+    return __atomic_load_n(&states[index], __ATOMIC_ACQUIRE);
+}
+
+/* Release: every write this process made before is visible to whoever acquires the value. */
+void sl_store(uint32_t *states, size_t index, uint32_t value) {
+    __atomic_store_n(&states[index], value, __ATOMIC_RELEASE);
+}
+
+/* Returns 1 when states[index] was `expected` and is now `desired`, else 0. */
+int sl_cas(uint32_t *states, size_t index, uint32_t expected, uint32_t desired) {
+    uint32_t old = expected;
+    return __atomic_compare_exchange_n(&states[index], &old, desired, 0,
+                                       __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+/* Claims the first slot at or after `start` (wrapping) whose state is `expected` by
+ * moving it to `desired`; returns its index, or -1 when none is. One call instead of a
+ * Python loop of sl_cas calls: this runs once per batch. */
+int sl_find_and_claim(uint32_t *states, size_t count, size_t start, uint32_t expected,
+                      uint32_t desired) {
+    for (size_t n = 0; n < count; n++) {
+        size_t i = (start + n) % count;
+        uint32_t old = expected;
+        if (__atomic_load_n(&states[i], __ATOMIC_RELAXED) == expected &&
+            __atomic_compare_exchange_n(&states[i], &old, desired, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return (int)i;
+    }
+    return -1;
+}
+
+/* Asks the kernel to send `signum` to this process when its parent thread exits.
+ * Returns 0, or the errno of the failure. */
+int sl_set_pdeathsig(int signum) {
+    if (prctl(PR_SET_PDEATHSIG, (unsigned long)signum, 0, 0, 0) != 0)
+        return errno;
+    return 0;
+}
+
+/* Maps `size` bytes of `fd` shared and writable; NULL on failure (errno says why).
+ * `populate` pre-faults every page now, so the hot path never pays a page fault. */
+void *sl_map(int fd, size_t size, int populate) {
+    int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
+    void *addr = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, fd, 0);
+    return addr == MAP_FAILED ? NULL : addr;
+}
+
+/* Returns 0, or the errno of the failure. */
+int sl_unmap(void *addr, size_t size) {
+    return munmap(addr, size) == 0 ? 0 : errno;
+}

@@ -1,0 +1,14 @@
+/* Declarations of the shmloader C helper, in the subset of C that cffi's cdef reads.
+ *
+ * Slot states are 32-bit words in a shared mapping. Every access goes through these
+ * functions so that each one is a real atomic with the stated memory order: a worker's
+ * writes into a slot happen-before the consumer reads them, because the worker
+ * publishes with a release store and the consumer observes with an acquire load. */
+
+uint32_t sl_load(uint32_t *states, size_t index);
+void sl_store(uint32_t *states, size_t index, uint32_t value);
+int sl_cas(uint32_t *states, size_t index, uint32_t expected, uint32_t desired);
+int sl_find_and_claim(uint32_t *states, size_t count, size_t start, uint32_t expected, uint32_t desired);
+int sl_set_pdeathsig(int signum);
+void *sl_map(int fd, size_t size, int populate);
+int sl_unmap(void *addr, size_t size);

@@ -1,0 +1,34 @@
+"""shmloader: a drop-in DataLoader whose workers write batches straight into one
+shared-memory ring, so the consumer gets zero-copy numpy views."""
+
+from shmloader.dataset import Dataset, IterableDataset
+from shmloader.errors import (
+    BatchLayoutError,
+    LoaderTimeoutError,
+    ShmLoaderError,
+    ShmSpaceError,
+    WorkerDiedError,
+    WorkerError,
+)
+from shmloader.loader import DataLoader
+from shmloader.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from shmloader.worker import WorkerInfo, get_worker_info
+
+__all__ = [
+    "BatchLayoutError",
+    "BatchSampler",
+    "DataLoader",
+    "Dataset",
+    "IterableDataset",
+    "LoaderTimeoutError",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "ShmLoaderError",
+    "ShmSpaceError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerInfo",
+    "get_worker_info",
+]
+__version__ = "0.1.0"

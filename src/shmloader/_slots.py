@@ -1,0 +1,95 @@
+"""Typed wrapper over the C helper (``shmloader._native``).
+
+The rest of the package never touches ``lib`` or ``ffi`` directly: it goes through the
+functions here, which check every return code and turn failures into exceptions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from shmloader._native import ffi, lib
+
+# Slot states. A slot moves FREE -> ASSIGNED (consumer picked it for a batch) -> READY
+# (worker wrote the batch and published it) -> HELD (consumer handed out views) -> FREE
+# (the last view died). Only the owner of the current state moves it on.
+FREE = 0
+ASSIGNED = 1
+READY = 2
+HELD = 3
+
+
+class Mapping:
+    """One shared mapping of a descriptor, unmapped when this object is garbage collected.
+
+    Everything that points into the mapping (numpy views handed to the consumer, the
+    state array) keeps a reference to its ``Mapping``, so the memory can never be
+    unmapped under a live view, and is unmapped as soon as nothing refers to it.
+    """
+
+    __slots__ = ("__weakref__", "_ptr", "size")
+
+    def __init__(self, fd: int, size: int, *, populate: bool = True) -> None:
+        """Map ``size`` bytes of ``fd`` (shared, read-write); ``populate`` pre-faults them."""
+        ptr = lib.sl_map(fd, size, 1 if populate else 0)
+        if ptr == ffi.NULL:
+            err = ffi.errno
+            raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
+        self._ptr = ffi.gc(ptr, lambda p: lib.sl_unmap(p, size), size=size)
+        self.size = size
+
+    @property
+    def address(self) -> int:
+        """The start address of the mapping in this process."""
+        return int(ffi.cast("uintptr_t", self._ptr))
+
+    def buffer(self, offset: int, length: int) -> Any:
+        """A writable buffer over ``length`` bytes at ``offset`` (does not own the mapping)."""
+        if offset < 0 or offset + length > self.size:
+            raise ValueError(f"range {offset}+{length} is outside the {self.size}-byte mapping")
+        return ffi.buffer(ffi.cast("char *", self._ptr) + offset, length)
+
+    def pointer(self, offset: int, ctype: str) -> Any:
+        """A ``ctype`` pointer to byte ``offset`` (does not own the mapping)."""
+        return ffi.cast(ctype, ffi.cast("char *", self._ptr) + offset)
+
+
+class StateArray:
+    """The slot-state words of one ring, viewed through the C helper's atomics."""
+
+    __slots__ = ("_count", "_mapping", "_ptr")
+
+    def __init__(self, mapping: Mapping, offset: int, count: int) -> None:
+        """View ``count`` 32-bit words at byte ``offset`` (4-aligned) of ``mapping``."""
+        if offset % 4:
+            raise ValueError(f"state words must be 4-byte aligned, offset {offset} is not")
+        self._mapping = mapping  # keeps the memory mapped while the states are in use
+        mapping.buffer(offset, 4 * count)  # checks the range
+        self._ptr = mapping.pointer(offset, "uint32_t *")
+        self._count = count
+
+    def load(self, index: int) -> int:
+        """Return the state of slot ``index`` (acquire order)."""
+        return lib.sl_load(self._ptr, index)
+
+    def store(self, index: int, value: int) -> None:
+        """Set the state of slot ``index`` (release order)."""
+        lib.sl_store(self._ptr, index, value)
+
+    def cas(self, index: int, expected: int, desired: int) -> bool:
+        """Move slot ``index`` from ``expected`` to ``desired``; False if it was not ``expected``."""
+        return bool(lib.sl_cas(self._ptr, index, expected, desired))
+
+    def claim(self, start: int, expected: int, desired: int) -> int:
+        """Claim the first slot at or after ``start`` in state ``expected``; -1 if none is."""
+        return lib.sl_find_and_claim(self._ptr, self._count, start, expected, desired)
+
+
+def set_parent_death_signal(signum: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``signum`` to this process when its parent thread exits."""
+    err = lib.sl_set_pdeathsig(signum)
+    if err:
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
+

@@ -1,0 +1,259 @@
+"""Collation: samples -> leaves -> a destination (a ring slot, or new arrays).
+
+``gather`` walks the samples of one batch like torch's ``default_collate`` does (per
+node, not per sample), checking that they agree, and returns the batch's treedef and its
+leaves. ``place`` then lays the array leaves out and copies each one exactly once into
+its destination: a slot of the ring in a worker (zero further copies), or freshly
+allocated arrays when loading in the main process. Both paths share this code, so
+``num_workers=0`` gives the same batches as workers do.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shmloader.errors import BatchLayoutError
+from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, align, unflatten
+
+
+class Leaf:
+    """One leaf of a batch before placement.
+
+    ``values`` is the list of per-sample values when ``stacked`` (one per sample), else a
+    single value. ``shape``/``dtype`` are the leaf's final shape and dtype; ``dtype`` is
+    None for object leaves.
+    """
+
+    __slots__ = ("dtype", "path", "shape", "stacked", "torch", "values")
+
+    def __init__(self, path, values, stacked, shape, dtype, torch):
+        self.path = path
+        self.values = values
+        self.stacked = stacked
+        self.shape = shape
+        self.dtype = dtype
+        self.torch = torch
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.dtype is None else int(np.prod(self.shape)) * self.dtype.itemsize
+
+
+def _path_text(path: tuple) -> str:
+    return "".join(f"[{p!r}]" for p in path) or "<sample>"
+
+
+def _torch_tensor_type() -> type | None:
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None) if torch is not None else None
+
+
+def _tensor_to_numpy(t: Any) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def _object_array_error(path: tuple, context: str) -> BatchLayoutError:
+    return BatchLayoutError(
+        f"{context}: the value at {_path_text(path)} is a numpy array of dtype object, which "
+        "cannot be placed in shared memory. Return a numeric array, or a list/str if the "
+        "field holds Python objects."
+    )
+
+
+def gather(
+    samples: Sequence[Any], indices: Sequence[Any] | None, batch_no: int | None
+) -> tuple[Any, list[Leaf]]:
+    """Transpose ``samples`` into a treedef and stacked leaves (default collate).
+
+    Raises :class:`BatchLayoutError` naming the batch, the field path and the two
+    differing shapes, dtypes or structures when the samples disagree.
+    """
+    tensor_type = _torch_tensor_type()
+    leaves: list[Leaf] = []
+    context = _batch_context(batch_no, indices)
+
+    def sample_name(i: int) -> str:
+        if indices is not None and i < len(indices):
+            return f"sample index {indices[i]!r}"
+        return f"sample #{i} of the batch"
+
+    def walk(values: list, path: tuple) -> Any:
+        first = values[0]
+        if isinstance(first, np.ndarray):
+            if first.dtype.hasobject:
+                raise _object_array_error(path, context)
+            shape, dtype = first.shape, first.dtype
+            for i, v in enumerate(values):
+                if not isinstance(v, np.ndarray) or v.shape != shape or v.dtype != dtype:
+                    raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
+            leaves.append(Leaf(path, values, True, (len(values), *shape), dtype, False))
+            return LEAF
+        if isinstance(first, (bool, int, float, complex, np.generic)) and not isinstance(
+            first, (np.str_, np.bytes_, np.object_)
+        ):
+            try:
+                arr = np.asarray(values)
+            except (ValueError, TypeError) as exc:
+                raise _mismatch(context, path, sample_name(0), first, "another sample", exc)
+            if arr.dtype.hasobject or arr.ndim != 1:
+                bad = next(i for i, v in enumerate(values) if type(v) is not type(first))
+                raise _mismatch(context, path, sample_name(0), first, sample_name(bad), values[bad])
+            leaves.append(Leaf(path, arr, False, arr.shape, arr.dtype, False))
+            return LEAF
+        if tensor_type is not None and isinstance(first, tensor_type):
+            arrays = [_tensor_to_numpy(v) if isinstance(v, tensor_type) else v for v in values]
+            node = walk(arrays, path)
+            leaves[-1].torch = True
+            return node
+        if isinstance(first, Mapping):
+            keys = tuple(first.keys())
+            for i, v in enumerate(values):
+                if not isinstance(v, Mapping) or len(v) != len(keys):
+                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+            try:
+                children = tuple(walk([v[k] for v in values], (*path, k)) for k in keys)
+            except KeyError as exc:
+                raise BatchLayoutError(
+                    f"{context}: the samples' dicts at {_path_text(path)} have different keys "
+                    f"({exc.args[0]!r} is missing from one). Give every sample the same keys."
+                ) from None
+            return ("d", type(first), keys, children)
+        if isinstance(first, (tuple, list)):
+            n = len(first)
+            for i, v in enumerate(values):
+                if not isinstance(v, (tuple, list)) or len(v) != n:
+                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+            children = tuple(walk(list(col), (*path, j)) for j, col in enumerate(zip(*values)))
+            if isinstance(first, tuple) and hasattr(first, "_fields"):
+                return ("n", type(first), children)
+            return ("l", children)  # tuples become lists, as torch's default_collate does
+        # str, bytes, None and other objects: the batch holds a list of them.
+        leaves.append(Leaf(path, list(values), True, (len(values),), None, False))
+        return LEAF
+
+    if len(samples) == 0:
+        raise BatchLayoutError(f"{context}: the batch has no samples; a sampler yielded an empty batch.")
+    treedef = walk(list(samples), ())
+    return treedef, leaves
+
+
+def flatten_tree(tree: Any) -> tuple[Any, list[Leaf]]:
+    """Leaves of an already collated tree (a user collate_fn's output, or an unbatched
+    sample), kept as they are: no new axis. Node types are preserved."""
+    tensor_type = _torch_tensor_type()
+    leaves: list[Leaf] = []
+
+    def walk(node: Any, path: tuple) -> Any:
+        if isinstance(node, np.ndarray):
+            if node.dtype.hasobject:
+                raise _object_array_error(path, "the collated batch")
+            leaves.append(Leaf(path, node, False, node.shape, node.dtype, False))
+            return LEAF
+        if isinstance(node, (bool, int, float, complex, np.generic)) and not isinstance(
+            node, (np.str_, np.bytes_, np.object_)
+        ):
+            arr = np.asarray(node)
+            leaves.append(Leaf(path, arr, False, arr.shape, arr.dtype, False))
+            return LEAF
+        if tensor_type is not None and isinstance(node, tensor_type):
+            walk(_tensor_to_numpy(node), path)
+            leaves[-1].torch = True
+            return LEAF
+        if isinstance(node, Mapping):
+            keys = tuple(node.keys())
+            return ("d", type(node), keys, tuple(walk(node[k], (*path, k)) for k in keys))
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            return ("n", type(node), tuple(walk(v, (*path, j)) for j, v in enumerate(node)))
+        if isinstance(node, (tuple, list)):
+            tag = "t" if isinstance(node, tuple) else "l"
+            return (tag, tuple(walk(v, (*path, j)) for j, v in enumerate(node)))
+        leaves.append(Leaf(path, node, False, (), None, False))
+        return LEAF
+
+    treedef = walk(tree, ())
+    return treedef, leaves
+
+
+def plan(treedef: Any, leaves: list[Leaf]) -> tuple[Layout, int, list[Any]]:
+    """Lay out ``leaves``: returns the layout, the bytes the array data needs, and the
+    object values to be pickled beside them."""
+    specs: list[ArrayLeaf | ObjectLeaf] = []
+    objects: list[Any] = []
+    offset = 0
+    for leaf in leaves:
+        if leaf.dtype is None:
+            specs.append(ObjectLeaf(len(objects)))
+            objects.append(leaf.values)
+        else:
+            specs.append(ArrayLeaf(offset, leaf.shape, leaf.dtype.str, leaf.torch))
+            offset = align(offset + leaf.nbytes)
+    return Layout(treedef, tuple(specs)), offset, objects
+
+
+def write_leaf(leaf: Leaf, dst: np.ndarray) -> None:
+    """Copy ``leaf``'s values into ``dst`` (an array of the leaf's shape and dtype)."""
+    if leaf.stacked:
+        if dst.shape[0]:
+            np.stack(leaf.values, out=dst)
+    else:
+        np.copyto(dst, leaf.values, casting="no")
+
+
+def build_arrays(treedef: Any, leaves: list[Leaf]) -> Any:
+    """The batch as new arrays (main-process loading): same values as the ring path."""
+    torch = None
+    out = []
+    for leaf in leaves:
+        if leaf.dtype is None:
+            out.append(leaf.values)
+            continue
+        dst = np.empty(leaf.shape, leaf.dtype)
+        write_leaf(leaf, dst)
+        if leaf.torch:
+            if torch is None:
+                import torch
+            dst = torch.from_numpy(dst)
+        out.append(dst)
+    return unflatten(treedef, iter(out))
+
+
+def _batch_context(batch_no: int | None, indices: Sequence[Any] | None) -> str:
+    where = f"batch {batch_no}" if batch_no is not None else "a batch"
+    if indices is not None:
+        shown = list(indices[:8])
+        more = f" (+{len(indices) - 8} more)" if len(indices) > 8 else ""
+        where += f" (sample indices {shown}{more})"
+    return f"cannot collate {where}"
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"an array of shape {v.shape} and dtype {v.dtype}"
+    if isinstance(v, BaseException):
+        return f"values numpy cannot combine ({v})"
+    return f"{type(v).__name__} {v!r:.60}"
+
+
+def _mismatch(context, path, name_a, a, name_b, b) -> BatchLayoutError:
+    return BatchLayoutError(
+        f"{context}: field {_path_text(path)} differs between samples: {name_a} has "
+        f"{_describe(a)}, {name_b} has {_describe(b)}. Samples of one batch must agree in "
+        "shape and dtype: resize, crop or pad them in the dataset, or pass a collate_fn "
+        "that handles ragged data."
+    )
+
+
+def _structure_error(context, path, name_a, a, name_b, b) -> BatchLayoutError:
+    def kind(v: Any) -> str:
+        n = len(v) if isinstance(v, (Mapping, tuple, list)) else None
+        return f"a {type(v).__name__}" + (f" of {n} items" if n is not None else "")
+
+    return BatchLayoutError(
+        f"{context}: the samples' structure differs at {_path_text(path)}: {name_a} is "
+        f"{kind(a)}, {name_b} is {kind(b)}. Return the same structure from every sample."
+    )
+

@@ -1,0 +1,120 @@
+"""Batch layout: a tree of leaves (shape, dtype, offset) <-> compact bytes.
+
+A batch is a tree of dict / list / tuple / namedtuple nodes whose leaves are arrays
+(placed in a slot) or other objects (pickled beside them). Its layout is a small frozen
+description of that tree: the *treedef* (the nodes) and one descriptor per leaf. A worker
+encodes a layout once per distinct shape of batch and writes the bytes into the slot; the
+consumer decodes each distinct layout once and keeps it in a cache, so the steady state
+pickles nothing.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# Treedef nodes (nested tuples, hashable so layouts can key caches):
+#   LEAF                          a leaf
+#   ("d", cls, keys, children)    a dict (cls: dict or a dict subclass)
+#   ("l", children)               a list
+#   ("t", children)               a tuple
+#   ("n", cls, children)          a namedtuple
+LEAF = None
+
+ALIGN_BYTES = 64  # leaves start on cache-line boundaries
+
+
+class ArrayLeaf(NamedTuple):
+    """An array leaf placed at ``offset`` in a slot."""
+
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype.str, e.g. '|u1', '<f4'
+    torch: bool  # the samples were torch tensors: hand out a tensor sharing the memory
+
+
+class ObjectLeaf(NamedTuple):
+    """A non-array leaf: item ``index`` of the slot's pickled object list."""
+
+    index: int
+
+
+class Layout(NamedTuple):
+    """Everything needed to rebuild a batch from a slot's bytes."""
+
+    treedef: Any
+    leaves: tuple[ArrayLeaf | ObjectLeaf, ...]
+
+
+def align(n: int) -> int:
+    """Round ``n`` up to the leaf alignment."""
+    return (n + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+
+
+def encode(layout: Layout) -> bytes:
+    """Bytes for ``layout`` (the trust boundary: only this loader's workers write them)."""
+    return pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Layout:
+    """The layout encoded in ``data``."""
+    return pickle.loads(data)
+
+
+def unflatten(treedef: Any, leaves: Iterator[Any]) -> Any:
+    """Rebuild the tree described by ``treedef``, taking leaves in order from ``leaves``."""
+    if treedef is LEAF:
+        return next(leaves)
+    tag = treedef[0]
+    if tag == "l":
+        return [unflatten(c, leaves) for c in treedef[1]]
+    if tag == "t":
+        return tuple(unflatten(c, leaves) for c in treedef[1])
+    if tag == "d":
+        _, cls, keys, children = treedef
+        items = {k: unflatten(c, leaves) for k, c in zip(keys, children)}
+        return items if cls is dict else _make_mapping(cls, items)
+    _, cls, children = treedef  # namedtuple
+    return cls(*(unflatten(c, leaves) for c in children))
+
+
+def _make_mapping(cls: type, items: dict) -> Any:
+    try:
+        return cls(items)
+    except TypeError:  # a subclass whose constructor takes other arguments
+        return items
+
+
+def make_reader(layout: Layout) -> Callable[[np.ndarray, list[Any] | None], Any]:
+    """A function ``(root, objects) -> batch`` that rebuilds the batch of ``layout`` from a
+    slot's root array, as views of it (no copy), and the unpickled object leaves."""
+    torch = None
+    if any(isinstance(leaf, ArrayLeaf) and leaf.torch for leaf in layout.leaves):
+        import torch  # only when a sample was a tensor: torch is then installed
+    plans = []
+    for leaf in layout.leaves:
+        if isinstance(leaf, ArrayLeaf):
+            dtype = np.dtype(leaf.dtype)
+            count = int(np.prod(leaf.shape, dtype=np.int64))
+            plans.append((True, dtype, count, leaf.offset, leaf.shape, leaf.torch))
+        else:
+            plans.append((False, None, leaf.index, 0, (), False))
+    treedef = layout.treedef
+    frombuffer = np.frombuffer
+
+    def read(root: np.ndarray, objects: list[Any] | None) -> Any:
+        out = []
+        for is_array, dtype, count, offset, shape, as_torch in plans:
+            if is_array:
+                # frombuffer on the root gives a view whose .base is the root, so the
+                # root (and the slot lease tied to it) lives as long as any view does.
+                view = frombuffer(root, dtype, count, offset).reshape(shape)
+                out.append(torch.from_numpy(view) if as_torch else view)
+            else:
+                out.append(objects[count])  # type: ignore[index]
+        return unflatten(treedef, iter(out))
+
+    return read

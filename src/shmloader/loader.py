@@ -1,0 +1,851 @@
+"""DataLoader and its iterators: scheduling, reordering, slot leases, death detection.
+
+The consumer side of the data path: pick a FREE slot, send (slot, batch number, sample
+indices) to a worker, wait on every worker's socket and process sentinel at once, and
+when a slot comes back READY hand out numpy views of it. A slot returns to FREE only
+when the last view of it dies (``weakref.finalize`` on the batch's root array).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import multiprocessing
+import os
+import pickle
+import select
+import signal
+import sys
+import threading
+import time
+import warnings
+import weakref
+from multiprocessing import reduction
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from shmloader import _slots, fdguard, protocol
+from shmloader.collate import build_arrays, flatten_tree, gather
+from shmloader.errors import LoaderTimeoutError, WorkerDiedError, WorkerError
+from shmloader.layout import decode, make_reader
+from shmloader.ring import H_LAYOUT_LEN, H_LAYOUT_OFF, H_OBJECTS_LEN, H_OBJECTS_OFF, H_SEQ, Ring
+from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
+from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
+
+_JOIN_TIMEOUT_S = 5.0  # how long shutdown waits for workers to exit before killing them
+_KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
+_HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the current one,
+# the previous one still bound to the loop variable during next(), a few more)
+_SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
+
+
+class DataLoader:
+    """Loads batches from ``dataset`` with worker processes writing into a shared-memory ring.
+
+    A drop-in for ``torch.utils.data.DataLoader``'s common use: the same arguments, the
+    same validation and the same meaning. Batches are numpy arrays (torch tensors where
+    the samples were tensors) that view the ring's memory: zero copies after the worker
+    wrote them. A batch's slot is reused only once no array viewing it is alive.
+
+    Extra keyword arguments: ``seed`` (an int alternative to ``generator``), ``num_slots``
+    (slots in the ring; default ``num_workers * prefetch_factor + 4``) and ``slot_bytes``
+    (bytes per slot; default sized from the first batch, and a later batch that does not
+    fit is delivered by copy; when given, a batch that does not fit is an error).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Iterable[Any] | None = None,
+        batch_sampler: Iterable[list[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        in_order: bool = True,
+        seed: int | None = None,
+        num_slots: int | None = None,
+        slot_bytes: int | None = None,
+    ) -> None:
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(
+                "num_workers option should be non-negative; use num_workers=0 to disable "
+                f"multiprocessing (got num_workers={num_workers!r})."
+            )
+        if timeout < 0:
+            raise ValueError(f"timeout option should be non-negative (got timeout={timeout!r}).")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing. Let "
+                "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
+            )
+        if prefetch_factor is None:
+            prefetch_factor = 2
+        if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor should be a positive integer (got {prefetch_factor!r}).")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if seed is not None and generator is not None:
+            raise ValueError("pass either seed or generator, not both: seed is an int shortcut for generator.")
+        if num_slots is not None and (not isinstance(num_slots, int) or num_slots < 1):
+            raise ValueError(f"num_slots should be a positive integer (got {num_slots!r}).")
+        if slot_bytes is not None and (not isinstance(slot_bytes, int) or slot_bytes < 1):
+            raise ValueError(f"slot_bytes should be a positive integer number of bytes (got {slot_bytes!r}).")
+
+        self.iterable = _is_iterable_dataset(dataset)
+        if self.iterable:
+            if shuffle not in (False, None):
+                raise ValueError(
+                    f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
+                )
+            if sampler is not None:
+                raise ValueError(
+                    f"DataLoader with IterableDataset: expected unspecified sampler option, but got sampler={sampler}"
+                )
+            if batch_sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified batch_sampler option, "
+                    f"but got batch_sampler={batch_sampler}"
+                )
+        elif not hasattr(dataset, "__getitem__"):
+            raise TypeError(
+                f"dataset of type {type(dataset).__name__} has neither __getitem__ (map-style) "
+                "nor __iter__ (iterable-style); give it one of them."
+            )
+        shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching and is mutually exclusive with drop_last"
+            )
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.persistent_workers = persistent_workers
+        self.in_order = in_order
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self.num_slots = num_slots or num_workers * prefetch_factor + _HELD_SLOTS_RESERVE
+        self.slot_bytes = slot_bytes
+        self.generator = generator
+        self._rng = _make_rng(seed, generator)
+
+        if self.iterable:
+            self.sampler = None
+            self.batch_sampler = None
+            self.batch_size = batch_size
+        else:
+            if sampler is None:
+                sampler = (
+                    RandomSampler(dataset, generator=self._rng) if shuffle else SequentialSampler(dataset)
+                )
+            if batch_size is not None and batch_sampler is None:
+                batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+            self.sampler = sampler
+            self.batch_sampler = batch_sampler
+            self.batch_size = batch_size
+        self._ring: Ring | None = None
+        self._ring_lock = threading.Lock()
+        self._persistent_iter: _MultiProcessIter | None = None
+        if pin_memory:
+            warnings.warn(
+                "pin_memory=True has no effect yet: shmloader returns batches in shared host "
+                "memory; copy them to the device as usual.",
+                stacklevel=2,
+            )
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    def __len__(self) -> int:
+        if self.iterable:
+            n = len(self.dataset)
+            if self.batch_size is None:
+                return n
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)  # type: ignore[arg-type]
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch_seed = int(self._rng.integers(0, 2**62))
+        if self.num_workers == 0:
+            return _SingleProcessIter(self, epoch_seed)
+        if self.persistent_workers:
+            it = self._persistent_iter
+            if it is None or it.closed:
+                it = self._persistent_iter = _MultiProcessIter(self, epoch_seed)
+            else:
+                it.reset(epoch_seed)
+            return it
+        return _MultiProcessIter(self, epoch_seed)
+
+    @property
+    def ring(self) -> Ring | None:
+        """The shared-memory ring, once a multi-worker iteration has created it."""
+        return self._ring
+
+    def _ensure_ring(self, slot_bytes: int) -> Ring:
+        with self._ring_lock:
+            if self._ring is None or self._ring.slot_bytes < slot_bytes:
+                self._ring = Ring.create(self.num_slots, slot_bytes)
+            return self._ring
+
+    def _index_sequence(self) -> Iterator[Any]:
+        """This epoch's tasks: index lists (auto-collation) or single indices."""
+        if self.batch_sampler is not None:
+            return iter(self.batch_sampler)
+        return ([i] for i in self.sampler)  # type: ignore[union-attr]
+
+    def shutdown(self) -> None:
+        """Stop persistent workers now (they also stop when the loader is collected)."""
+        if self._persistent_iter is not None:
+            self._persistent_iter.close()
+            self._persistent_iter = None
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+
+def _is_iterable_dataset(dataset: Any) -> bool:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dataset, torch.utils.data.IterableDataset):
+        return True
+    from shmloader.dataset import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        return True
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+def _make_rng(seed: int | None, generator: Any) -> np.random.Generator:
+    if isinstance(generator, np.random.Generator):
+        return generator
+    if generator is not None:
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"generator must be a numpy.random.Generator or a torch.Generator, got "
+                f"{type(generator).__name__}; or pass seed=<int>."
+            )
+        seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    if seed is None:
+        # Like torch's loader, follow the global RNG the user seeded: torch's when it is
+        # imported, numpy's otherwise.
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        else:
+            seed = int(np.random.randint(0, 2**62, dtype=np.int64))
+    return np.random.default_rng(seed)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class _SingleProcessIter:
+    """num_workers=0: fetch and collate in this process; same batches as with workers."""
+
+    def __init__(self, loader: DataLoader, epoch_seed: int) -> None:
+        self._loader = loader
+        self._seq = 0
+        if loader.iterable:
+            self._source = iter(loader.dataset)
+        else:
+            self._source = loader._index_sequence()
+
+    def __iter__(self) -> _SingleProcessIter:
+        return self
+
+    def __next__(self) -> Any:
+        loader = self._loader
+        if loader.iterable:
+            samples = []
+            want = 1 if loader.batch_size is None else loader.batch_size
+            for sample in self._source:
+                samples.append(sample)
+                if len(samples) == want:
+                    break
+            if not samples or (len(samples) < want and loader.drop_last):
+                raise StopIteration
+            indices = None
+        else:
+            indices = next(self._source)
+            getitems = getattr(loader.dataset, "__getitems__", None)
+            samples = list(getitems(indices)) if getitems else [loader.dataset[i] for i in indices]
+        seq, self._seq = self._seq, self._seq + 1
+        if loader.batch_size is None:
+            sample = samples[0]
+            tree = loader.collate_fn(sample) if loader.collate_fn else sample
+            return build_arrays(*flatten_tree(tree))
+        if loader.collate_fn is not None:
+            return loader.collate_fn(samples)
+        return build_arrays(*gather(samples, indices, seq))
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class _WorkerHandle:
+    __slots__ = ("active", "conn", "id", "outstanding", "proc")
+
+    def __init__(self, wid: int, proc: Any, conn: Any) -> None:
+        self.id = wid
+        self.proc = proc
+        self.conn = conn
+        self.outstanding = 0
+        self.active = True  # False once an iterable worker is exhausted
+
+
+class _Task:
+    __slots__ = ("indices", "seq", "slot", "worker")
+
+    def __init__(self, seq: int, worker: _WorkerHandle, slot: int, indices: Any) -> None:
+        self.seq = seq
+        self.worker = worker
+        self.slot = slot
+        self.indices = indices
+
+
+_live_iterators: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_iterators() -> None:
+    for it in list(_live_iterators):
+        it.close()
+
+
+class _MultiProcessIter:
+    """Iterator over one epoch with worker processes (reused across epochs when persistent)."""
+
+    def __init__(self, loader: DataLoader, epoch_seed: int) -> None:
+        self._loader = loader
+        self._pid = os.getpid()
+        self.closed = False
+        self._workers: list[_WorkerHandle] = []
+        self._poller = select.poll()
+        self._fd_owner: dict[int, tuple[_WorkerHandle, bool]] = {}
+        self._readers: dict[bytes, Callable[[np.ndarray, Any], Any]] = {}
+        self._warned_full = False
+        ctx = loader.multiprocessing_context
+        if ctx is None or isinstance(ctx, str):
+            ctx = multiprocessing.get_context(ctx)
+        self._ctx = ctx
+        self._ring = loader._ring
+        if self._ring is None and loader.slot_bytes is not None:
+            self._ring = loader._ensure_ring(loader.slot_bytes)
+        self._begin_epoch(epoch_seed)
+        _live_iterators.add(self)
+        try:
+            self._start_workers(epoch_seed)
+            self._dispatch()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- set-up -------------------------------------------------------------------------
+
+    def _begin_epoch(self, epoch_seed: int) -> None:
+        loader = self._loader
+        self._epoch_seed = epoch_seed
+        self._source = None if loader.iterable else loader._index_sequence()
+        self._source_done = False
+        self._send_seq = 0
+        self._rcvd_seq = 0
+        self._tasks: dict[int, _Task] = {}
+        self._results: dict[int, tuple[int, _Task, bytes]] = {}
+        self._next_worker = 0
+        for w in self._workers:
+            w.active = True
+            w.outstanding = 0
+
+    def _start_workers(self, epoch_seed: int) -> None:
+        loader = self._loader
+        method = self._ctx.get_start_method()
+        main_thread = threading.current_thread() is threading.main_thread()
+        use_pdeathsig = method in ("fork", "spawn") and main_thread
+        # Block SIGINT while workers start: they inherit the blocked mask and discard a
+        # pending Ctrl-C (see worker_main); this process receives it after unblocking.
+        if main_thread:
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for wid in range(loader.num_workers):
+                ours, theirs = self._ctx.Pipe(duplex=True)
+                fdguard.register(ours.fileno())
+                config = WorkerConfig(
+                    worker_id=wid,
+                    num_workers=loader.num_workers,
+                    seed=epoch_seed + wid,
+                    dataset=loader.dataset,
+                    iterable=loader.iterable,
+                    batch_size=loader.batch_size if loader._auto_collation or loader.iterable else None,
+                    drop_last=loader.drop_last,
+                    collate_fn=loader.collate_fn,
+                    worker_init_fn=loader.worker_init_fn,
+                    ring=self._ring,
+                    fixed_slot_bytes=loader.slot_bytes is not None,
+                    parent_pid=os.getpid(),
+                    use_pdeathsig=use_pdeathsig,
+                    close_fds=fdguard.snapshot() if method == "fork" else [],
+                )
+                proc = self._ctx.Process(
+                    target=worker_main, args=(config, theirs), name=f"shmloader-worker-{wid}", daemon=True
+                )
+                try:
+                    proc.start()
+                except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                    fdguard.unregister(ours.fileno())
+                    ours.close()
+                    theirs.close()
+                    raise _unpicklable_error(exc, method) from exc
+                theirs.close()
+                handle = _WorkerHandle(wid, proc, ours)
+                self._workers.append(handle)
+                self._fd_owner[ours.fileno()] = (handle, False)
+                self._fd_owner[proc.sentinel] = (handle, True)
+                self._poller.register(ours.fileno(), select.POLLIN)
+                self._poller.register(proc.sentinel, select.POLLIN)
+        finally:
+            if main_thread:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+    # --- dispatch -----------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Send tasks until every worker has prefetch_factor of them (one each before the
+        ring exists: the first results size it)."""
+        loader = self._loader
+        per_worker = loader.prefetch_factor if self._ring is not None else 1
+        workers = self._workers
+        # Batches dispatched and not yet handed out, received or not: this bounds the
+        # slots in use by the loader, whatever order the workers finish in.
+        cap = per_worker * len(workers)
+        while not self._source_done and len(self._tasks) + len(self._results) < cap:
+            worker = self._pick_worker(per_worker)
+            if worker is None:
+                return
+            if loader.iterable:
+                kind, payload, indices = protocol.TASK_ITER, b"", None
+            else:
+                try:
+                    indices = next(self._source)  # type: ignore[arg-type]
+                except StopIteration:
+                    self._source_done = True
+                    return
+                arr = np.asarray(indices) if len(indices) else np.empty(0, np.int64)
+                if arr.ndim == 1 and arr.dtype.kind in "iu":
+                    kind, payload = protocol.TASK_INDICES, arr.astype(np.int64, copy=False).tobytes()
+                else:
+                    kind, payload = protocol.TASK_KEYS, pickle.dumps(list(indices))
+            slot = self._claim_slot()
+            seq = self._send_seq
+            self._send_seq += 1
+            task = _Task(seq, worker, slot, indices)
+            self._tasks[seq] = task
+            worker.outstanding += 1
+            try:
+                worker.conn.send_bytes(protocol.pack(kind, slot, seq, payload))
+            except OSError:
+                pass  # the worker died; its sentinel reports it in _wait
+            if not any(w.active for w in workers):
+                return
+
+    def _pick_worker(self, per_worker: int) -> _WorkerHandle | None:
+        workers = self._workers
+        n = len(workers)
+        if self._loader.iterable:
+            # Strict round robin, as torch does: the order of an iterable dataset's
+            # batches then depends only on num_workers, not on timing.
+            for k in range(n):
+                w = workers[(self._next_worker + k) % n]
+                if w.active:
+                    if w.outstanding >= per_worker:
+                        return None
+                    self._next_worker = (w.id + 1) % n
+                    return w
+            self._source_done = True
+            return None
+        best = None
+        for w in workers:
+            if w.outstanding < per_worker and (best is None or w.outstanding < best.outstanding):
+                best = w
+        return best
+
+    def _claim_slot(self) -> int:
+        ring = self._ring
+        if ring is None:
+            return protocol.NO_SLOT
+        slot = ring.states.claim(self._send_seq % ring.num_slots, _slots.FREE, _slots.ASSIGNED)
+        if slot < 0:
+            gc.collect()  # batches kept alive only by reference cycles
+            slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
+        if slot < 0:
+            if not self._warned_full:
+                self._warned_full = True
+                warnings.warn(
+                    f"all {ring.num_slots} slots of the shared-memory ring are held by batches "
+                    "this process still references, so further batches are delivered by copy "
+                    "(slower). Drop batches you no longer need, keep .copy() of the ones you "
+                    "keep, or raise num_slots.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return protocol.NO_SLOT
+        return slot
+
+    # --- receive ------------------------------------------------------------------------
+
+    def __iter__(self) -> _MultiProcessIter:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __next__(self) -> Any:
+        if self.closed:
+            raise StopIteration
+        try:
+            item = self._next_result()
+        except (WorkerDiedError, LoaderTimeoutError):
+            self.close()
+            raise
+        if item is None:
+            self._end_epoch()
+            raise StopIteration
+        kind, task, payload = item
+        self._dispatch()
+        return self._materialize(kind, task, payload)
+
+    def _next_result(self) -> tuple[int, _Task, bytes] | None:
+        """The next result to hand out, waiting for it; None at the end of the epoch."""
+        in_order = self._loader.in_order
+        while True:
+            if in_order:
+                while True:
+                    item = self._results.pop(self._rcvd_seq, None)
+                    if item is None:
+                        break
+                    self._rcvd_seq += 1
+                    if item[0] != protocol.RES_ITER_END:
+                        return item
+            else:
+                while self._results:
+                    seq = next(iter(self._results))
+                    item = self._results.pop(seq)
+                    if item[0] != protocol.RES_ITER_END:
+                        return item
+            if not self._tasks:
+                self._dispatch()
+                if not self._tasks:
+                    return None
+            self._wait()
+
+    def _wait(self) -> None:
+        """Block until at least one worker message or exit, and handle it."""
+        timeout = self._loader.timeout
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        while True:
+            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            events = self._poller.poll(wait_ms)
+            if events:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._timeout_error(timeout)
+        dead = []
+        for fd, _ in events:
+            worker, is_sentinel = self._fd_owner.get(fd, (None, False))
+            if worker is None:
+                continue
+            if is_sentinel:
+                dead.append(worker)
+            else:
+                self._receive(worker)
+        for worker in dead:
+            self._drain(worker)
+            if worker.outstanding or (worker.active and not self._source_done):
+                raise self._death_error(worker)
+            self._unregister(worker)
+
+    def _receive(self, worker: _WorkerHandle) -> bool:
+        """Read one message from ``worker``; False at EOF (the worker is gone)."""
+        try:
+            msg = worker.conn.recv_bytes()
+        except (EOFError, OSError):
+            self._poller.unregister(worker.conn.fileno())
+            return False
+        kind, slot, seq = protocol.HEADER.unpack_from(msg)
+        task = self._tasks.pop(seq, None)
+        if task is None:
+            return True  # a result from before a reset; already discarded
+        worker.outstanding -= 1
+        if kind == protocol.RES_READY:
+            payload = b""
+        else:
+            payload = msg[protocol.HEADER_BYTES :]
+            if task.slot >= 0:
+                self._ring.states.store(task.slot, _slots.FREE)  # type: ignore[union-attr]
+                task.slot = protocol.NO_SLOT
+            if kind == protocol.RES_ITER_END:
+                worker.active = False
+            elif kind == protocol.RES_INIT_ERROR:
+                worker.active = False
+                self._results[seq] = (kind, task, payload)
+                return True
+            elif kind == protocol.RES_PICKLED and self._ring is None:
+                needed = int(np.frombuffer(payload, np.int64, 1)[0])
+                self._install_ring(needed)
+        self._results[seq] = (kind, task, payload)
+        return True
+
+    def _drain(self, worker: _WorkerHandle) -> None:
+        conn = worker.conn
+        while True:
+            try:
+                if not conn.poll(0):
+                    return
+            except (EOFError, OSError):
+                return
+            if not self._receive(worker):
+                return
+
+    def _install_ring(self, needed: int) -> None:
+        """Create the ring from the first batch's size and hand it to every worker."""
+        slot_bytes = int(needed * _SLOT_HEADROOM) + 4096
+        self._ring = self._loader._ensure_ring(slot_bytes)
+        ring = self._ring
+        info = np.array([ring.num_slots, ring.slot_bytes], np.int64).tobytes()
+        for w in self._workers:
+            if not w.proc.is_alive():
+                continue
+            try:
+                w.conn.send_bytes(protocol.pack(protocol.TASK_RING, payload=info))
+                reduction.send_handle(w.conn, ring.fd, w.proc.pid)
+            except OSError:
+                pass  # a dead worker is reported by its sentinel
+
+    # --- hand-out -----------------------------------------------------------------------
+
+    def _materialize(self, kind: int, task: _Task, payload: bytes) -> Any:
+        if kind == protocol.RES_READY:
+            ring = self._ring
+            slot = task.slot
+            states = ring.states  # type: ignore[union-attr]
+            states.store(slot, _slots.HELD)
+            header = ring.headers[slot]  # type: ignore[union-attr]
+            if int(header[H_SEQ]) != task.seq:
+                raise RuntimeError(f"slot {slot} holds batch {int(header[H_SEQ])}, expected {task.seq}")
+            root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
+            lo = int(header[H_LAYOUT_OFF])
+            key = root[lo : lo + int(header[H_LAYOUT_LEN])].tobytes()
+            reader = self._readers.get(key)
+            if reader is None:
+                reader = self._readers[key] = make_reader(decode(key))
+            objects = None
+            olen = int(header[H_OBJECTS_LEN])
+            if olen:
+                ooff = int(header[H_OBJECTS_OFF])
+                objects = pickle.loads(root[ooff : ooff + olen].tobytes())
+            batch = reader(root, objects)
+            # The slot returns to FREE when the root dies, i.e. when the last view of it does.
+            weakref.finalize(root, states.store, slot, _slots.FREE).atexit = False
+            return batch
+        if kind == protocol.RES_PICKLED:
+            return pickle.loads(payload[8:])
+        failure: WorkerFailure = pickle.loads(payload)
+        if kind == protocol.RES_INIT_ERROR:
+            self.close()
+        raise _rebuild(failure, task.seq)
+
+    # --- errors -------------------------------------------------------------------------
+
+    def _death_error(self, worker: _WorkerHandle) -> WorkerDiedError:
+        proc = worker.proc
+        proc.join(0.1)
+        code = proc.exitcode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            how = f"was killed by signal {name}"
+            if -code == signal.SIGKILL:
+                how += (
+                    " (SIGKILL usually comes from the kernel's out-of-memory killer: check "
+                    "`dmesg`, and lower batch_size, num_workers or the dataset's memory use)"
+                )
+        elif code is not None:
+            how = f"exited with code {code}"
+        else:
+            how = "closed its connection unexpectedly"
+        pending = sorted(t.seq for t in self._tasks.values() if t.worker is worker)
+        what = f" while loading batch {pending[0]}" if pending else ""
+        task = self._tasks.get(pending[0]) if pending else None
+        if task is not None and task.indices is not None:
+            what += f" (sample indices {_short(task.indices)})"
+        return WorkerDiedError(
+            f"DataLoader worker {worker.id} (pid {proc.pid}) {how}{what}. The other workers "
+            "were stopped; start a new iteration to go on.",
+            worker_id=worker.id,
+            pid=proc.pid,
+            exitcode=code,
+        )
+
+    def _timeout_error(self, timeout: float) -> LoaderTimeoutError:
+        waiting = min(self._tasks) if self._tasks else self._rcvd_seq
+        busy = sorted({f"{t.worker.id} (pid {t.worker.proc.pid})" for t in self._tasks.values()})
+        task = self._tasks.get(waiting)
+        what = f"batch {waiting}"
+        if task is not None and task.indices is not None:
+            what += f" (sample indices {_short(task.indices)})"
+        return LoaderTimeoutError(
+            f"DataLoader timed out after {timeout} s waiting for {what}; workers still busy: "
+            f"{', '.join(busy) or 'none'}. Raise timeout, or find what makes the dataset slow."
+        )
+
+    # --- epochs and shutdown ------------------------------------------------------------
+
+    def _end_epoch(self) -> None:
+        if not self._loader.persistent_workers:
+            self.close()
+
+    def reset(self, epoch_seed: int) -> None:
+        """Persistent workers: start a new epoch on the same workers and ring."""
+        # Results still owed by the workers must come back before their slots are reused.
+        while self._tasks:
+            self._wait()
+        for _, task, _ in self._results.values():
+            if task.slot >= 0:
+                self._ring.states.store(task.slot, _slots.FREE)  # type: ignore[union-attr]
+        self._ring = self._ring or self._loader._ring
+        self._begin_epoch(epoch_seed)
+        for w in self._workers:
+            msg = protocol.pack(protocol.TASK_EPOCH, payload=np.array([epoch_seed + w.id], np.int64).tobytes())
+            try:
+                w.conn.send_bytes(msg)
+            except OSError:
+                pass
+        self._dispatch()
+
+    def _unregister(self, worker: _WorkerHandle) -> None:
+        for fd in (worker.conn.fileno(), worker.proc.sentinel):
+            if self._fd_owner.pop(fd, None) is not None:
+                try:
+                    self._poller.unregister(fd)
+                except KeyError:
+                    pass
+
+    def close(self) -> None:
+        """Stop and reap every worker, return unused slots; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if os.getpid() != self._pid:
+            return  # a forked copy of the consumer: the workers are not ours to stop
+        # Closing our end of each socket is the stop signal: a worker blocked reading a
+        # task sees EOF, one blocked writing a result gets EPIPE.
+        for w in self._workers:
+            fd = w.conn.fileno()
+            fdguard.unregister(fd)
+            w.conn.close()
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for w in self._workers:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+        for w in self._workers:
+            if w.proc.exitcode is None:
+                w.proc.kill()
+                w.proc.join(_KILL_JOIN_TIMEOUT_S)
+        # The workers are gone: slots they were given but we never handed out are free.
+        if self._ring is not None:
+            for task in self._tasks.values():
+                if task.slot >= 0:
+                    self._ring.states.store(task.slot, _slots.FREE)
+            for _, task, _ in self._results.values():
+                if task.slot >= 0:
+                    self._ring.states.store(task.slot, _slots.FREE)
+        self._tasks.clear()
+        self._results.clear()
+        for w in self._workers:
+            try:
+                w.proc.close()
+            except ValueError:
+                pass  # still running after the kill: leave it to multiprocessing's reaper
+        self._workers.clear()
+        self._fd_owner.clear()
+        _live_iterators.discard(self)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _short(indices: Any) -> str:
+    items = list(indices)
+    return f"{items[:8]}" + (f" (+{len(items) - 8} more)" if len(items) > 8 else "")
+
+
+def _rebuild(failure: WorkerFailure, seq: int) -> BaseException:
+    """The worker's exception in the consumer: its own type where it can be rebuilt."""
+    where = f" while {failure.where}" if failure.where else ""
+    batch = f" batch {seq}" if failure.where not in ("worker_init_fn",) else ""
+    indices = f" (sample indices {_short(failure.indices)})" if failure.indices is not None else ""
+    text = (
+        f"Caught {failure.type_name} in DataLoader worker {failure.worker_id}{where}{batch}"
+        f"{indices}.\nOriginal {failure.traceback}"
+    )
+    exc: BaseException | None = None
+    if failure.pickled is not None:
+        try:
+            original = pickle.loads(failure.pickled)
+            exc = type(original)(text)
+        except Exception:
+            exc = None
+    if exc is None:
+        exc = WorkerError(text)
+    exc.worker_id = failure.worker_id  # type: ignore[attr-defined]
+    exc.indices = failure.indices  # type: ignore[attr-defined]
+    exc.worker_traceback = failure.traceback  # type: ignore[attr-defined]
+    return exc
+
+
+def _unpicklable_error(exc: BaseException, method: str) -> BaseException:
+    return TypeError(
+        f"the DataLoader's dataset, collate_fn or worker_init_fn cannot be sent to a worker "
+        f"started with {method!r}: {exc}. Under 'spawn' and 'forkserver' they are pickled, "
+        "so define them at module level (no lambdas or local classes), or use "
+        "multiprocessing_context='fork'."
+    )
+

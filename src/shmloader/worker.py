@@ -1,0 +1,286 @@
+"""The worker process: its main loop, its lifeline, seeding and worker info.
+
+A worker reads tasks from its socket, fetches the samples, collates them straight into
+the slot it was given, publishes the slot READY (a release store) and writes the slot
+number back. It exits when the consumer closes the socket or dies (EOF on the same
+socket, whoever forked the worker), when its parent thread exits (PR_SET_PDEATHSIG,
+where the consumer started it), or on a stop message.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import sys
+import traceback
+from multiprocessing import reduction
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shmloader import _slots, fdguard, protocol
+from shmloader.collate import build_arrays, flatten_tree, gather, plan, write_leaf
+from shmloader.errors import BatchLayoutError
+from shmloader.layout import ArrayLeaf, encode
+from shmloader.ring import (
+    H_DATA_END,
+    H_LAYOUT_LEN,
+    H_LAYOUT_OFF,
+    H_OBJECTS_LEN,
+    H_OBJECTS_OFF,
+    H_SEQ,
+    Ring,
+    attach_fd,
+)
+
+
+class WorkerInfo:
+    """What :func:`get_worker_info` returns inside a worker: ``id``, ``num_workers``,
+    ``seed`` and ``dataset`` (this worker's copy). Immutable."""
+
+    __slots__ = ("dataset", "id", "num_workers", "seed")
+
+    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any) -> None:
+        for name, value in (("id", id), ("num_workers", num_workers), ("seed", seed), ("dataset", dataset)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"WorkerInfo is immutable: cannot set {name!r}")
+
+    def __repr__(self) -> str:
+        return f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed})"
+
+
+_worker_info: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """The current worker's :class:`WorkerInfo`, or None in the main process."""
+    return _worker_info
+
+
+@dataclass
+class WorkerFailure:
+    """An exception raised in a worker, in a form that always crosses processes."""
+
+    worker_id: int
+    where: str  # what the worker was doing: "fetching", "collating", "worker_init_fn", ...
+    type_module: str
+    type_name: str
+    message: str
+    traceback: str
+    indices: list[Any] | None = None
+    pickled: bytes | None = None  # the exception itself, when it pickles
+
+    @classmethod
+    def capture(cls, exc: BaseException, worker_id: int, where: str, indices: Any) -> WorkerFailure:
+        try:
+            pickled = pickle.dumps(exc)
+            pickle.loads(pickled)  # some exceptions pickle but cannot be rebuilt
+        except Exception:
+            pickled = None
+        return cls(
+            worker_id=worker_id,
+            where=where,
+            type_module=type(exc).__module__,
+            type_name=type(exc).__qualname__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            indices=None if indices is None else list(indices),
+            pickled=pickled,
+        )
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker needs; pickled under spawn/forkserver, inherited under fork."""
+
+    worker_id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+    iterable: bool
+    batch_size: int | None  # None: no automatic batching
+    drop_last: bool
+    collate_fn: Callable[[Any], Any] | None
+    worker_init_fn: Callable[[int], None] | None
+    ring: Ring | None
+    fixed_slot_bytes: bool
+    parent_pid: int
+    use_pdeathsig: bool
+    close_fds: list[int] = field(default_factory=list)  # fork: descriptors not ours
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python's ``random``, numpy's global RNG and torch (when imported)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+def worker_main(config: WorkerConfig, conn: Any) -> None:
+    """Entry point of a worker process."""
+    # The consumer blocked SIGINT around start(), so a Ctrl-C to the process group that
+    # lands now is pending, not delivered: ignoring it before unblocking discards it, and
+    # the worker never prints a KeyboardInterrupt traceback. The consumer handles Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if config.use_pdeathsig:
+        _slots.set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != config.parent_pid and config.use_pdeathsig:
+        return  # the consumer died before the death signal was armed
+    fdguard.close_inherited(config.close_fds, keep=conn.fileno())
+    try:
+        _Worker(config, conn).run()
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        pass  # the consumer is gone: nothing to report to
+    finally:
+        conn.close()
+
+
+class _Worker:
+    def __init__(self, config: WorkerConfig, conn: Any) -> None:
+        self.cfg = config
+        self.conn = conn
+        self.ring = config.ring
+        self.layout_cache: dict[Any, bytes] = {}
+        self.iterator: Any = None
+        self.exhausted = False
+
+    def start_epoch(self, seed: int) -> None:
+        """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
+        global _worker_info
+        cfg = self.cfg
+        seed_all(seed)
+        _worker_info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset)
+        self.iterator = None
+        self.exhausted = False
+
+    def run(self) -> None:
+        cfg = self.cfg
+        self.start_epoch(cfg.seed)
+        if cfg.worker_init_fn is not None:
+            try:
+                cfg.worker_init_fn(cfg.worker_id)
+            except Exception as exc:
+                failure = WorkerFailure.capture(exc, cfg.worker_id, "worker_init_fn", None)
+                self.conn.send_bytes(protocol.pack(protocol.RES_INIT_ERROR, payload=pickle.dumps(failure)))
+                return
+        recv = self.conn.recv_bytes
+        header = protocol.HEADER
+        while True:
+            msg = recv()
+            kind, slot, seq = header.unpack_from(msg)
+            if kind == protocol.TASK_STOP:
+                return
+            if kind == protocol.TASK_RING:
+                num_slots, slot_bytes = np.frombuffer(msg, np.int64, 2, protocol.HEADER_BYTES).tolist()
+                self.ring = attach_fd(reduction.recv_handle(self.conn), num_slots, slot_bytes)
+                continue
+            if kind == protocol.TASK_EPOCH:
+                self.start_epoch(int(np.frombuffer(msg, np.int64, 1, protocol.HEADER_BYTES)[0]))
+                continue
+            self.do_task(kind, slot, seq, msg)
+
+    def do_task(self, kind: int, slot: int, seq: int, msg: bytes) -> None:
+        cfg = self.cfg
+        indices = None
+        where = "fetching"
+        try:
+            if kind == protocol.TASK_ITER:
+                samples = self.next_samples()
+                if samples is None:
+                    self.conn.send_bytes(protocol.pack(protocol.RES_ITER_END, slot, seq))
+                    return
+            else:
+                if kind == protocol.TASK_INDICES:
+                    indices = np.frombuffer(msg, np.int64, offset=protocol.HEADER_BYTES).tolist()
+                else:
+                    indices = pickle.loads(msg[protocol.HEADER_BYTES :])
+                samples = self.fetch(indices)
+            where = "collating"
+            if cfg.batch_size is None:  # no automatic batching: one sample, as it is
+                sample = samples[0]
+                treedef, leaves = flatten_tree(cfg.collate_fn(sample) if cfg.collate_fn else sample)
+            elif cfg.collate_fn is not None:
+                treedef, leaves = flatten_tree(cfg.collate_fn(samples))
+            else:
+                treedef, leaves = gather(samples, indices, seq)
+            where = "writing the batch"
+            self.deliver(slot, seq, treedef, leaves, indices)
+        except Exception as exc:
+            failure = WorkerFailure.capture(exc, cfg.worker_id, where, indices)
+            self.conn.send_bytes(protocol.pack(protocol.RES_ERROR, slot, seq, pickle.dumps(failure)))
+
+    def fetch(self, indices: list[Any]) -> list[Any]:
+        dataset = self.cfg.dataset
+        getitems = getattr(dataset, "__getitems__", None)
+        if getitems is not None:
+            return list(getitems(indices))
+        return [dataset[i] for i in indices]
+
+    def next_samples(self) -> list[Any] | None:
+        """Up to batch_size samples from this worker's iterator; None when exhausted."""
+        if self.exhausted:
+            return None
+        if self.iterator is None:
+            self.exhausted = True  # if iter() raises, this worker has nothing more to give
+            self.iterator = iter(self.cfg.dataset)
+            self.exhausted = False
+        want = 1 if self.cfg.batch_size is None else self.cfg.batch_size
+        samples = []
+        try:
+            for _ in range(want):
+                samples.append(next(self.iterator))
+        except StopIteration:
+            self.exhausted = True
+            if not samples or (self.cfg.drop_last and self.cfg.batch_size is not None):
+                return None
+        return samples
+
+    def deliver(self, slot: int, seq: int, treedef: Any, leaves: list, indices: Any) -> None:
+        layout, data_bytes, objects = plan(treedef, leaves)
+        encoded = self.layout_cache.get(layout)
+        if encoded is None:
+            encoded = self.layout_cache[layout] = encode(layout)
+        objects_bytes = pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL) if objects else b""
+        ring = self.ring
+        total = data_bytes + len(encoded) + len(objects_bytes)
+        if slot == protocol.NO_SLOT or ring is None or total > ring.slot_bytes:
+            if slot != protocol.NO_SLOT and ring is not None and self.cfg.fixed_slot_bytes:
+                raise BatchLayoutError(
+                    f"batch {seq} needs {total} bytes but slots hold {ring.slot_bytes} "
+                    f"(slot_bytes was fixed). Pass a larger slot_bytes (at least {total}), "
+                    "a smaller batch_size, or leave slot_bytes unset so the loader sizes it."
+                )
+            batch = build_arrays(treedef, leaves)
+            payload = np.int64(total).tobytes() + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+            self.conn.send_bytes(protocol.pack(protocol.RES_PICKLED, slot, seq, payload))
+            return
+        dst = ring.slot_array(slot)
+        frombuffer = np.frombuffer
+        for leaf, spec in zip(leaves, layout.leaves):
+            if type(spec) is ArrayLeaf:
+                count = int(np.prod(spec.shape, dtype=np.int64))
+                write_leaf(leaf, frombuffer(dst, leaf.dtype, count, spec.offset).reshape(spec.shape))
+        end = data_bytes + len(encoded)
+        dst[data_bytes:end] = frombuffer(encoded, np.uint8)
+        if objects_bytes:
+            dst[end : end + len(objects_bytes)] = frombuffer(objects_bytes, np.uint8)
+        header = ring.headers[slot]
+        header[H_DATA_END] = data_bytes
+        header[H_LAYOUT_OFF] = data_bytes
+        header[H_LAYOUT_LEN] = len(encoded)
+        header[H_OBJECTS_OFF] = end
+        header[H_OBJECTS_LEN] = len(objects_bytes)
+        header[H_SEQ] = seq
+        # Release: the batch bytes and the header above are visible to the consumer
+        # before it can observe READY.
+        ring.states.store(slot, _slots.READY)
+        self.conn.send_bytes(protocol.pack(protocol.RES_READY, slot, seq))
