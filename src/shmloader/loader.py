@@ -36,6 +36,7 @@ from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
 _JOIN_TIMEOUT_S = 5.0  # how long shutdown waits for workers to exit before killing them
 _KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
+_FULL_RING_GC_INTERVAL_S = 0.5  # at most one gc.collect() per this while every slot is held
 _HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the current one,
 # the previous one still bound to the loop variable during next(), a few more)
 _SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
@@ -180,6 +181,9 @@ class DataLoader:
 
     @property
     def _auto_collation(self) -> bool:
+        """Whether samples are batched: batch_size or batch_sampler was given."""
+        if self.iterable:
+            return self.batch_size is not None
         return self.batch_sampler is not None
 
     def __len__(self) -> int:
@@ -289,7 +293,7 @@ class _SingleProcessIter:
         loader = self._loader
         if loader.iterable:
             samples = []
-            want = 1 if loader.batch_size is None else loader.batch_size
+            want = loader.batch_size if loader._auto_collation else 1
             for sample in self._source:
                 samples.append(sample)
                 if len(samples) == want:
@@ -302,7 +306,7 @@ class _SingleProcessIter:
             getitems = getattr(loader.dataset, "__getitems__", None)
             samples = list(getitems(indices)) if getitems else [loader.dataset[i] for i in indices]
         seq, self._seq = self._seq, self._seq + 1
-        if loader.batch_size is None:
+        if not loader._auto_collation:
             sample = samples[0]
             tree = loader.collate_fn(sample) if loader.collate_fn else sample
             return build_arrays(*flatten_tree(tree))
@@ -347,6 +351,21 @@ def _close_live_iterators() -> None:
         it.close()
 
 
+def _forget_workers_after_fork() -> None:
+    """In a copy of the consumer made by os.fork(): the workers are not its children.
+    multiprocessing still lists them, and at the copy's exit its atexit hook would
+    SIGTERM them (killing the real consumer's epoch) and fail to join them."""
+    children = getattr(multiprocessing.process, "_children", None)
+    if children is None:
+        return
+    for it in list(_live_iterators):
+        for w in getattr(it, "_workers", ()):
+            children.discard(w.proc)
+
+
+os.register_at_fork(after_in_child=_forget_workers_after_fork)
+
+
 class _MultiProcessIter:
     """Iterator over one epoch with worker processes (reused across epochs when persistent)."""
 
@@ -359,6 +378,7 @@ class _MultiProcessIter:
         self._fd_owner: dict[int, tuple[_WorkerHandle, bool]] = {}
         self._readers: dict[bytes, Callable[[np.ndarray, Any], Any]] = {}
         self._warned_full = False
+        self._last_gc = 0.0  # when _claim_slot last ran a full collection
         ctx = loader.multiprocessing_context
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
@@ -410,7 +430,8 @@ class _MultiProcessIter:
                     seed=epoch_seed + wid,
                     dataset=loader.dataset,
                     iterable=loader.iterable,
-                    batch_size=loader.batch_size if loader._auto_collation or loader.iterable else None,
+                    auto_collation=loader._auto_collation,
+                    batch_size=loader.batch_size,
                     drop_last=loader.drop_last,
                     collate_fn=loader.collate_fn,
                     worker_init_fn=loader.worker_init_fn,
@@ -453,7 +474,7 @@ class _MultiProcessIter:
         # slots in use by the loader, whatever order the workers finish in.
         cap = per_worker * len(workers)
         while not self._source_done and len(self._tasks) + len(self._results) < cap:
-            worker = self._pick_worker(per_worker)
+            worker = self._pick_worker()
             if worker is None:
                 return
             if loader.iterable:
@@ -482,34 +503,32 @@ class _MultiProcessIter:
             if not any(w.active for w in workers):
                 return
 
-    def _pick_worker(self, per_worker: int) -> _WorkerHandle | None:
+    def _pick_worker(self) -> _WorkerHandle | None:
+        """The next active worker in strict round robin, as torch does: which worker
+        loads which batch then depends only on num_workers, never on timing, so the
+        workers' seeded RNGs give the same draws in every run."""
         workers = self._workers
         n = len(workers)
-        if self._loader.iterable:
-            # Strict round robin, as torch does: the order of an iterable dataset's
-            # batches then depends only on num_workers, not on timing.
-            for k in range(n):
-                w = workers[(self._next_worker + k) % n]
-                if w.active:
-                    if w.outstanding >= per_worker:
-                        return None
-                    self._next_worker = (w.id + 1) % n
-                    return w
-            self._source_done = True
-            return None
-        best = None
-        for w in workers:
-            if w.outstanding < per_worker and (best is None or w.outstanding < best.outstanding):
-                best = w
-        return best
+        for k in range(n):
+            w = workers[(self._next_worker + k) % n]
+            if w.active:
+                self._next_worker = (w.id + 1) % n
+                return w
+        self._source_done = True
+        return None
 
     def _claim_slot(self) -> int:
         ring = self._ring
         if ring is None:
             return protocol.NO_SLOT
         slot = ring.states.claim(self._send_seq % ring.num_slots, _slots.FREE, _slots.ASSIGNED)
-        if slot < 0:
-            gc.collect()  # batches kept alive only by reference cycles
+        now = time.monotonic()
+        if slot < 0 and now - self._last_gc >= _FULL_RING_GC_INTERVAL_S:
+            # Batches kept alive only by reference cycles. Not on every batch: while the
+            # consumer holds every slot, a full collection per batch (over all the batches
+            # it holds) made the copy fallback quadratic (10,000 held batches: ~60 s).
+            self._last_gc = now
+            gc.collect()
             slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
         if slot < 0:
             if not self._warned_full:
@@ -539,7 +558,9 @@ class _MultiProcessIter:
         try:
             item = self._next_result()
         except (WorkerDiedError, LoaderTimeoutError):
-            self.close()
+            # Dead or hung workers: do not wait for a busy one to finish its batch
+            # (a timeout would otherwise surface only after _JOIN_TIMEOUT_S more).
+            self.close(graceful=False)
             raise
         if item is None:
             self._end_epoch()
@@ -603,9 +624,15 @@ class _MultiProcessIter:
         try:
             msg = worker.conn.recv_bytes()
         except (EOFError, OSError):
-            self._poller.unregister(worker.conn.fileno())
+            # EOF can be seen twice (its poll event, then _drain when the sentinel
+            # fires in the same round): unregister once.
+            fd = worker.conn.fileno()
+            if self._fd_owner.pop(fd, None) is not None:
+                self._poller.unregister(fd)
             return False
         kind, slot, seq = protocol.HEADER.unpack_from(msg)
+        if kind == protocol.RES_INIT_ERROR:
+            return self._init_failed(worker, msg[protocol.HEADER_BYTES :])
         task = self._tasks.pop(seq, None)
         if task is None:
             return True  # a result from before a reset; already discarded
@@ -627,6 +654,24 @@ class _MultiProcessIter:
                 needed = int(np.frombuffer(payload, np.int64, 1)[0])
                 self._install_ring(needed)
         self._results[seq] = (kind, task, payload)
+        return True
+
+    def _init_failed(self, worker: _WorkerHandle, payload: bytes) -> bool:
+        """worker_init_fn raised: the worker sent that before reading any task (its
+        header carries no batch number) and exits. It answers for every task it was
+        given: the error takes the place of the first one, the others are dropped, and
+        the worker's exit is then expected (no WorkerDiedError)."""
+        mine = sorted(seq for seq, t in self._tasks.items() if t.worker is worker)
+        tasks = [self._tasks.pop(seq) for seq in mine]
+        for task in tasks:
+            if task.slot >= 0:
+                self._ring.states.store(task.slot, _slots.FREE)  # type: ignore[union-attr]
+                task.slot = protocol.NO_SLOT
+        worker.outstanding = 0
+        worker.active = False
+        seq = mine[0] if mine else self._rcvd_seq
+        task = tasks[0] if tasks else _Task(seq, worker, protocol.NO_SLOT, None)
+        self._results[seq] = (protocol.RES_INIT_ERROR, task, payload)
         return True
 
     def _drain(self, worker: _WorkerHandle) -> None:
@@ -766,8 +811,9 @@ class _MultiProcessIter:
                 except KeyError:
                     pass
 
-    def close(self) -> None:
-        """Stop and reap every worker, return unused slots; idempotent."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop and reap every worker, return unused slots; idempotent. ``graceful``:
+        give workers _JOIN_TIMEOUT_S to finish their batch and exit, else kill them."""
         if self.closed:
             return
         self.closed = True
@@ -779,7 +825,7 @@ class _MultiProcessIter:
             fd = w.conn.fileno()
             fdguard.unregister(fd)
             w.conn.close()
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        deadline = time.monotonic() + (_JOIN_TIMEOUT_S if graceful else 0.0)
         for w in self._workers:
             w.proc.join(max(0.0, deadline - time.monotonic()))
         for w in self._workers:

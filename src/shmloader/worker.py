@@ -104,7 +104,8 @@ class WorkerConfig:
     seed: int
     dataset: Any
     iterable: bool
-    batch_size: int | None  # None: no automatic batching
+    auto_collation: bool  # False: batch_size=None, each sample is handed out as it is
+    batch_size: int | None  # samples per batch of an iterable dataset
     drop_last: bool
     collate_fn: Callable[[Any], Any] | None
     worker_init_fn: Callable[[int], None] | None
@@ -205,7 +206,7 @@ class _Worker:
                     indices = pickle.loads(msg[protocol.HEADER_BYTES :])
                 samples = self.fetch(indices)
             where = "collating"
-            if cfg.batch_size is None:  # no automatic batching: one sample, as it is
+            if not cfg.auto_collation:  # one sample, as it is
                 sample = samples[0]
                 treedef, leaves = flatten_tree(cfg.collate_fn(sample) if cfg.collate_fn else sample)
             elif cfg.collate_fn is not None:
@@ -233,14 +234,14 @@ class _Worker:
             self.exhausted = True  # if iter() raises, this worker has nothing more to give
             self.iterator = iter(self.cfg.dataset)
             self.exhausted = False
-        want = 1 if self.cfg.batch_size is None else self.cfg.batch_size
+        want = self.cfg.batch_size if self.cfg.auto_collation else 1
         samples = []
         try:
             for _ in range(want):
                 samples.append(next(self.iterator))
         except StopIteration:
             self.exhausted = True
-            if not samples or (self.cfg.drop_last and self.cfg.batch_size is not None):
+            if not samples or (self.cfg.drop_last and self.cfg.auto_collation):
                 return None
         return samples
 

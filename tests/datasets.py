@@ -1,0 +1,179 @@
+"""Module-level datasets and helpers for the tests (module level so spawn can pickle them)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import namedtuple
+
+import numpy as np
+
+from shmloader import Dataset, IterableDataset, get_worker_info
+
+Point = namedtuple("Point", ["x", "y"])
+
+
+class Squares(Dataset):
+    """Sample i: a 4x4 float32 array filled with i, and i."""
+
+    def __init__(self, n: int = 100):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((4, 4), i, np.float32), i
+
+
+class Records(Dataset):
+    """Every supported leaf type, nested."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return {
+            "array": np.arange(3, dtype=np.int16) + i,
+            "scalar": np.float32(i) / 2,
+            "flag": bool(i % 2),
+            "int": i,
+            "float": i * 1.5,
+            "text": f"item-{i}",
+            "raw": bytes([i]),
+            "none": None,
+            "nested": (np.full(2, i, np.uint8), [i, Point(i, -i)]),
+        }
+
+
+class RandomDraws(Dataset):
+    """Sample i: what the worker's seeded RNGs give, and the worker id."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return {
+            "random": random.random(),
+            "numpy": np.random.random(),
+            "worker": -1 if info is None else info.id,
+            "seed": -1 if info is None else info.seed,
+        }
+
+
+class Ragged(Dataset):
+    """Sample 5 has a different shape from the others."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return {"image": np.zeros((3, 4 if i != 5 else 5), np.uint8), "label": i}
+
+
+class Failing(Dataset):
+    """Raises KeyError for the indices in ``bad``."""
+
+    def __init__(self, bad, n=40):
+        self.bad = set(bad)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            raise KeyError(f"sample {i} is broken")
+        return np.full(2, i), i
+
+
+class Counting(IterableDataset):
+    """Yields 0..n-1, split between workers by worker id."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(wid, self.n, nw):
+            yield np.array([i, wid]), i
+
+
+class Unsplit(IterableDataset):
+    """Yields 0..n-1 in every worker (no sharding), with the worker id."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        info = get_worker_info()
+        for i in range(self.n):
+            yield i, -1 if info is None else info.id
+
+
+class Sleepy(Dataset):
+    """Sample i sleeps a little, more for odd workers, so results finish out of order."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        time.sleep(0.02 if info is not None and info.id == 0 else 0.0)
+        return i
+
+
+class Pid(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return os.getpid()
+
+
+def record_init(worker_id: int) -> None:
+    """worker_init_fn: write the numpy draw it sees into the environment for the dataset."""
+    os.environ["SHMLOADER_TEST_INIT"] = f"{worker_id}:{np.random.random()}"
+
+
+class InitEcho(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return os.environ.get("SHMLOADER_TEST_INIT", "")
+
+
+def stack_collate(samples):
+    """A user collate_fn: sum of the arrays and the list of labels as an array."""
+    return {"sum": np.stack([s[0] for s in samples]).sum(axis=0), "labels": np.array([s[1] for s in samples])}
+
+
+class TorchSamples(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import torch
+
+        return torch.full((2, 3), float(i)), i
+
+
+class Killer(Dataset):
+    """Sample 7 kills its worker with SIGKILL."""
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        if i == 7:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return i

@@ -1,0 +1,834 @@
+"""Child-process side of tests/test_faults.py: datasets that fail on purpose, and the
+scenarios each fault test runs in a child process.
+
+Everything here is module level so that spawn and forkserver workers can unpickle it.
+A child runs ``python -c "from tests.faultcases import main; main()" CASE JSON_KWARGS``;
+``main`` runs the scenario, then checks in the child itself that nothing is left (no live
+descendant, no extra descriptor, no mapping of a ring) and prints one JSON line
+``RESULT {...}`` for the test to read. Worker pids are reported so that the test can also
+check from outside, after the child exited, that none of them survived it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import json
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+import warnings
+from typing import Any
+
+import numpy as np
+import psutil
+
+from shmloader import (
+    DataLoader,
+    IterableDataset,
+    LoaderTimeoutError,
+    Sampler,
+    ShmSpaceError,
+    WorkerDiedError,
+    WorkerError,
+    get_worker_info,
+)
+
+# --------------------------------------------------------------------------- helpers
+
+
+def mp_helper_pids() -> set[int]:
+    """Pids of multiprocessing's session helpers (fork server, resource tracker)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = set()
+    for obj in (forkserver._forkserver, resource_tracker._resource_tracker):
+        for attr in ("_forkserver_pid", "_pid"):
+            pid = getattr(obj, attr, None)
+            if isinstance(pid, int):
+                pids.add(pid)
+    return pids
+
+
+def live_descendants() -> list[int]:
+    """Descendants of this process that are running (zombies do not count), helpers aside."""
+    helpers = mp_helper_pids()
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.pid not in helpers:
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return sorted(out)
+
+
+def alive(pid: int) -> bool:
+    """True when ``pid`` runs (a zombie has exited: not alive)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def worker_pids(it: Any) -> list[int]:
+    """The pids of an iterator's workers (read from the loader's internals)."""
+    return [w.proc.pid for w in it._workers]
+
+
+def fd_set() -> set[int]:
+    helpers = set()
+    from multiprocessing import forkserver, resource_tracker
+
+    for v in (
+        getattr(forkserver._forkserver, "_forkserver_alive_fd", None),
+        getattr(resource_tracker._resource_tracker, "_fd", None),
+    ):
+        if isinstance(v, int):
+            helpers.add(v)
+    return {int(fd) for fd in os.listdir("/proc/self/fd")} - helpers
+
+
+def describe_fd(fd: int) -> str:
+    try:
+        return f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}"
+    except OSError:
+        return str(fd)
+
+
+def ring_mappings() -> list[str]:
+    """Lines of /proc/self/maps that map a shared-memory segment."""
+    with open("/proc/self/maps") as f:
+        return [line.strip() for line in f if "/dev/shm/" in line or "shmloader-" in line]
+
+
+def ring_mapped_bytes() -> int:
+    total = 0
+    for line in ring_mappings():
+        lo, hi = line.split()[0].split("-")
+        total += int(hi, 16) - int(lo, 16)
+    return total
+
+
+def rss_bytes() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def wait_gone(pids: list[int], within: float) -> list[int]:
+    """Wait up to ``within`` s for ``pids`` to stop running; the ones still running."""
+    deadline = time.monotonic() + within
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def describe(exc: BaseException | None) -> dict[str, Any] | None:
+    if exc is None:
+        return None
+    return {
+        "type": type(exc).__name__,
+        "mro": [c.__name__ for c in type(exc).__mro__],
+        "msg": str(exc),
+        "worker_id": getattr(exc, "worker_id", None),
+        "pid": getattr(exc, "pid", None),
+        "exitcode": getattr(exc, "exitcode", None),
+        "indices": getattr(exc, "indices", None),
+        "worker_traceback": getattr(exc, "worker_traceback", None),
+    }
+
+
+def _stamp(path: str | None, text: str) -> None:
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def crash(mode: str, stamp: str | None) -> None:
+    """Die the way ``mode`` says, after writing 'worker_id pid monotonic-time' to ``stamp``."""
+    info = get_worker_info()
+    _stamp(stamp, f"{info.id if info else -1} {os.getpid()} {time.monotonic()}")
+    if mode == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "segv":
+        faulthandler._sigsegv()
+    elif mode == "exit3":
+        os._exit(3)
+    time.sleep(60)  # not reached
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+class Arange:
+    """Map-style: sample i is ``np.full(shape, i, int64)``. Optional faults: crash at
+    ``crash_at`` (only once the file ``arm`` exists, when given), raise ValueError for
+    the indices in ``bad``, sleep ``sleep`` s per sample or ``slow_s`` at ``slow_at``."""
+
+    def __init__(
+        self,
+        n: int = 40,
+        shape: tuple[int, ...] = (4,),
+        sleep: float = 0.0,
+        crash_at: int | None = None,
+        crash: str | None = None,
+        stamp: str | None = None,
+        arm: str | None = None,
+        bad: tuple[int, ...] = (),
+        slow_at: int | None = None,
+        slow_s: float = 0.0,
+        dtype: str = "int64",
+    ) -> None:
+        self.n, self.shape, self.sleep = n, tuple(shape), sleep
+        self.crash_at, self.crash, self.stamp, self.arm = crash_at, crash, stamp, arm
+        self.bad, self.slow_at, self.slow_s, self.dtype = set(bad), slow_at, slow_s, dtype
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not 0 <= i < self.n:
+            raise IndexError(f"index {i} is out of range for a dataset of {self.n} samples")
+        if self.sleep:
+            time.sleep(self.sleep)
+        if i == self.slow_at:
+            time.sleep(self.slow_s)
+        if i == self.crash_at and (self.arm is None or os.path.exists(self.arm)):
+            crash(self.crash, self.stamp)  # type: ignore[arg-type]
+        if i in self.bad:
+            raise ValueError(f"bad sample {i}")
+        return np.full(self.shape, i, self.dtype)
+
+
+class Stream(IterableDataset):
+    """Iterable: items ``0..n-1`` split round robin over the workers, each yielded as
+    ``np.full(shape, item, int64)``; crashes at item ``crash_at`` (once ``arm`` exists)."""
+
+    def __init__(
+        self,
+        n: int = 40,
+        shape: tuple[int, ...] = (4,),
+        sleep: float = 0.0,
+        crash_at: int | None = None,
+        crash: str | None = None,
+        stamp: str | None = None,
+        arm: str | None = None,
+        raise_in_iter: bool = False,
+    ) -> None:
+        self.n, self.shape, self.sleep = n, tuple(shape), sleep
+        self.crash_at, self.crash, self.stamp, self.arm = crash_at, crash, stamp, arm
+        self.raise_in_iter = raise_in_iter
+
+    def __iter__(self):
+        if self.raise_in_iter:
+            raise KeyError("no such shard")
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        for item in range(wid, self.n, nw):
+            if self.sleep:
+                time.sleep(self.sleep)
+            if item == self.crash_at and (self.arm is None or os.path.exists(self.arm)):
+                crash(self.crash, self.stamp)  # type: ignore[arg-type]
+            yield np.full(self.shape, item, np.int64)
+
+
+class Ragged(Arange):
+    def __getitem__(self, i):
+        return np.zeros((3 + (i == 5), 2), np.float32)
+
+
+class MixedDtype(Arange):
+    def __getitem__(self, i):
+        return np.zeros(3, np.float64 if i == 6 else np.float32)
+
+
+class ObjectArray(Arange):
+    def __getitem__(self, i):
+        return {"label": np.array(["a", 1], dtype=object)}
+
+
+class ReturnsNone(Arange):
+    def __getitem__(self, i):
+        if i == 2:
+            return None
+        return np.zeros(2, np.float32)
+
+
+class Big(Arange):
+    """Sample 7 is 1 MiB; the others are 64 bytes."""
+
+    def __getitem__(self, i):
+        return np.zeros(2**20 if i == 7 else 64, np.uint8)
+
+
+class LenRaises(Arange):
+    def __len__(self):
+        raise TypeError("this dataset has no length")
+
+
+class BadShard(Exception):
+    """An exception whose constructor needs two arguments: it pickles, but unpickling
+    it (which calls BadShard(message)) fails, so the consumer cannot rebuild it."""
+
+    def __init__(self, shard: str, reason: str) -> None:
+        super().__init__(f"shard {shard}: {reason}")
+
+
+class RaisesUnrebuildable(Arange):
+    def __getitem__(self, i):
+        raise BadShard("s3://x", "checksum mismatch")
+
+
+class OutOfRangeSampler(Sampler):
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __iter__(self):
+        yield from range(self.n)
+        yield self.bad
+
+    def __len__(self):
+        return self.n + 1
+
+
+class FailingSampler(Sampler):
+    def __init__(self, n: int, fail_after: int) -> None:
+        self.n, self.fail_after = n, fail_after
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i == self.fail_after:
+                raise LookupError(f"sampler failed at position {i}")
+            yield i
+
+    def __len__(self):
+        return self.n
+
+
+def init_raises(worker_id: int) -> None:
+    if worker_id == 1:
+        raise ZeroDivisionError(f"init of worker {worker_id} failed")
+
+
+def collate_raises(samples):
+    if int(samples[0][0]) == 8:
+        raise AttributeError("collate cannot handle batch starting at 8")
+    return np.stack(samples)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def _loader(ds: Any, method: str, **kw: Any) -> DataLoader:
+    kw.setdefault("batch_size", 2)
+    kw.setdefault("num_workers", 2)
+    return DataLoader(ds, multiprocessing_context=method, **kw)
+
+
+def case_death(method: str, tmp: str) -> dict[str, Any]:
+    """Worker SIGKILL / segfault / os._exit(3), map and iterable, persistent on and off."""
+    out = []
+    for kind in ("map", "iter"):
+        for persistent in (False, True):
+            for mode in ("sigkill", "segv", "exit3"):
+                stamp = os.path.join(tmp, f"stamp-{kind}-{persistent}-{mode}")
+                arm = os.path.join(tmp, f"arm-{kind}-{persistent}-{mode}") if persistent else None
+                cls = Arange if kind == "map" else Stream
+                ds = cls(n=40, sleep=0.005, crash_at=13, crash=mode, stamp=stamp, arm=arm)
+                dl = _loader(ds, method, persistent_workers=persistent)
+                full_epochs = 0
+                if persistent:
+                    full_epochs = sum(1 for _ in dl) and 1
+                    open(arm, "w").close()  # type: ignore[arg-type]
+                it = iter(dl)
+                pids = worker_pids(it)
+                err, n, t_err = None, 0, 0.0
+                try:
+                    for _ in it:
+                        n += 1
+                except Exception as exc:
+                    t_err = time.monotonic()
+                    err = exc
+                still_running = [p for p in pids if alive(p)]
+                wid, wpid, t_crash = open(stamp).read().split()
+                out.append(
+                    {
+                        "kind": kind,
+                        "persistent": persistent,
+                        "mode": mode,
+                        "full_epochs_before": full_epochs,
+                        "batches": n,
+                        "error": describe(err),
+                        "crashed_worker": int(wid),
+                        "crashed_pid": int(wpid),
+                        "latency_s": t_err - float(t_crash),
+                        "pids": pids,
+                        "running_after_error": still_running,
+                    }
+                )
+                del it
+                dl.shutdown()
+                del dl
+    return {"cases": out}
+
+
+def case_exceptions(method: str) -> dict[str, Any]:
+    """Exceptions in __getitem__, __iter__, worker_init_fn, collate_fn and the sampler."""
+    out: dict[str, Any] = {}
+    for persistent in (False, True):
+        # __getitem__: batches of 4 over 40 samples, samples 3, 17 and 18 bad: batches
+        # 0 and 4 fail; iteration goes on and the other 8 batches arrive.
+        dl = _loader(Arange(n=40, bad=(3, 17, 18)), method, batch_size=4, persistent_workers=persistent)
+        for epoch in range(2 if persistent else 1):
+            errors, got = [], []
+            it = iter(dl)
+            while True:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                except ValueError as exc:
+                    errors.append(describe(exc))
+                    continue
+                got.append(batch[:, 0].tolist())
+            out[f"getitem-p{int(persistent)}-e{epoch}"] = {"errors": errors, "got": got}
+            del it
+        dl.shutdown()
+        del dl
+    # __iter__ of an iterable dataset
+    out["iter"] = _first_error(_loader(Stream(raise_in_iter=True), method))
+    out["worker_init_fn"] = _first_error(_loader(Arange(), method, worker_init_fn=init_raises))
+    out["collate_fn"] = _first_error(_loader(Arange(), method, collate_fn=collate_raises, batch_size=4))
+    out["sampler"] = _first_error(_loader(Arange(n=40), method, sampler=FailingSampler(40, 9)))
+    out["unrebuildable"] = _first_error(_loader(RaisesUnrebuildable(), method))
+    return out
+
+
+def _first_error(dl: DataLoader, steps: int = 1000) -> dict[str, Any]:
+    """Iterate ``dl`` until it raises; the error, the batches before it, and whether the
+    workers were still running after the error (they are reaped once the iterator goes)."""
+    n, err, pids = 0, None, []
+    t0 = time.monotonic()
+    try:
+        it = iter(dl)
+        pids = worker_pids(it)
+        for _ in range(steps):
+            next(it)
+            n += 1
+    except StopIteration:
+        pass
+    except Exception as exc:
+        err = describe(exc)  # not the exception: its traceback keeps the iterator alive
+    elapsed = time.monotonic() - t0
+    it = None  # drop the iterator: its workers stop
+    del dl
+    t1 = time.monotonic()
+    gc.collect()
+    left = wait_gone(pids, 3)
+    return {"error": err, "batches": n, "elapsed_s": elapsed, "left": left, "stop_s": time.monotonic() - t1}
+
+
+def case_bad_input(method: str) -> dict[str, Any]:
+    out = {
+        "ragged": _first_error(_loader(Ragged(), method, batch_size=4)),
+        "dtype": _first_error(_loader(MixedDtype(), method, batch_size=4)),
+        "object": _first_error(_loader(ObjectArray(), method, batch_size=4)),
+        "none": _first_error(_loader(ReturnsNone(), method, batch_size=4)),
+        "too_big": _first_error(_loader(Big(), method, batch_size=2, slot_bytes=8192, num_slots=8)),
+        "len_raises": _first_error(_loader(LenRaises(), method)),
+        "sampler_out_of_range": _first_error(_loader(Arange(n=10), method, sampler=OutOfRangeSampler(10, 99))),
+    }
+    if method != "fork":
+        out["lambda_collate"] = _first_error(_loader(Arange(), method, collate_fn=lambda b: b))
+
+        class Local(Arange):
+            pass
+
+        out["local_dataset"] = _first_error(_loader(Local(), method))
+    return out
+
+
+def case_timeout(method: str) -> dict[str, Any]:
+    dl = _loader(Arange(n=20, slow_at=5, slow_s=5.0), method, batch_size=2, timeout=1)
+    it = iter(dl)
+    pids = worker_pids(it)
+    n, err = 0, None
+    t0 = time.monotonic()
+    try:
+        for _ in it:
+            n += 1
+            t0 = time.monotonic()
+    except Exception as exc:
+        err = exc
+    waited = time.monotonic() - t0
+    running = [p for p in pids if alive(p)]
+    reaped = [p for p in pids if not psutil.pid_exists(p)]
+    del it, dl
+    return {
+        "error": describe(err),
+        "batches": n,
+        "waited_s": waited,
+        "running_after": running,
+        "reaped": reaped,
+        "pids": pids,
+    }
+
+
+def case_held(method: str) -> dict[str, Any]:
+    """Keep 10,000 batches alive: the ring runs out of slots, later batches come by copy."""
+    n = 10_000
+    dl = _loader(Arange(n=n, shape=(2,)), method, batch_size=1, num_slots=16)
+    held = []
+    fd_counts = []
+    t0 = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k, batch in enumerate(dl):
+            held.append(batch)
+            if k % 500 == 100:  # the ring exists from the first batches on
+                fds = fd_set()
+                fd_counts.append(len(fds))
+                ring_fds = [fd for fd in fds if "/dev/shm/" in describe_fd(fd)]
+    elapsed = time.monotonic() - t0
+    ok = all(int(b[0, 0]) == i and int(b[0, 1]) == i for i, b in enumerate(held))
+    views = sum(1 for b in held if dl.ring is not None and dl.ring.contains(b))
+    warns = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    del held, batch
+    del dl
+    return {
+        "count": len(held_ok := [ok]) and n,
+        "values_ok": held_ok[0],
+        "views": views,
+        "fd_counts": sorted(set(fd_counts)),
+        "ring_fds": len(ring_fds),
+        "warnings": warns,
+        "iterate_s": elapsed,
+    }
+
+
+def case_churn(method: str, iterators: int) -> dict[str, Any]:
+    """Create ``iterators`` iterators, read 3 batches from each, drop them: on one loader,
+    then on fresh loaders. Figures after a warm-up and at the end."""
+
+    def figures() -> dict[str, int]:
+        gc.collect()
+        return {
+            "processes": len(live_descendants()),
+            "fds": len(fd_set()),
+            "ring_mapped_bytes": ring_mapped_bytes(),
+            "rss": rss_bytes(),
+        }
+
+    out: dict[str, Any] = {}
+    t0 = time.monotonic()
+    dl = _loader(Arange(n=64, shape=(256,)), method, batch_size=4)
+    for phase, make in (("one_loader", lambda: dl), ("fresh_loaders", None)):
+        warm = 20
+        for k in range(iterators + warm):
+            if k == warm:
+                before = figures()
+            loader = make() if make else _loader(Arange(n=64, shape=(256,)), method, batch_size=4)
+            it = iter(loader)
+            for _ in range(3):
+                next(it)
+            del it, loader
+        out[phase] = {"before": before, "after": figures()}
+    out["elapsed_s"] = time.monotonic() - t0
+    del dl
+    return out
+
+
+def case_early_exit(method: str, kind: str) -> dict[str, Any]:
+    """break after 1 batch, after half an epoch; then leave an iterator referenced and a
+    persistent loader's iterator alive at interpreter exit (the test times the exit)."""
+    cls = Arange if kind == "map" else Stream
+    out: dict[str, Any] = {}
+    for name, stop in (("break1", 1), ("half", 10)):
+        dl = _loader(cls(n=40), method)
+        t0 = time.monotonic()
+        it = iter(dl)
+        pids = worker_pids(it)
+        for k, _ in enumerate(it):
+            if k + 1 >= stop:
+                break
+        del it, dl
+        out[name] = {"close_s": time.monotonic() - t0, "left": wait_gone(pids, 0)}
+    # Left for interpreter exit: an iterator still referenced from a global, and a
+    # persistent loader whose iterator is only reachable from the loader.
+    global _KEEP
+    dl1 = _loader(cls(n=40), method)
+    it1 = iter(dl1)
+    next(it1)
+    dl2 = _loader(cls(n=40), method, persistent_workers=True)
+    it2 = iter(dl2)
+    next(it2)
+    next(it2)
+    exit_pids = worker_pids(it1) + worker_pids(it2)
+    _KEEP = (dl1, it1, dl2)
+    del it2
+    out["exit_pids"] = exit_pids
+    out["no_leak_check"] = True  # workers are alive on purpose until exit
+    return out
+
+
+_KEEP: Any = None
+
+
+def case_interrupted(method: str) -> dict[str, Any]:
+    """Iterate a slow epoch; the test sends SIGINT to the process group."""
+    dl = _loader(Arange(n=400, sleep=0.02), method)
+    it = iter(dl)
+    pids = worker_pids(it)
+    interrupts = 0
+    n = 0
+    try:
+        for _ in it:
+            n += 1
+            if n == 1:
+                print("READY", json.dumps(pids), flush=True)
+    except KeyboardInterrupt:
+        interrupts += 1
+    del it, dl
+    gc.collect()
+    left = wait_gone(pids, 3)
+    return {"interrupts": interrupts, "batches": n, "pids": pids, "left": left}
+
+
+def case_victim(method: str, mode: str) -> dict[str, Any]:
+    """The consumer the test SIGKILLs: 'busy' workers sleep in __getitem__ over a 64 MiB
+    ring; 'blocked' workers are stuck sending a 16 MiB pickled first batch."""
+    if mode == "busy":
+        dl = _loader(Arange(n=100, sleep=1.5), method, slot_bytes=8 * 2**20, num_slots=8)
+    else:
+        dl = _loader(Arange(n=100, shape=(2**20,)), method, batch_size=2)
+    it = iter(dl)
+    pids = worker_pids(it)
+    if mode == "busy":
+        next(it)
+    print("READY", json.dumps(pids), flush=True)
+    time.sleep(60)
+    return {}
+
+
+def case_fork_consumer(method: str) -> dict[str, Any]:
+    """os.fork() while an iterator is alive; the copy exits normally (atexit and all)."""
+    dl = _loader(Arange(n=40, sleep=0.01), method)
+    it = iter(dl)
+    first = [next(it)[:, 0].tolist() for _ in range(3)]
+    pids = worker_pids(it)
+    pid = os.fork()
+    if pid == 0:
+        # The copy: use numpy, drop its copy of the iterator, exit normally.
+        ok = 0
+        try:
+            del it
+            gc.collect()
+            ok = 1
+        finally:
+            sys.stdout.flush()
+            sys.exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    rest = [b[:, 0].tolist() for b in it]
+    got = [v for b in first + rest for v in b]
+    del it, dl
+    return {
+        "copy_exit": os.waitstatus_to_exitcode(status),
+        "values_ok": got == list(range(40)),
+        "pids": pids,
+    }
+
+
+def case_two_loaders(method: str) -> dict[str, Any]:
+    a = _loader(Arange(n=40), method)
+    b = _loader(Arange(n=60, shape=(3,), dtype="float32"), method, batch_size=3)
+    ia, ib = iter(a), iter(b)
+    got_a, got_b = [], []
+    for x in ia:
+        got_a.extend(x[:, 0].tolist())
+        y = next(ib, None)
+        if y is not None:
+            got_b.extend(y[:, 0].tolist())
+    got_b.extend(v for y in ib for v in y[:, 0].tolist())
+    del ia, ib, a, b
+    return {"a_ok": got_a == list(range(40)), "b_ok": got_b == [float(i) for i in range(60)]}
+
+
+def case_solo(method: str, n: int) -> dict[str, Any]:
+    """One loader per process, for two processes run at once."""
+    dl = _loader(Arange(n=n, shape=(64,)), method, batch_size=4)
+    ok = True
+    for epoch in range(3):
+        got = [v for x in dl for v in x[:, 0].tolist()]
+        ok &= got == list(range(n))
+    del dl
+    return {"ok": ok}
+
+
+def case_shm_small(method: str) -> dict[str, Any]:
+    """Inside a 16 MiB /dev/shm: a 64 MiB ring (fixed slot_bytes), then one sized from
+    the first batch (8 x 8 MiB)."""
+    out = {"shm_size": os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize}
+    for name, kw, shape in (
+        ("fixed", {"slot_bytes": 8 * 2**20, "num_slots": 8}, (4,)),
+        ("sized", {"num_slots": 8}, (2**20,)),
+    ):
+        dl = _loader(Arange(n=40, shape=shape), method, **kw)
+        t0 = time.monotonic()
+        err, pids, n = None, [], 0
+        try:
+            it = iter(dl)
+            pids = worker_pids(it)
+            for _ in it:
+                n += 1
+        except Exception as exc:
+            err = exc
+        it = None
+        del dl
+        gc.collect()
+        out[name] = {
+            "error": describe(err),
+            "is_memory_error": isinstance(err, MemoryError),
+            "is_shm_space_error": isinstance(err, ShmSpaceError),
+            "batches": n,
+            "elapsed_s": time.monotonic() - t0,
+            "left": wait_gone(pids, 3),
+            "shm_entries": os.listdir("/dev/shm"),
+        }
+    return out
+
+
+def case_security(method: str) -> dict[str, Any]:
+    """The segment: mode 0600, unlinked before workers start, never someone else's."""
+    import posix_ipc
+    import secrets
+
+    import shmloader.ring as ring_mod
+
+    real_shm = posix_ipc.SharedMemory
+    created: list[dict[str, Any]] = []
+
+    def recording_shm(name, flags=0, mode=0o600, *args, **kw):
+        shm = real_shm(name, flags, mode, *args, **kw)
+        st = os.fstat(shm.fd)
+        created.append({"name": name, "mode": st.st_mode & 0o777, "ino": st.st_ino})
+        return shm
+
+    ring_mod.posix_ipc = type("P", (), {"SharedMemory": recording_shm, "O_CREX": posix_ipc.O_CREX,
+                                        "ExistentialError": posix_ipc.ExistentialError})
+    # A name chosen by someone else beforehand: the first name the loader will draw.
+    hexes = iter(["00" * 8, "11" * 8] + [secrets.token_hex(8) for _ in range(100)])
+    real_token_hex = secrets.token_hex
+    secrets.token_hex = lambda n=None: next(hexes)
+    squatted = f"/dev/shm/shmloader-{os.getpid()}-{'00' * 8}"
+    fd = os.open(squatted, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666)
+    os.write(fd, b"attacker")
+    os.close(fd)
+    os.chmod(squatted, 0o666)
+    squat_ino = os.stat(squatted).st_ino
+    try:
+        dl = _loader(Arange(n=40), method, slot_bytes=4096, num_slots=8)
+        it = iter(dl)
+        batches = [b[:, 0].tolist() for b in it]
+        ring = dl.ring
+        ring_fd = ring.fd
+        ring_ino = os.fstat(ring_fd).st_ino
+        link = os.readlink(f"/proc/self/fd/{ring_fd}")
+        names = [c["name"] for c in created]
+        # Another process tries to open each name the loader used.
+        probe = (
+            "import posix_ipc, sys\n"
+            "for n in sys.argv[1:]:\n"
+            "    try:\n"
+            "        posix_ipc.SharedMemory(n); print('OPENED', n)\n"
+            "    except posix_ipc.ExistentialError:\n"
+            "        print('ABSENT', n)\n"
+        )
+        import subprocess
+
+        probe_out = subprocess.run(
+            [sys.executable, "-c", probe, *names], capture_output=True, text=True, timeout=30
+        ).stdout.split("\n")
+        with open(squatted, "rb") as f:
+            squat_content = f.read()
+        del it, dl, ring
+    finally:
+        secrets.token_hex = real_token_hex
+        ring_mod.posix_ipc = posix_ipc
+    squat_still_there = os.path.exists(squatted)
+    os.unlink(squatted)
+    # Every name taken: a clear error, nothing created.
+    secrets.token_hex = lambda n=None: "22" * 8
+    taken = f"/dev/shm/shmloader-{os.getpid()}-{'22' * 8}"
+    os.close(os.open(taken, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    try:
+        err = None
+        try:
+            iter(_loader(Arange(n=40), method, slot_bytes=4096, num_slots=8))
+        except Exception as exc:
+            err = exc
+    finally:
+        secrets.token_hex = real_token_hex
+        os.unlink(taken)
+    return {
+        "created": created,
+        "batches_ok": [v for b in batches for v in b] == list(range(40)),
+        "ring_link": link,
+        "ring_ino": ring_ino,
+        "squat_ino": squat_ino,
+        "squat_content": squat_content.decode(),
+        "squat_still_there": squat_still_there,
+        "probe": [line for line in probe_out if line],
+        "all_taken_error": describe(err),
+    }
+
+
+class SeesNoName(Arange):
+    """Reports, from inside the worker, the consumer's shmloader names in /dev/shm."""
+
+    def __init__(self, n: int, consumer: int) -> None:
+        super().__init__(n)
+        self.consumer = consumer
+
+    def __getitem__(self, i):
+        mine = f"shmloader-{self.consumer}-"
+        names = [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
+        return {"x": np.full(2, i), "names": ",".join(names)}
+
+
+def case_unlinked_before_start(method: str) -> dict[str, Any]:
+    dl = _loader(SeesNoName(8, os.getpid()), method, slot_bytes=4096, num_slots=8)
+    seen = [s for b in dl for s in b["names"]]
+    return {"names_seen_by_workers": sorted(set(seen))}
+
+
+CASES = {name[len("case_") :]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def main() -> None:
+    case, kwargs = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    multiprocessing.set_start_method(kwargs.get("method", "fork"), force=True)
+    # Warm up multiprocessing's helpers so their descriptors are in the baseline.
+    fds0 = fd_set()
+    maps0 = ring_mappings()
+    t0 = time.monotonic()
+    try:
+        result = CASES[case](**kwargs)
+    except SystemExit:
+        raise  # a forked copy of the consumer leaving (case_fork_consumer)
+    except BaseException as exc:
+        result = {"crash": "".join(traceback.format_exception(exc))}
+    gc.collect()
+    result["elapsed_s"] = time.monotonic() - t0
+    if not result.pop("no_leak_check", False):
+        result["leftover_children"] = live_descendants()
+        result["leftover_fds"] = [describe_fd(fd) for fd in sorted(fd_set() - fds0)]
+        result["leftover_mappings"] = [m for m in ring_mappings() if m not in maps0]
+    print("RESULT", json.dumps(result, default=repr), flush=True)
+    print("T_END", time.monotonic(), flush=True)
+
+

@@ -1,0 +1,230 @@
+"""`shmloader bench` and `shmloader doctor`, run for real on tiny settings.
+
+Everything that starts worker processes runs the CLI in a subprocess with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from shmloader import bench, doctor
+
+_DEADLINE_S = 90
+_TINY = ["--workloads", "W4", "--batches", "20", "--repeat", "1", "--seconds", "0.2"]
+_LOADERS = ["shmloader", "torch", "shmloader w0", "copy ceiling"]
+
+
+def _cli(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
+    """Run ``shmloader <args>`` in a fresh interpreter (after ``prelude``)."""
+    code = f"{prelude}\nimport sys\nfrom shmloader.cli import main\nsys.exit(main({list(args)!r}))"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=_DEADLINE_S
+    )
+
+
+def _torch_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def test_bench_prints_table_and_writes_json(tmp_path):
+    out = tmp_path / "r.json"
+    md = tmp_path / "r.md"
+    png = tmp_path / "r.png"
+    proc = _cli(
+        "bench",
+        *_TINY,
+        "--no-memory",
+        "--json",
+        str(out),
+        "--markdown",
+        str(md),
+        "--plot",
+        str(png),
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    for column in [
+        "workload",
+        "loader",
+        "batches/s",
+        "GB/s",
+        "vs torch",
+        "% ceiling",
+        "CPU ms/batch",
+    ]:
+        assert column in text
+    assert "[1/" in text  # plain progress lines when not on a terminal
+    assert "Time to first batch" in text and "Targets (2 workers)" in text
+    table = [line for line in text.splitlines() if line.startswith("W4 w2")]
+    assert {name for name in _LOADERS if any(f"  {name}  " in line for line in table)} == set(
+        _LOADERS
+    )
+    try:
+        import matplotlib  # noqa: F401
+
+        assert png.exists()
+    except ImportError:
+        assert "matplotlib is not installed" in text and not png.exists()
+
+    data = json.loads(out.read_text())
+    machine = data["machine"]
+    for key in ["cpu_model", "cores", "python", "numpy", "torch", "start_method"]:
+        assert key in machine
+    assert data["settings"]["workloads"] == ["W4"] and data["settings"]["repeat"] == 1
+    (config,) = data["configs"]
+    assert config["label"] == "W4 w2" and config["batch_size"] == 1 and config["batch_bytes"] == 8
+    rows = {r["loader"]: r for r in config["rows"]}
+    assert set(rows) == set(_LOADERS)
+    shm = rows["shmloader"]
+    assert shm["status"] == "ok" and shm["batches_per_s"] > 0 and len(shm["runs"]) == 1
+    assert shm["consumer_cpu_ms"] > 0 and rows["copy ceiling"]["pct_of_ceiling"] == 100
+    if _torch_installed():
+        assert rows["torch"]["ratio_to_torch"] == pytest.approx(1.0)
+        assert shm["ratio_to_torch"] > 0
+        assert set(config["first_batch_s"]) == {"shmloader", "torch"}
+    (target,) = data["targets"]
+    assert target["target"] == "W4 w2 vs torch" and target["goal"] == ">= 20x"
+    assert md.read_text().startswith("# shmloader vs torch DataLoader")
+    assert "Reproduce with: `shmloader bench --workloads W4" in md.read_text()
+
+
+def test_bench_without_torch_says_not_installed(tmp_path):
+    out = tmp_path / "r.json"
+    proc = _cli(
+        "bench", *_TINY, "--json", str(out), prelude="import sys; sys.modules['torch'] = None"
+    )
+    assert proc.returncode == 0, proc.stderr
+    torch_lines = [
+        ln for ln in proc.stdout.splitlines() if ln.startswith("W4 w2  ") and "torch" in ln
+    ]
+    assert torch_lines and all("not installed" in ln for ln in torch_lines)
+    data = json.loads(out.read_text())
+    assert data["machine"]["torch"] is None
+    (config,) = data["configs"]
+    rows = {r["loader"]: r for r in config["rows"]}
+    assert rows["torch"]["status"] == "not installed" and rows["torch"]["batches_per_s"] is None
+    assert rows["shmloader"]["batches_per_s"] > 0 and rows["shmloader"]["ratio_to_torch"] is None
+    assert set(config["first_batch_s"]) == {"shmloader"}
+    # The memory probe ran for shmloader only, in its own process.
+    assert set(config["memory"]) == {"shmloader"}
+    mem = config["memory"]["shmloader"]
+    assert "error" not in mem, mem
+    assert mem["peak_rss_mb"] > 0 and mem["batches"] > 0
+    assert data["targets"][0]["met"] is None  # no torch: nothing to judge
+
+
+def test_bench_rejects_unknown_workload():
+    proc = _cli("bench", "--workloads", "W9")
+    assert proc.returncode == 2 and "unknown workload" in proc.stderr
+
+
+def test_doctor_reports_every_check():
+    proc = _cli("doctor", "--workers", "2")
+    assert proc.returncode in (0, 1), proc.stderr
+    for name in [
+        "native helper",
+        "/dev/shm",
+        "ring creation",
+        "open files",
+        "start method",
+        "cores",
+        "parent-death signal",
+    ]:
+        assert f"] {name}:" in proc.stdout
+    assert "ulimit -n" in proc.stdout
+
+
+def test_doctor_json_and_too_small_shm():
+    proc = _cli("doctor", "--workers", "1", "--batch-mb", str(2**30), "--json")
+    data = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in data["checks"]}
+    assert checks["/dev/shm"]["status"] == "FAIL" and "--shm-size" in checks["/dev/shm"]["remedy"]
+    assert proc.returncode == 1
+
+
+def test_doctor_warns_when_workers_exceed_cores():
+    check = doctor.check_cores(10_000)
+    assert check.status == doctor.WARN and "num_workers <=" in check.remedy
+
+
+def test_cli_usage():
+    proc = _cli()
+    assert proc.returncode == 0 and "bench" in proc.stdout and "doctor" in proc.stdout
+    assert _cli("nonsense").returncode == 2
+
+
+def test_configs_and_targets_offline():
+    configs = bench.make_configs(["W1", "W1-unordered", "W1-fresh"], [2, 1])
+    assert [c.label for c in configs] == [
+        "W1 w2",
+        "W1-unordered w2",
+        "W1-fresh w2",
+        "W1 w1",
+        "W1-unordered w1",
+        "W1-fresh w1",
+    ]
+    assert not configs[1].in_order and configs[1].persistent_workers
+    assert configs[2].in_order and not configs[2].persistent_workers
+
+    res = bench.ConfigResult(configs[0], "d", 64, 1000, 8)
+    res.rows = [
+        bench.Row("shmloader", batches_per_s=900.0, ratio_to_torch=9.0, pct_of_ceiling=60.0,
+                  consumer_cpu_ms=0.1),
+        bench.Row("torch", batches_per_s=100.0, ratio_to_torch=1.0, consumer_cpu_ms=2.0),
+    ]  # fmt: skip
+    res.first_batch_s = {
+        "shmloader": {"median_s": 0.2, "spread": 0.0},
+        "torch": {"median_s": 0.1, "spread": 0.0},
+    }
+    targets = {t["target"]: t for t in bench.evaluate_targets([res])}
+    assert targets["W1 w2 vs torch"]["met"] is True
+    assert targets["W1 w2 % of copy ceiling"]["met"] is True
+    assert targets["W1 w2 consumer CPU/batch vs torch"]["value"] == pytest.approx(0.05)
+    assert targets["W1 w2 time to first batch vs torch"]["met"] is False
+    report = bench.format_report([res], list(targets.values()))
+    assert "MISSED" in report and "9.00x" in report
+
+
+def test_datasets_pickle_and_match_workloads():
+    import pickle
+
+    for name, wl in bench.WORKLOADS.items():
+        if name == "W5":
+            continue  # calibrates ~1 ms of work: covered by the bench runs
+        ds = wl.make(32)
+        clone = pickle.loads(pickle.dumps(ds))
+        assert type(clone) is type(ds) and len(clone) == 32
+    assert bench.batch_bytes_of(bench.WORKLOADS["W1"].make(64), 64) == 64 * (3 * 224 * 224 + 8)
+    assert bench.batch_bytes_of(bench.WORKLOADS["W3"].make(256), 256) == 256 * (16 * 4 + 8)
+
+
+def test_progress_plain_lines():
+    lines: list[str] = []
+    progress = bench.Progress(2, lines.append)
+    progress.tty = False
+    progress.step("one")
+    progress.step("two")
+    assert lines[0].startswith("[1/2 ") and lines[1].endswith("two")
+
+
+def test_probe_is_module_level():
+    # The memory probe runs `python -m shmloader.bench --probe`: the module must stay runnable.
+    src = textwrap.dedent(
+        """
+        import runpy, sys
+        sys.argv = ["shmloader.bench", "--help"]
+        try:
+            runpy.run_module("shmloader.bench", run_name="__main__")
+        except SystemExit as e:
+            sys.exit(e.code)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--workloads" in proc.stdout

@@ -1,0 +1,386 @@
+"""The core ring loader (issue 2): API, sampling, batches, leases and robustness.
+
+Every test that starts workers runs under fork and spawn."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+from shmloader import (
+    BatchLayoutError,
+    BatchSampler,
+    DataLoader,
+    RandomSampler,
+    SequentialSampler,
+    WorkerDiedError,
+    get_worker_info,
+)
+
+from . import datasets as D
+from .conftest import START_METHODS
+
+
+@pytest.fixture(params=START_METHODS)
+def method(request):
+    return request.param
+
+
+def labels(loader, key=1):
+    return [int(v) for batch in loader for v in np.asarray(batch[key]).ravel()]
+
+
+# --- construction and validation, as torch does ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_workers": -1}, "num_workers option should be non-negative"),
+        ({"timeout": -1}, "timeout option should be non-negative"),
+        ({"prefetch_factor": 2}, "prefetch_factor option could only be specified in multiprocessing"),
+        ({"persistent_workers": True}, "persistent_workers option needs num_workers > 0"),
+        ({"sampler": [0, 1], "shuffle": True}, "sampler option is mutually exclusive with shuffle"),
+        ({"batch_sampler": [[0]], "batch_size": 2}, "batch_sampler option is mutually exclusive"),
+        ({"batch_sampler": [[0]], "shuffle": True}, "batch_sampler option is mutually exclusive"),
+        ({"batch_sampler": [[0]], "sampler": [0]}, "batch_sampler option is mutually exclusive"),
+        ({"batch_sampler": [[0]], "drop_last": True}, "batch_sampler option is mutually exclusive"),
+        ({"batch_size": None, "drop_last": True}, "mutually exclusive with drop_last"),
+        ({"seed": 1, "generator": np.random.default_rng(1)}, "either seed or generator"),
+        ({"num_slots": 0}, "num_slots should be a positive integer"),
+        ({"slot_bytes": -5}, "slot_bytes should be a positive integer"),
+    ],
+)
+def test_invalid_combinations_raise_value_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DataLoader(D.Squares(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"shuffle": True}, {"sampler": [0]}, {"batch_sampler": [[0]]}], ids=["shuffle", "sampler", "batch_sampler"]
+)
+def test_iterable_dataset_rejects_sampling_options(kwargs):
+    with pytest.raises(ValueError, match="IterableDataset"):
+        DataLoader(D.Counting(4), **kwargs)
+
+
+def test_len_follows_torch():
+    assert len(DataLoader(D.Squares(10), batch_size=3)) == 4
+    assert len(DataLoader(D.Squares(10), batch_size=3, drop_last=True)) == 3
+    assert len(DataLoader(D.Squares(10), batch_size=None)) == 10
+    assert len(DataLoader(D.Unsplit(10), batch_size=4)) == 3
+    assert len(DataLoader(D.Squares(10), batch_sampler=[[0, 1], [2]])) == 2
+
+
+def test_torch_generator_is_accepted():
+    torch = pytest.importorskip("torch")
+    a = labels(DataLoader(D.Squares(20), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3)))
+    b = labels(DataLoader(D.Squares(20), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3)))
+    assert a == b and sorted(a) == list(range(20)) and a != list(range(20))
+
+
+# --- sampling ------------------------------------------------------------------------
+
+
+def test_sequential_batches_and_drop_last(method):
+    dl = DataLoader(D.Squares(23), batch_size=5, num_workers=2, multiprocessing_context=method)
+    batches = [b[1].tolist() for b in dl]
+    assert batches == [list(range(i, min(i + 5, 23))) for i in range(0, 23, 5)]
+    dl = DataLoader(D.Squares(23), batch_size=5, drop_last=True, num_workers=2, multiprocessing_context=method)
+    assert labels(dl) == list(range(20))
+
+
+def test_shuffle_is_reproducible_and_new_each_epoch(method):
+    def epochs(num_workers):
+        kw = {"multiprocessing_context": method} if num_workers else {}
+        dl = DataLoader(D.Squares(40), batch_size=8, shuffle=True, seed=7, num_workers=num_workers, **kw)
+        return [labels(dl) for _ in range(2)]
+
+    first, second = epochs(2)
+    assert sorted(first) == list(range(40)) and first != list(range(40))
+    assert first != second, "a new permutation every epoch"
+    assert epochs(2) == [first, second] == epochs(0), "same seed, same batches, any num_workers"
+
+
+def test_custom_sampler_and_batch_sampler(method):
+    order = [5, 3, 9, 0, 1]
+    dl = DataLoader(D.Squares(), batch_size=2, sampler=order, num_workers=2, multiprocessing_context=method)
+    assert [b[1].tolist() for b in dl] == [[5, 3], [9, 0], [1]]
+    dl = DataLoader(D.Squares(), batch_sampler=[[1, 2, 3], [7], [4, 4]], num_workers=2, multiprocessing_context=method)
+    assert [b[1].tolist() for b in dl] == [[1, 2, 3], [7], [4, 4]]
+
+
+def test_sampler_classes():
+    assert list(SequentialSampler(range(4))) == [0, 1, 2, 3]
+    rs = RandomSampler(range(10), generator=np.random.default_rng(0))
+    a, b = list(rs), list(rs)
+    assert sorted(a) == sorted(b) == list(range(10)) and a != b
+    assert len(list(RandomSampler(range(5), replacement=True, num_samples=12))) == 12
+    assert list(BatchSampler(range(5), 2, drop_last=False)) == [[0, 1], [2, 3], [4]]
+    assert len(BatchSampler(range(5), 2, drop_last=True)) == 2
+    with pytest.raises(ValueError, match="batch_size should be a positive integer"):
+        BatchSampler(range(5), 0, False)
+
+
+def test_no_automatic_batching(method):
+    dl = DataLoader(D.Squares(6), batch_size=None, num_workers=2, multiprocessing_context=method)
+    out = list(dl)
+    assert [int(y) for _, y in out] == list(range(6))
+    assert out[3][0].shape == (4, 4)
+
+
+# --- iterable datasets ------------------------------------------------------------------
+
+
+def test_iterable_workers_each_iterate_their_copy(method):
+    dl = DataLoader(D.Counting(20), batch_size=4, num_workers=2, multiprocessing_context=method)
+    got = []
+    for arr, idx in dl:
+        assert len(set(arr[:, 1].tolist())) == 1, "a batch never mixes workers' samples"
+        got.extend(idx.tolist())
+    assert sorted(got) == list(range(20))
+
+
+def test_iterable_partial_batches_stay_separate(method):
+    # Each of 2 workers yields 5 samples: batches of 4 -> 4+1 per worker, never merged.
+    dl = DataLoader(D.Unsplit(5), batch_size=4, num_workers=2, multiprocessing_context=method)
+    sizes = sorted(len(b[0]) for b in dl)
+    assert sizes == [1, 1, 4, 4]
+    dl = DataLoader(D.Unsplit(5), batch_size=4, drop_last=True, num_workers=2, multiprocessing_context=method)
+    assert sorted(len(b[0]) for b in dl) == [4, 4]
+
+
+def test_iterable_in_main_process():
+    assert labels(DataLoader(D.Counting(10), batch_size=3)) == list(range(10))
+
+
+# --- workers: info, seeding, init, persistence, order -----------------------------------
+
+
+def test_worker_info_is_none_in_main_and_immutable_in_workers(method):
+    assert get_worker_info() is None
+    dl = DataLoader(D.RandomDraws(), batch_size=2, num_workers=2, multiprocessing_context=method, seed=1)
+    workers = {int(w) for b in dl for w in b["worker"]}
+    assert workers == {0, 1}
+    from shmloader import WorkerInfo
+
+    info = WorkerInfo(0, 1, 5, None)
+    with pytest.raises(AttributeError, match="immutable"):
+        info.id = 3
+
+
+def test_worker_seeds_are_base_plus_id_and_fresh_each_epoch(method):
+    dl = DataLoader(D.RandomDraws(), batch_size=4, num_workers=2, multiprocessing_context=method, seed=11)
+    epoch_seeds = []
+    for _ in range(2):
+        pairs = {(int(w), int(s)) for b in dl for w, s in zip(b["worker"], b["seed"])}
+        seeds = dict(pairs)
+        assert len(pairs) == 2 and seeds[1] == seeds[0] + 1
+        epoch_seeds.append(seeds[0])
+    assert epoch_seeds[0] != epoch_seeds[1]
+    again = DataLoader(D.RandomDraws(), batch_size=4, num_workers=2, multiprocessing_context=method, seed=11)
+    b1 = [b["numpy"].tolist() for b in again]
+    b2 = [b["numpy"].tolist() for b in DataLoader(D.RandomDraws(), batch_size=4, num_workers=2, multiprocessing_context=method, seed=11)]
+    assert b1 == b2, "same seed, same random draws in the workers"
+
+
+def test_worker_init_fn_runs_after_seeding(method):
+    dl = DataLoader(
+        D.InitEcho(), batch_size=1, num_workers=2, multiprocessing_context=method, worker_init_fn=D.record_init, seed=3
+    )
+    echoes = {e[0] for e in dl}
+    assert {e.split(":")[0] for e in echoes} == {"0", "1"}
+    # The draw in worker_init_fn is the first from the seeded numpy RNG of that worker.
+    for e in echoes:
+        wid, draw = e.split(":")
+        dl2 = DataLoader(D.RandomDraws(), batch_size=1, num_workers=2, multiprocessing_context=method, seed=3)
+        firsts = {}
+        for b in dl2:
+            firsts.setdefault(int(b["worker"][0]), float(b["numpy"][0]))
+        assert abs(firsts[int(wid)] - float(draw)) < 1e-12
+
+
+def test_persistent_workers_keep_processes_and_ring(method):
+    dl = DataLoader(D.Pid(), batch_size=2, num_workers=2, multiprocessing_context=method, persistent_workers=True)
+    pids1 = {int(p) for b in dl for p in b}
+    ring = dl.ring
+    pids2 = {int(p) for b in dl for p in b}
+    assert pids1 == pids2 and len(pids1) == 2 and dl.ring is ring
+    dl.shutdown()
+
+
+def test_persistent_workers_reset_after_break(method):
+    dl = DataLoader(D.Squares(40), batch_size=4, num_workers=2, multiprocessing_context=method, persistent_workers=True)
+    for n, _ in enumerate(dl):
+        if n == 2:
+            break
+    assert labels(dl) == list(range(40))
+    dl.shutdown()
+
+
+def test_out_of_order_yields_each_batch_once(method):
+    dl = DataLoader(D.Sleepy(), batch_size=2, num_workers=2, multiprocessing_context=method, in_order=False)
+    got = [b.tolist() for b in dl]
+    assert sorted(x for b in got for x in b) == list(range(24))
+    assert got != [[i, i + 1] for i in range(0, 24, 2)], "fast worker's batches come first"
+
+
+def test_default_num_slots():
+    assert DataLoader(D.Squares(), num_workers=2).num_slots == 2 * 2 + 4
+    assert DataLoader(D.Squares(), num_workers=3, prefetch_factor=4).num_slots == 3 * 4 + 4
+    assert DataLoader(D.Squares(), num_workers=2, num_slots=20).num_slots == 20
+
+
+# --- batches ---------------------------------------------------------------------------
+
+
+def test_every_leaf_type_and_nesting(method):
+    expected = list(DataLoader(D.Records(), batch_size=4))
+    got = list(DataLoader(D.Records(), batch_size=4, num_workers=2, multiprocessing_context=method))
+    assert len(got) == len(expected) == 3
+    for a, b in zip(got, expected):
+        assert a.keys() == b.keys()
+        for key in ("array", "scalar", "flag", "int", "float"):
+            assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key])
+        assert a["int"].dtype == np.int64 and a["float"].dtype == np.float64 and a["flag"].dtype == np.bool_
+        assert a["text"] == b["text"] and a["raw"] == b["raw"] and a["none"] == [None] * 4
+        arr, (ints, point) = a["nested"]
+        assert isinstance(point, D.Point) and np.array_equal(point.y, -ints)
+        assert np.array_equal(arr, b["nested"][0])
+
+
+def test_torch_tensor_samples_give_tensors_sharing_the_slot(method):
+    torch = pytest.importorskip("torch")
+    dl = DataLoader(D.TorchSamples(), batch_size=2, num_workers=2, multiprocessing_context=method)
+    out = list(dl)
+    assert all(isinstance(x, torch.Tensor) for x, _ in out)
+    assert [x[:, 0, 0].tolist() for x, _ in out] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+    x = out[-1][0]
+    assert dl.ring.contains(x.numpy())
+
+
+def test_batches_view_the_ring_without_copies(method):
+    dl = DataLoader(D.Squares(200), batch_size=10, num_workers=2, multiprocessing_context=method)
+    for n, (x, y) in enumerate(dl):
+        if n >= 2:  # each worker's first batch of a new loader sizes the ring and comes by copy
+            assert not x.flags.owndata and not y.flags.owndata
+            assert dl.ring.contains(x) and dl.ring.contains(y)
+
+
+def test_a_slot_is_not_reused_while_a_view_lives(method):
+    dl = DataLoader(D.Squares(400), batch_size=4, num_workers=2, multiprocessing_context=method)
+    kept = None
+    for n, (x, y) in enumerate(dl):
+        if n == 5:
+            kept = x[1:3, 0]  # a slice: the batch itself is dropped
+            assert dl.ring.contains(kept)
+        if kept is not None:
+            assert (kept == np.array([[21.0] * 4, [22.0] * 4])).all(), f"changed at batch {n}"
+
+
+def test_consumer_keeping_every_batch_does_not_hang(method):
+    dl = DataLoader(D.Squares(300), batch_size=3, num_workers=2, multiprocessing_context=method)
+    with pytest.warns(RuntimeWarning, match="slots of the shared-memory ring are held"):
+        kept = list(dl)
+    assert [int(v) for _, y in kept for v in y] == list(range(300))
+    assert all((x[:, 0, 0] == y).all() for x, y in kept)
+
+
+def test_user_collate_fn_output_goes_into_the_slot(method):
+    dl = DataLoader(D.Squares(12), batch_size=4, num_workers=2, multiprocessing_context=method, collate_fn=D.stack_collate)
+    out = list(dl)
+    assert [b["labels"].tolist() for b in out] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert out[2]["sum"][0, 0] == 8 + 9 + 10 + 11
+    assert dl.ring.contains(out[2]["sum"])
+    main = list(DataLoader(D.Squares(12), batch_size=4, collate_fn=D.stack_collate))
+    assert all(np.array_equal(a["sum"], b["sum"]) for a, b in zip(out, main))
+
+
+def test_mismatched_shapes_name_batch_field_and_shapes(method):
+    dl = DataLoader(D.Ragged(), batch_size=4, num_workers=2, multiprocessing_context=method)
+    it = iter(dl)
+    next(it)
+    with pytest.raises(BatchLayoutError) as info:
+        next(it)
+    text = str(info.value)
+    assert "batch 1" in text and "['image']" in text and "(3, 4)" in text and "(3, 5)" in text
+    assert "sample index 5" in text
+    assert labels(it, "label") == [8, 9], "iteration goes on after the bad batch"
+
+
+def test_main_process_errors_match(method):
+    with pytest.raises(BatchLayoutError, match=r"\(3, 5\)"):
+        list(DataLoader(D.Ragged(), batch_size=10))
+
+
+# --- robustness ------------------------------------------------------------------------
+
+
+def test_one_descriptor_per_ring_and_nothing_in_dev_shm(method):
+    before = set(os.listdir("/dev/shm"))
+    fds_before = len(os.listdir("/proc/self/fd"))
+    dl = DataLoader(D.Squares(400), batch_size=2, num_workers=2, multiprocessing_context=method, num_slots=64)
+    kept = []
+    with pytest.warns(RuntimeWarning, match="held"):  # 200 batches kept, 64 slots
+        for batch in dl:
+            kept.append(batch)
+            assert set(os.listdir("/dev/shm")) == before
+    assert len(kept) == 200
+    assert len(os.listdir("/proc/self/fd")) == fds_before + 1  # the ring's one descriptor
+    rings = [line for line in open("/proc/self/maps") if "/dev/shm/shmloader" in line]
+    assert len(rings) == 1, rings
+    del dl, kept, batch
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    assert not [line for line in open("/proc/self/maps") if "/dev/shm/shmloader" in line], "ring unmapped"
+
+
+def test_worker_exception_is_reraised_with_context_and_iteration_goes_on(method):
+    dl = DataLoader(D.Failing(bad={5, 17}), batch_size=4, num_workers=2, multiprocessing_context=method)
+    it = iter(dl)
+    good, errors = [], []
+    while True:
+        try:
+            good.extend(next(it)[1].tolist())
+        except KeyError as exc:
+            errors.append(exc)
+        except StopIteration:
+            break
+    assert len(errors) == 2
+    assert good == [i for i in range(40) if i // 4 not in (1, 4)]
+    exc = errors[0]
+    assert exc.indices == [4, 5, 6, 7] and exc.worker_id in (0, 1)
+    assert "sample 5 is broken" in str(exc) and "Traceback" in str(exc) and "__getitem__" in exc.worker_traceback
+
+
+def test_worker_death_is_reported_at_once(method):
+    dl = DataLoader(D.Killer(), batch_size=2, num_workers=2, multiprocessing_context=method)
+    with pytest.raises(WorkerDiedError, match=r"pid \d+\) was killed by signal SIGKILL") as info:
+        list(dl)
+    assert info.value.exitcode == -9
+
+
+@pytest.mark.parametrize("how", ["break", "del", "exhaust"])
+def test_iteration_end_reaps_workers(method, how):
+    import psutil
+
+    dl = DataLoader(D.Squares(40), batch_size=2, num_workers=2, multiprocessing_context=method)
+    it = iter(dl)
+    next(it)
+    kids = [psutil.Process(w.proc.pid) for w in it._workers]
+    assert len(kids) == 2
+    if how == "break":
+        for n, _ in enumerate(it):
+            if n == 1:
+                break
+        it.close()
+    elif how == "del":
+        del it
+    else:
+        assert len(list(it)) == 19
+    gc.collect()
+    for k in kids:
+        assert not k.is_running(), f"worker {k.pid} still exists ({k.status()})"

@@ -1,0 +1,486 @@
+"""Fault tolerance (issue 3): every way a worker, the consumer or the input can fail.
+
+Each case runs the loader in a child process (tests/faultcases.py) with a deadline; the
+child checks itself that nothing is left once its loaders are gone (no live descendant,
+no extra descriptor, no mapping of a ring) and reports its workers' pids, which the test
+then checks from outside after the child exited. The conftest fixture checks this
+process (children, descriptors, /dev/shm entries) around every test.
+
+One child runs several sub-cases where that keeps them honest, to stay fast on 2 cores.
+Start methods: fork, spawn and forkserver for worker death, early exit, Ctrl-C and the
+consumer's death; fork and spawn for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD_CODE = "from tests.faultcases import main; main()"
+ALL_METHODS = ["fork", "spawn", "forkserver"]
+METHODS = ["fork", "spawn"]
+CHILD_TIMEOUT_S = 90
+
+
+@dataclass
+class Child:
+    rc: int
+    out: str
+    err: str
+    elapsed: float
+    data: dict[str, Any] = field(default_factory=dict)
+    exited_at: float = 0.0  # time.monotonic() when the child had exited
+    t_end: float | None = None  # time.monotonic() at the end of the child's script
+
+
+def _command(case: str, kwargs: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-c", CHILD_CODE, case, json.dumps(kwargs)]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _parse(rc: int, out: str, err: str, elapsed: float, exited_at: float) -> Child:
+    child = Child(rc, out, err, elapsed, exited_at=exited_at)
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            child.data = json.loads(line[len("RESULT ") :])
+        elif line.startswith("T_END "):
+            child.t_end = float(line.split()[1])
+    return child
+
+
+def run_case(case: str, timeout: float = CHILD_TIMEOUT_S, prefix: list[str] | None = None, **kwargs: Any) -> Child:
+    """Run scenario ``case`` of tests/faultcases.py in a child; its result and timings."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        (prefix or []) + _command(case, kwargs),
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    exited_at = time.monotonic()
+    return _parse(proc.returncode, proc.stdout, proc.stderr, exited_at - t0, exited_at)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_gone(pids: list[int], within: float) -> list[int]:
+    deadline = time.monotonic() + within
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def assert_clean(child: Child, pids: list[int] = ()) -> dict[str, Any]:
+    """The child ran its scenario without crashing and left nothing; returns its data."""
+    data = child.data
+    assert child.rc == 0, f"child exited with {child.rc}\nstdout:\n{child.out[-3000:]}\nstderr:\n{child.err[-3000:]}"
+    assert data, f"no result from the child\nstderr:\n{child.err[-3000:]}"
+    assert "crash" not in data, data["crash"]
+    assert data.get("leftover_children", []) == [], data
+    assert data.get("leftover_fds", []) == [], data
+    assert data.get("leftover_mappings", []) == [], data
+    assert wait_gone(list(pids), 2.0) == [], "workers outlived the consumer"
+    return data
+
+
+def shm_used_bytes() -> int:
+    st = os.statvfs("/dev/shm")
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+# --------------------------------------------------------------------------- 1. death
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_worker_death(method, tmp_path):
+    """SIGKILL, segfault and os._exit(3) mid-epoch, map-style and iterable, persistent
+    on and off: WorkerDiedError within 1 s naming worker, pid and cause; the other
+    workers are reaped before the error reaches the consumer."""
+    child = run_case("death", method=method, tmp=str(tmp_path))
+    data = assert_clean(child, [p for c in child.data.get("cases", []) for p in c["pids"]])
+    assert len(data["cases"]) == 12
+    for case in data["cases"]:
+        label = f"{case['kind']} persistent={case['persistent']} {case['mode']}"
+        err = case["error"]
+        assert err is not None, f"{label}: no error, {case['batches']} batches"
+        assert err["type"] == "WorkerDiedError" and "RuntimeError" in err["mro"], (label, err)
+        assert case["latency_s"] < 1.0, (label, case["latency_s"])
+        assert err["worker_id"] == case["crashed_worker"], (label, err)
+        assert err["pid"] == case["crashed_pid"], (label, err)
+        msg = err["msg"]
+        assert f"worker {case['crashed_worker']} " in msg and f"pid {case['crashed_pid']}" in msg, msg
+        expected = {"sigkill": ("SIGKILL", -9), "segv": ("SIGSEGV", -11), "exit3": ("exited with code 3", 3)}
+        text, code = expected[case["mode"]]
+        assert text in msg and err["exitcode"] == code, (label, msg)
+        if case["mode"] == "sigkill":
+            assert "out-of-memory" in msg, msg
+        assert case["running_after_error"] == [], (label, "workers still running after the error")
+        if case["persistent"]:
+            assert case["full_epochs_before"] == 1
+
+
+# --------------------------------------------------------------------------- 2. consumer dies
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["busy", "blocked"])
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_consumer_sigkilled(method, mode):
+    """SIGKILL the consumer while workers sleep in __getitem__ over a 64 MiB ring
+    ('busy'), or while they are blocked sending a 16 MiB result ('blocked'): every worker
+    exits within 2 s and the ring's memory is freed."""
+    used_before = shm_used_bytes()
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen(
+        _command("victim", {"method": method, "mode": mode}),
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = _read_line(proc, "READY", 30)
+        pids = json.loads(line.split(" ", 1)[1])
+        time.sleep(0.5)  # let the workers get busy / fill the socket
+        assert all(alive(p) for p in pids)
+        if mode == "busy":
+            assert shm_used_bytes() - used_before > 48 * 2**20, "the 64 MiB ring is not in /dev/shm's use"
+        helpers = [c.pid for c in psutil.Process(proc.pid).children() if c.pid not in pids]
+        proc.kill()
+        t_kill = time.monotonic()
+        proc.wait(10)
+        left = wait_gone(pids, 2.0)
+        took = time.monotonic() - t_kill
+        assert left == [], f"workers {left} still running 2 s after the consumer was killed"
+        print(f"{method}/{mode}: workers gone {took:.2f} s after the consumer's SIGKILL")
+        deadline = time.monotonic() + 3
+        while shm_used_bytes() - used_before > 16 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shm_used_bytes() - used_before <= 16 * 2**20, "the ring's memory was not freed"
+        assert set(os.listdir("/dev/shm")) - shm_before == set()
+        # The fork server (forkserver) and resource tracker exit with their client.
+        assert wait_gone(helpers, 5.0) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(prefix):
+            return line.strip()
+    proc.kill()
+    raise AssertionError(f"child gave no {prefix} line: stderr:\n{proc.stderr.read()[-3000:]}")
+
+
+# --------------------------------------------------------------------------- 3. exceptions
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_exceptions_are_reraised(method):
+    data = assert_clean(run_case("exceptions", method=method))
+    # __getitem__: as torch, one error per bad batch, and iteration goes on after it.
+    for key in ("getitem-p0-e0", "getitem-p1-e0", "getitem-p1-e1"):
+        sub = data[key]
+        assert [e["indices"] for e in sub["errors"]] == [[0, 1, 2, 3], [16, 17, 18, 19]], key
+        for e in sub["errors"]:
+            assert e["type"] == "ValueError" and e["worker_id"] in (0, 1)
+            assert "__getitem__" in e["worker_traceback"] and "bad sample" in e["worker_traceback"]
+            assert "bad sample" in e["msg"] and "sample indices" in e["msg"]
+        good = [list(range(k, k + 4)) for k in range(0, 40, 4) if k not in (0, 16)]
+        assert sub["got"] == good, key
+    for key, type_name, text in (
+        ("iter", "KeyError", "no such shard"),
+        ("worker_init_fn", "ZeroDivisionError", "init of worker 1 failed"),
+        ("collate_fn", "AttributeError", "collate cannot handle"),
+        ("sampler", "LookupError", "sampler failed at position 9"),
+        ("unrebuildable", "WorkerError", "checksum mismatch"),
+    ):
+        sub = data[key]
+        err = sub["error"]
+        assert err is not None and err["type"] == type_name, (key, err)
+        assert text in err["msg"], (key, err["msg"])
+        assert sub["left"] == [], (key, "workers outlived the iterator")
+        if key != "sampler":  # the sampler runs in the consumer: its own traceback
+            assert text in err["worker_traceback"], key
+            assert err["worker_id"] == (1 if key == "worker_init_fn" else 0), (key, err)
+    assert data["collate_fn"]["error"]["indices"] == [8, 9, 10, 11]
+    assert data["unrebuildable"]["error"]["indices"] == [0, 1]
+    assert "BadShard" in data["unrebuildable"]["error"]["msg"]
+    assert "RuntimeError" in data["unrebuildable"]["error"]["mro"]
+
+
+# --------------------------------------------------------------------------- 4. early exit
+
+
+@pytest.mark.parametrize("kind", ["map", "iter"])
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_early_exit(method, kind):
+    """break after 1 batch and after half an epoch (workers stop at once), then exit the
+    interpreter with an iterator still referenced and a persistent loader's iterator
+    alive: exit code 0, under 3 s, nothing left."""
+    child = run_case("early_exit", method=method, kind=kind)
+    data = assert_clean(child, child.data.get("exit_pids", []))
+    assert child.err.strip() == "", child.err
+    for key in ("break1", "half"):
+        assert data[key]["left"] == [], key
+        assert data[key]["close_s"] < 3.0, (key, data[key])
+    exit_s = child.exited_at - child.t_end
+    assert exit_s < 3.0, f"the interpreter took {exit_s:.2f} s to exit"
+
+
+# --------------------------------------------------------------------------- 5. churn
+
+
+@pytest.mark.slow
+def test_churn_stays_flat():
+    """500 iterators read for 3 batches and dropped, on one loader then on fresh
+    loaders: processes, descriptors, ring mappings and RSS stay flat."""
+    child = run_case("churn", timeout=150, method="fork", iterators=500)
+    data = assert_clean(child)
+    for phase in ("one_loader", "fresh_loaders"):
+        before, after = data[phase]["before"], data[phase]["after"]
+        print(f"churn {phase}: before {before} after {after}")
+        assert after["processes"] == before["processes"] == 0, phase
+        assert after["fds"] == before["fds"], phase
+        assert after["ring_mapped_bytes"] == before["ring_mapped_bytes"], phase
+        assert after["rss"] - before["rss"] < 16 * 2**20, phase
+    print(f"churn: {data['elapsed_s']:.1f} s for 2 x 520 iterators")
+
+
+# --------------------------------------------------------------------------- 6. held batches
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_held_batches(method):
+    """10,000 batches kept alive: one descriptor for the ring, no growth, no hang; once
+    every slot is held, batches come by copy with one RuntimeWarning; values correct."""
+    data = assert_clean(run_case("held", method=method))
+    assert data["values_ok"]
+    assert len(data["fd_counts"]) == 1, data["fd_counts"]
+    assert data["ring_fds"] == 1
+    assert data["views"] == 16  # num_slots: the rest were copies
+    assert len(data["warnings"]) == 1 and "slots" in data["warnings"][0]
+    assert data["iterate_s"] < 20
+
+
+# --------------------------------------------------------------------------- 7. timeout
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_timeout(method):
+    child = run_case("timeout", method=method)
+    data = assert_clean(child, child.data.get("pids", []))
+    err = data["error"]
+    assert "TimeoutError" in err["mro"], err
+    assert 0.9 <= data["waited_s"] < 2.0, data["waited_s"]
+    assert "batch 2" in err["msg"] and "sample indices [4, 5]" in err["msg"], err["msg"]
+    busy = [p for p in data["pids"] if f"(pid {p})" in err["msg"]]
+    assert len(busy) == 1, err["msg"]
+    assert data["running_after"] == [] and sorted(data["reaped"]) == sorted(data["pids"])
+
+
+# --------------------------------------------------------------------------- 8. Ctrl-C
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_ctrl_c(method):
+    """SIGINT to the whole process group mid-epoch: one KeyboardInterrupt in the
+    consumer, no traceback from any worker, nothing left."""
+    proc = subprocess.Popen(
+        _command("interrupted", {"method": method}),
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = _read_line(proc, "READY", 30)
+        pids = json.loads(line.split(" ", 1)[1])
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    child = _parse(proc.returncode, out, err, 0.0, time.monotonic())
+    data = assert_clean(child, pids)
+    assert data["interrupts"] == 1
+    assert data["left"] == []
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+# --------------------------------------------------------------------------- 9. /dev/shm full
+
+
+def _can_mount_tmpfs() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+        timeout=30,
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_dev_shm_too_small(method):
+    """A 64 MiB ring in a 16 MiB /dev/shm (private mount namespace): a clear
+    ShmSpaceError (a MemoryError) naming the bytes and the remedies; no SIGBUS."""
+    if not _can_mount_tmpfs():
+        pytest.skip("cannot mount a private tmpfs on /dev/shm here (needs root and unshare)")
+    prefix = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"', "sh"]
+    data = assert_clean(run_case("shm_small", prefix=prefix, method=method))
+    assert data["shm_size"] == 16 * 2**20
+    for key in ("fixed", "sized"):
+        sub = data[key]
+        err = sub["error"]
+        assert sub["is_shm_space_error"] and sub["is_memory_error"], (key, err)
+        msg = err["msg"]
+        assert "needs" in msg and "bytes" in msg and "--shm-size" in msg and "--ipc=host" in msg, msg
+        assert "num_slots" in msg, msg
+        assert sub["shm_entries"] == [], (key, "a partial file was left")
+        assert sub["left"] == [], key
+        assert sub["batches"] == 0, key
+    assert "(8 slots of 8388608 bytes)" in data["fixed"]["error"]["msg"]
+    assert str(8 * 2**20 + 8 * 4096) in data["fixed"]["error"]["msg"] or "needs 6" in data["fixed"]["error"]["msg"]
+
+
+# --------------------------------------------------------------------------- 10. bad input
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bad_input(method):
+    data = assert_clean(run_case("bad_input", method=method))
+    expect = {
+        "ragged": ("BatchLayoutError", ["(4, 2)", "(3, 2)", "sample index 5"]),
+        "dtype": ("BatchLayoutError", ["float64", "float32", "sample index 6"]),
+        "object": ("BatchLayoutError", ["dtype object"]),
+        "none": ("BatchLayoutError", ["None", "sample index 2"]),
+        "too_big": ("BatchLayoutError", ["slot_bytes", "8192", "batch 3"]),
+        "len_raises": ("TypeError", ["no length"]),
+        "sampler_out_of_range": ("IndexError", ["99", "out of range"]),
+    }
+    if method != "fork":
+        remedy = ["'spawn'", "module level", "multiprocessing_context='fork'"]
+        expect["lambda_collate"] = ("TypeError", ["lambda", *remedy])
+        expect["local_dataset"] = ("TypeError", ["Local", *remedy])
+    for key, (type_name, texts) in expect.items():
+        sub = data[key]
+        err = sub["error"]
+        assert err is not None and err["type"] == type_name, (key, err)
+        for text in texts:
+            assert text in err["msg"], (key, text, err["msg"])
+        assert sub["elapsed_s"] < 10, key
+        assert sub["left"] == [], key
+
+
+# --------------------------------------------------------------------------- 11. fork
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_consumer_forks(method):
+    """os.fork() while an iterator is alive; the copy exits normally (running atexit):
+    the original's epoch goes on undisturbed, no hang, no error at either exit."""
+    child = run_case("fork_consumer", method=method)
+    data = assert_clean(child, child.data.get("pids", []))
+    assert data["copy_exit"] == 0
+    assert data["values_ok"]
+    assert "Traceback" not in child.err and "Exception ignored" not in child.err, child.err
+
+
+# --------------------------------------------------------------------------- 12. two loaders
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_two_loaders_interleaved(method):
+    data = assert_clean(run_case("two_loaders", method=method))
+    assert data["a_ok"] and data["b_ok"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_two_processes(method):
+    procs = [
+        subprocess.Popen(
+            _command("solo", {"method": method, "n": n}),
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in (50, 70)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
+        data = assert_clean(_parse(proc.returncode, out, err, 0.0, 0.0))
+        assert data["ok"]
+
+
+# --------------------------------------------------------------------------- security
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_segment_is_private(method):
+    """Mode 0600, O_EXCL: a name someone created beforehand is never used (a new random
+    name is drawn), nobody can open the segment by name, and every name taken is a
+    clear error."""
+    data = assert_clean(run_case("security", method=method))
+    created = data["created"]
+    assert len(created) == 1 and created[0]["mode"] == 0o600
+    assert created[0]["name"].endswith("-" + "11" * 8), "the squatted name was not skipped"
+    assert data["ring_ino"] == created[0]["ino"] != data["squat_ino"]
+    assert data["ring_link"].endswith("(deleted)")
+    assert data["squat_content"] == "attacker" and data["squat_still_there"]
+    assert data["probe"] == [f"ABSENT {created[0]['name']}"]
+    assert data["batches_ok"]
+    err = data["all_taken_error"]
+    assert err["type"] == "FileExistsError" and "taken" in err["msg"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_segment_unlinked_before_workers_start(method):
+    data = assert_clean(run_case("unlinked_before_start", method=method))
+    assert data["names_seen_by_workers"] == [""]
