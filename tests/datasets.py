@@ -177,3 +177,26 @@ class Killer(Dataset):
 
             os.kill(os.getpid(), signal.SIGKILL)
         return i
+
+
+class WriteInto(Dataset):
+    """The write-into protocol: sample i is an HWC image filled with i and its label."""
+
+    def __init__(self, n: int = 30):
+        self.n = n
+        self.calls = 0
+
+    def __len__(self):
+        return self.n
+
+    def sample_spec(self):
+        from shmloader import ArraySpec
+
+        return {"image": ArraySpec((4, 5, 3), "uint8"), "label": ArraySpec((), "int64")}
+
+    def write_sample(self, index, out):
+        out["image"][...] = index
+        out["label"][...] = index
+
+    def __getitem__(self, i):  # what the protocol replaces: same values
+        return {"image": np.full((4, 5, 3), i, np.uint8), "label": np.int64(i)}

@@ -13,8 +13,10 @@ from shmloader.errors import (
 from shmloader.loader import DataLoader
 from shmloader.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from shmloader.worker import WorkerInfo, get_worker_info
+from shmloader.writeinto import ArraySpec
 
 __all__ = [
+    "ArraySpec",
     "BatchLayoutError",
     "BatchSampler",
     "DataLoader",

@@ -11,13 +11,13 @@ allocated arrays when loading in the main process. Both paths share this code, s
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from shmloader.errors import BatchLayoutError
-from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, align, unflatten
+from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, align, reader_for
 
 
 class Leaf:
@@ -203,22 +203,44 @@ def write_leaf(leaf: Leaf, dst: np.ndarray) -> None:
         np.copyto(dst, leaf.values, casting="no")
 
 
+def array_views(layout: Layout, buf: np.ndarray) -> list[np.ndarray | None]:
+    """Writable views of each array leaf of ``layout`` in the uint8 buffer ``buf``
+    (None for object leaves)."""
+    views: list[np.ndarray | None] = []
+    for spec in layout.leaves:
+        if type(spec) is ArrayLeaf:
+            count = int(np.prod(spec.shape, dtype=np.int64))
+            views.append(np.frombuffer(buf, np.dtype(spec.dtype), count, spec.offset).reshape(spec.shape))
+        else:
+            views.append(None)
+    return views
+
+
+def copy_leaves(leaves: list[Leaf]) -> Callable[[list[np.ndarray | None]], None]:
+    """A filler that copies gathered ``leaves`` into their views."""
+
+    def fill(views: list[np.ndarray | None]) -> None:
+        for leaf, view in zip(leaves, views):
+            if view is not None:
+                write_leaf(leaf, view)
+
+    return fill
+
+
+def build_in_memory(
+    layout: Layout, data_bytes: int, objects: list[Any], fill: Callable[[list[np.ndarray | None]], None]
+) -> Any:
+    """The batch in fresh process memory (main-process loading, or a batch that does not
+    go through a slot): the same layout and filler as the ring path, so the same values."""
+    buf = np.empty(max(data_bytes, 1), np.uint8)
+    fill(array_views(layout, buf))
+    return reader_for(layout)(buf, objects)
+
+
 def build_arrays(treedef: Any, leaves: list[Leaf]) -> Any:
-    """The batch as new arrays (main-process loading): same values as the ring path."""
-    torch = None
-    out = []
-    for leaf in leaves:
-        if leaf.dtype is None:
-            out.append(leaf.values)
-            continue
-        dst = np.empty(leaf.shape, leaf.dtype)
-        write_leaf(leaf, dst)
-        if leaf.torch:
-            if torch is None:
-                import torch
-            dst = torch.from_numpy(dst)
-        out.append(dst)
-    return unflatten(treedef, iter(out))
+    """The gathered batch as new arrays: same values as the ring path."""
+    layout, data_bytes, objects = plan(treedef, leaves)
+    return build_in_memory(layout, data_bytes, objects, copy_leaves(leaves))
 
 
 def _batch_context(batch_no: int | None, indices: Sequence[Any] | None) -> str:

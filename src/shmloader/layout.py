@@ -10,6 +10,7 @@ pickles nothing.
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -86,6 +87,12 @@ def _make_mapping(cls: type, items: dict) -> Any:
         return cls(items)
     except TypeError:  # a subclass whose constructor takes other arguments
         return items
+
+
+@functools.lru_cache(maxsize=256)
+def reader_for(layout: Layout) -> Callable[[np.ndarray, list[Any] | None], Any]:
+    """The (cached) reader of ``layout``; see :func:`make_reader`."""
+    return make_reader(layout)
 
 
 def make_reader(layout: Layout) -> Callable[[np.ndarray, list[Any] | None], Any]:

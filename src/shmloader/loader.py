@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from shmloader import _slots, fdguard, protocol
-from shmloader.collate import build_arrays, flatten_tree, gather
+from shmloader import writeinto
+from shmloader.collate import build_arrays, build_in_memory, flatten_tree, gather, plan
 from shmloader.errors import LoaderTimeoutError, WorkerDiedError, WorkerError
 from shmloader.layout import decode, make_reader
 from shmloader.ring import H_LAYOUT_LEN, H_LAYOUT_OFF, H_OBJECTS_LEN, H_OBJECTS_OFF, H_SEQ, Ring
@@ -171,6 +172,9 @@ class DataLoader:
             self.batch_size = batch_size
         self._ring: Ring | None = None
         self._ring_lock = threading.Lock()
+        if slot_bytes is not None and num_workers > 0:
+            # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.
+            self._ensure_ring(slot_bytes)
         self._persistent_iter: _MultiProcessIter | None = None
         if pin_memory:
             warnings.warn(
@@ -285,12 +289,17 @@ class _SingleProcessIter:
             self._source = iter(loader.dataset)
         else:
             self._source = loader._index_sequence()
+        self._spec = None
+        if not loader.iterable and loader._auto_collation and loader.collate_fn is None:
+            if writeinto.supports(loader.dataset):
+                self._spec = writeinto.parse_spec(loader.dataset.sample_spec())
 
     def __iter__(self) -> _SingleProcessIter:
         return self
 
     def __next__(self) -> Any:
         loader = self._loader
+        seq, self._seq = self._seq, self._seq + 1
         if loader.iterable:
             samples = []
             want = loader.batch_size if loader._auto_collation else 1
@@ -303,9 +312,14 @@ class _SingleProcessIter:
             indices = None
         else:
             indices = next(self._source)
+            if self._spec is not None:
+                treedef, specs = self._spec
+                leaves = writeinto.plan_leaves(treedef, specs, len(indices))
+                layout, data_bytes, objects = plan(treedef, leaves)
+                fill = writeinto.writer(loader.dataset, treedef, indices)
+                return build_in_memory(layout, data_bytes, objects, fill)
             getitems = getattr(loader.dataset, "__getitems__", None)
             samples = list(getitems(indices)) if getitems else [loader.dataset[i] for i in indices]
-        seq, self._seq = self._seq, self._seq + 1
         if not loader._auto_collation:
             sample = samples[0]
             tree = loader.collate_fn(sample) if loader.collate_fn else sample

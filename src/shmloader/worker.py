@@ -12,8 +12,11 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import select
 import signal
 import sys
+import threading
+import time
 import traceback
 from multiprocessing import reduction
 from collections.abc import Callable
@@ -23,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from shmloader import _slots, fdguard, protocol
-from shmloader.collate import build_arrays, flatten_tree, gather, plan, write_leaf
+from shmloader import writeinto
+from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
 from shmloader.errors import BatchLayoutError
-from shmloader.layout import ArrayLeaf, encode
+from shmloader.layout import encode
 from shmloader.ring import (
     H_DATA_END,
     H_LAYOUT_LEN,
@@ -137,12 +141,33 @@ def worker_main(config: WorkerConfig, conn: Any) -> None:
     if os.getppid() != config.parent_pid and config.use_pdeathsig:
         return  # the consumer died before the death signal was armed
     fdguard.close_inherited(config.close_fds, keep=conn.fileno())
+    if not config.use_pdeathsig:
+        # forkserver (or started from a non-main thread): no death signal follows the
+        # consumer, and EOF on the socket is seen only between tasks, so a worker busy
+        # in a long __getitem__ would outlive a killed consumer. Watch the socket.
+        threading.Thread(
+            target=_watch_lifeline, args=(conn.fileno(),), name="shmloader-lifeline", daemon=True
+        ).start()
     try:
         _Worker(config, conn).run()
     except (BrokenPipeError, ConnectionResetError, EOFError):
         pass  # the consumer is gone: nothing to report to
     finally:
         conn.close()
+
+
+_LIFELINE_GRACE_S = 0.5  # after the consumer's end closed, time left to exit on our own
+
+
+def _watch_lifeline(fd: int) -> None:
+    """Exit this worker soon after the consumer's end of its socket closes (consumer
+    gone, or iterator closed), even while the main thread is busy in user code."""
+    poller = select.poll()
+    poller.register(fd, select.POLLRDHUP)  # POLLHUP, POLLERR and POLLNVAL come anyway
+    while not poller.poll():
+        pass
+    time.sleep(_LIFELINE_GRACE_S)
+    os._exit(0)
 
 
 class _Worker:
@@ -153,6 +178,15 @@ class _Worker:
         self.layout_cache: dict[Any, bytes] = {}
         self.iterator: Any = None
         self.exhausted = False
+        # The write-into protocol applies to map-style datasets with the default collate.
+        self.spec = None
+        if (
+            not config.iterable
+            and config.auto_collation
+            and config.collate_fn is None
+            and writeinto.supports(config.dataset)
+        ):
+            self.spec = writeinto.parse_spec(config.dataset.sample_spec())
 
     def start_epoch(self, seed: int) -> None:
         """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
@@ -204,17 +238,24 @@ class _Worker:
                     indices = np.frombuffer(msg, np.int64, offset=protocol.HEADER_BYTES).tolist()
                 else:
                     indices = pickle.loads(msg[protocol.HEADER_BYTES :])
-                samples = self.fetch(indices)
+                samples = None if self.spec is not None else self.fetch(indices)
             where = "collating"
-            if not cfg.auto_collation:  # one sample, as it is
-                sample = samples[0]
-                treedef, leaves = flatten_tree(cfg.collate_fn(sample) if cfg.collate_fn else sample)
-            elif cfg.collate_fn is not None:
-                treedef, leaves = flatten_tree(cfg.collate_fn(samples))
+            if self.spec is not None and indices is not None:
+                treedef, specs = self.spec
+                leaves = writeinto.plan_leaves(treedef, specs, len(indices))
+                fill = writeinto.writer(cfg.dataset, treedef, indices)
+                where = "writing samples (write_sample)"
             else:
-                treedef, leaves = gather(samples, indices, seq)
-            where = "writing the batch"
-            self.deliver(slot, seq, treedef, leaves, indices)
+                if not cfg.auto_collation:  # one sample, as it is
+                    sample = samples[0]
+                    treedef, leaves = flatten_tree(cfg.collate_fn(sample) if cfg.collate_fn else sample)
+                elif cfg.collate_fn is not None:
+                    treedef, leaves = flatten_tree(cfg.collate_fn(samples))
+                else:
+                    treedef, leaves = gather(samples, indices, seq)
+                fill = copy_leaves(leaves)
+                where = "writing the batch"
+            self.deliver(slot, seq, treedef, leaves, fill)
         except Exception as exc:
             failure = WorkerFailure.capture(exc, cfg.worker_id, where, indices)
             self.conn.send_bytes(protocol.pack(protocol.RES_ERROR, slot, seq, pickle.dumps(failure)))
@@ -245,7 +286,8 @@ class _Worker:
                 return None
         return samples
 
-    def deliver(self, slot: int, seq: int, treedef: Any, leaves: list, indices: Any) -> None:
+    def deliver(self, slot: int, seq: int, treedef: Any, leaves: list, fill: Any) -> None:
+        """Lay the batch out, let ``fill`` write its arrays into the slot, publish it."""
         layout, data_bytes, objects = plan(treedef, leaves)
         encoded = self.layout_cache.get(layout)
         if encoded is None:
@@ -260,20 +302,16 @@ class _Worker:
                     f"(slot_bytes was fixed). Pass a larger slot_bytes (at least {total}), "
                     "a smaller batch_size, or leave slot_bytes unset so the loader sizes it."
                 )
-            batch = build_arrays(treedef, leaves)
+            batch = build_in_memory(layout, data_bytes, objects, fill)
             payload = np.int64(total).tobytes() + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
             self.conn.send_bytes(protocol.pack(protocol.RES_PICKLED, slot, seq, payload))
             return
         dst = ring.slot_array(slot)
-        frombuffer = np.frombuffer
-        for leaf, spec in zip(leaves, layout.leaves):
-            if type(spec) is ArrayLeaf:
-                count = int(np.prod(spec.shape, dtype=np.int64))
-                write_leaf(leaf, frombuffer(dst, leaf.dtype, count, spec.offset).reshape(spec.shape))
+        fill(array_views(layout, dst))
         end = data_bytes + len(encoded)
-        dst[data_bytes:end] = frombuffer(encoded, np.uint8)
+        dst[data_bytes:end] = np.frombuffer(encoded, np.uint8)
         if objects_bytes:
-            dst[end : end + len(objects_bytes)] = frombuffer(objects_bytes, np.uint8)
+            dst[end : end + len(objects_bytes)] = np.frombuffer(objects_bytes, np.uint8)
         header = ring.headers[slot]
         header[H_DATA_END] = data_bytes
         header[H_LAYOUT_OFF] = data_bytes

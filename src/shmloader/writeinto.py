@@ -1,0 +1,95 @@
+"""The write-into protocol: datasets that produce samples straight into the batch.
+
+A dataset that declares the shape and dtype of its samples and knows how to write
+sample ``i`` into arrays it is given skips the per-sample allocation and the collate
+copy: the worker hands it views of the rows of its slot. Protocol (both are needed)::
+
+    class Images:
+        def sample_spec(self):
+            return {"image": ArraySpec((224, 224, 3), "uint8"), "label": ArraySpec((), "int64")}
+
+        def write_sample(self, index, out):
+            decode_into(self.files[index], out["image"])   # out["image"]: a (224, 224, 3) view
+            out["label"][...] = self.labels[index]
+
+``sample_spec()`` returns a tree (dict / tuple / list / namedtuple) whose leaves are
+:class:`ArraySpec`; ``write_sample(index, out)`` receives the same tree of writable
+numpy views, one sample's row of each leaf, and fills them (its return value is
+ignored). The batch the consumer gets has each leaf stacked along a new first axis, as
+the default collate would give. A user ``collate_fn`` turns the protocol off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shmloader.collate import Leaf
+from shmloader.errors import BatchLayoutError
+from shmloader.layout import LEAF, unflatten
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """The shape and dtype of one array leaf of a sample (any numpy dtype spelling)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+
+
+def supports(dataset: Any) -> bool:
+    """Whether ``dataset`` implements the write-into protocol."""
+    return callable(getattr(dataset, "write_sample", None)) and callable(getattr(dataset, "sample_spec", None))
+
+
+def parse_spec(spec: Any) -> tuple[Any, list[ArraySpec]]:
+    """Treedef and leaves of a sample spec tree; a clear error for anything else."""
+    leaves: list[ArraySpec] = []
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, ArraySpec):
+            leaves.append(node)
+            return LEAF
+        if isinstance(node, dict):
+            keys = tuple(node)
+            return ("d", type(node), keys, tuple(walk(node[k], f"{path}[{k!r}]") for k in keys))
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            return ("n", type(node), tuple(walk(v, f"{path}[{i}]") for i, v in enumerate(node)))
+        if isinstance(node, (tuple, list)):
+            tag = "t" if isinstance(node, tuple) else "l"
+            return (tag, tuple(walk(v, f"{path}[{i}]") for i, v in enumerate(node)))
+        raise BatchLayoutError(
+            f"sample_spec() returned {type(node).__name__} at {path or '<sample>'}; every leaf "
+            "must be a shmloader.ArraySpec(shape, dtype)."
+        )
+
+    treedef = walk(spec, "")
+    if not leaves:
+        raise BatchLayoutError("sample_spec() declared no arrays; declare at least one ArraySpec.")
+    return treedef, leaves
+
+
+def plan_leaves(treedef: Any, specs: list[ArraySpec], batch: int) -> list[Leaf]:
+    """Leaves of a batch of ``batch`` samples of this spec (no values: written in place)."""
+    return [Leaf((i,), None, True, (batch, *s.shape), s.dtype, False) for i, s in enumerate(specs)]
+
+
+def writer(
+    dataset: Any, treedef: Any, indices: Sequence[Any]
+) -> Callable[[list[np.ndarray | None]], None]:
+    """A filler that asks ``dataset`` to write each sample into its row of the views."""
+    write_sample = dataset.write_sample
+
+    def fill(views: list[np.ndarray | None]) -> None:
+        for row, index in enumerate(indices):
+            # v[row, ...] is a view even for 1-d leaves (v[row] would be a scalar copy).
+            write_sample(index, unflatten(treedef, (v[row, ...] for v in views)))  # type: ignore[index]
+
+    return fill
