@@ -281,12 +281,13 @@ def test_a_slot_is_not_reused_while_a_view_lives(method):
             assert (kept == np.array([[21.0] * 4, [22.0] * 4])).all(), f"changed at batch {n}"
 
 
-def test_consumer_keeping_every_batch_does_not_hang(method):
+def test_consumer_keeping_every_batch_grows_the_ring(method):
     dl = DataLoader(D.Squares(300), batch_size=3, num_workers=2, multiprocessing_context=method)
-    with pytest.warns(RuntimeWarning, match="slots of the shared-memory ring are held"):
-        kept = list(dl)
+    kept = list(dl)
     assert [int(v) for _, y in kept for v in y] == list(range(300))
     assert all((x[:, 0, 0] == y).all() for x, y in kept)
+    assert all(not x.flags.owndata for x, _ in kept[2:]), "still zero-copy views"
+    assert dl.ring.num_slots >= 64, "the ring doubled until every kept batch had a slot"
 
 
 def test_user_collate_fn_output_goes_into_the_slot(method):
@@ -320,18 +321,21 @@ def test_main_process_errors_match(method):
 
 
 def test_one_descriptor_per_ring_and_nothing_in_dev_shm(method):
-    before = set(os.listdir("/dev/shm"))
+    def ours():
+        return {n for n in os.listdir("/dev/shm") if n.startswith("shmloader")}
+
+    before = ours()
     fds_before = len(os.listdir("/proc/self/fd"))
     dl = DataLoader(D.Squares(400), batch_size=2, num_workers=2, multiprocessing_context=method, num_slots=64)
     kept = []
-    with pytest.warns(RuntimeWarning, match="held"):  # 200 batches kept, 64 slots
-        for batch in dl:
-            kept.append(batch)
-            assert set(os.listdir("/dev/shm")) == before
-    assert len(kept) == 200
-    assert len(os.listdir("/proc/self/fd")) == fds_before + 1  # the ring's one descriptor
-    rings = [line for line in open("/proc/self/maps") if "/dev/shm/shmloader" in line]
-    assert len(rings) == 1, rings
+    for batch in dl:  # 200 batches kept, 64 slots: the ring grows twice
+        kept.append(batch)
+        assert ours() == before
+    assert len(kept) == 200 and dl.ring.num_slots == 256
+    # One descriptor (the current ring's), however many batches and retired rings live.
+    assert len(os.listdir("/proc/self/fd")) == fds_before + 1
+    rings = {line.split()[-2] for line in open("/proc/self/maps") if "/dev/shm/shmloader" in line}
+    assert len(rings) == 3, rings  # the retired rings stay mapped while their batches live
     del dl, kept, batch
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds_before

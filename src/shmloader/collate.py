@@ -12,35 +12,58 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from shmloader.errors import BatchLayoutError
-from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, align, reader_for
+from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, RaggedLeaf, align, reader_for
 
 
 class Leaf:
     """One leaf of a batch before placement.
 
-    ``values`` is the list of per-sample values when ``stacked`` (one per sample), else a
-    single value. ``shape``/``dtype`` are the leaf's final shape and dtype; ``dtype`` is
-    None for object leaves.
+    ``kind`` says how ``values`` become the leaf's array:
+
+    - ``"stack"``: a list of equal-shape arrays, stacked along a new first axis;
+    - ``"copy"``: one array (already batched, or an unbatched sample), copied as it is;
+    - ``"pad"``: a list of arrays of one ndim, each written into the top-left corner of
+      its row of a batch-maximum shape filled with ``pad_value``;
+    - ``"list"``: a list of arrays of any shapes, each placed on its own (``shapes``);
+    - ``"object"``: Python objects, pickled beside the arrays (``dtype`` is None).
     """
 
-    __slots__ = ("dtype", "path", "shape", "stacked", "torch", "values")
+    __slots__ = ("dtype", "kind", "pad_value", "path", "shape", "shapes", "torch", "values")
 
-    def __init__(self, path, values, stacked, shape, dtype, torch):
+    def __init__(self, path, values, kind, shape, dtype, torch=False, pad_value=0, shapes=None):
         self.path = path
         self.values = values
-        self.stacked = stacked
+        self.kind = kind
         self.shape = shape
         self.dtype = dtype
         self.torch = torch
+        self.pad_value = pad_value
+        self.shapes = shapes
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.dtype is None else int(np.prod(self.shape)) * self.dtype.itemsize
+        if self.dtype is None:
+            return 0
+        if self.kind == "list":
+            return sum(int(np.prod(s)) for s in self.shapes) * self.dtype.itemsize
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+
+class Padded(NamedTuple):
+    """A ragged leaf collated with ``collate="pad"``: ``values`` padded to the batch's
+    largest shape, and ``lengths``, each sample's own shape (int64 of shape (batch,)
+    for 1-d samples, (batch, ndim) otherwise)."""
+
+    values: Any
+    lengths: Any
+
+
+COLLATE_MODES = ("stack", "pad", "list")
 
 
 def _path_text(path: tuple) -> str:
@@ -65,12 +88,19 @@ def _object_array_error(path: tuple, context: str) -> BatchLayoutError:
 
 
 def gather(
-    samples: Sequence[Any], indices: Sequence[Any] | None, batch_no: int | None
+    samples: Sequence[Any],
+    indices: Sequence[Any] | None,
+    batch_no: int | None,
+    mode: str = "stack",
+    pad_value: Any = 0,
 ) -> tuple[Any, list[Leaf]]:
-    """Transpose ``samples`` into a treedef and stacked leaves (default collate).
+    """Transpose ``samples`` into a treedef and leaves (the default collate).
 
-    Raises :class:`BatchLayoutError` naming the batch, the field path and the two
-    differing shapes, dtypes or structures when the samples disagree.
+    ``mode`` says what happens to array fields whose shapes differ between samples:
+    ``"stack"`` refuses them, ``"pad"`` pads every array field of ndim >= 1 to the batch
+    maximum (a :class:`Padded` of values and lengths), ``"list"`` gives every such field
+    as a list of per-sample arrays. Raises :class:`BatchLayoutError` naming the batch,
+    the field path and the two differing shapes, dtypes or structures.
     """
     tensor_type = _torch_tensor_type()
     leaves: list[Leaf] = []
@@ -87,11 +117,25 @@ def gather(
             if first.dtype.hasobject:
                 raise _object_array_error(path, context)
             shape, dtype = first.shape, first.dtype
+            if mode == "stack" or first.ndim == 0:
+                for i, v in enumerate(values):
+                    if not isinstance(v, np.ndarray) or v.shape != shape or v.dtype != dtype:
+                        raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
+                leaves.append(Leaf(path, values, "stack", (len(values), *shape), dtype))
+                return LEAF
             for i, v in enumerate(values):
-                if not isinstance(v, np.ndarray) or v.shape != shape or v.dtype != dtype:
+                if not isinstance(v, np.ndarray) or v.ndim != first.ndim or v.dtype != dtype:
                     raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
-            leaves.append(Leaf(path, values, True, (len(values), *shape), dtype, False))
-            return LEAF
+            shapes = [v.shape for v in values]
+            if mode == "list":
+                leaves.append(Leaf(path, values, "list", None, dtype, shapes=shapes))
+                return LEAF
+            lengths = np.array(shapes, dtype=np.int64)
+            top = tuple(lengths.max(axis=0).tolist())
+            leaves.append(Leaf(path, values, "pad", (len(values), *top), dtype, pad_value=pad_value))
+            lengths = lengths[:, 0] if first.ndim == 1 else lengths
+            leaves.append(Leaf((*path, "lengths"), lengths, "copy", lengths.shape, lengths.dtype))
+            return ("n", Padded, (LEAF, LEAF))
         if isinstance(first, (bool, int, float, complex, np.generic)) and not isinstance(
             first, (np.str_, np.bytes_, np.object_)
         ):
@@ -102,12 +146,14 @@ def gather(
             if arr.dtype.hasobject or arr.ndim != 1:
                 bad = next(i for i, v in enumerate(values) if type(v) is not type(first))
                 raise _mismatch(context, path, sample_name(0), first, sample_name(bad), values[bad])
-            leaves.append(Leaf(path, arr, False, arr.shape, arr.dtype, False))
+            leaves.append(Leaf(path, arr, "copy", arr.shape, arr.dtype))
             return LEAF
         if tensor_type is not None and isinstance(first, tensor_type):
             arrays = [_tensor_to_numpy(v) if isinstance(v, tensor_type) else v for v in values]
+            start = len(leaves)
             node = walk(arrays, path)
-            leaves[-1].torch = True
+            for leaf in leaves[start:]:
+                leaf.torch = True
             return node
         if isinstance(first, Mapping):
             keys = tuple(first.keys())
@@ -132,9 +178,11 @@ def gather(
                 return ("n", type(first), children)
             return ("l", children)  # tuples become lists, as torch's default_collate does
         # str, bytes, None and other objects: the batch holds a list of them.
-        leaves.append(Leaf(path, list(values), True, (len(values),), None, False))
+        leaves.append(Leaf(path, list(values), "object", (len(values),), None))
         return LEAF
 
+    if mode not in COLLATE_MODES:
+        raise ValueError(f"collate must be one of {COLLATE_MODES}, got {mode!r}")
     if len(samples) == 0:
         raise BatchLayoutError(f"{context}: the batch has no samples; a sampler yielded an empty batch.")
     treedef = walk(list(samples), ())
@@ -151,13 +199,13 @@ def flatten_tree(tree: Any) -> tuple[Any, list[Leaf]]:
         if isinstance(node, np.ndarray):
             if node.dtype.hasobject:
                 raise _object_array_error(path, "the collated batch")
-            leaves.append(Leaf(path, node, False, node.shape, node.dtype, False))
+            leaves.append(Leaf(path, node, "copy", node.shape, node.dtype))
             return LEAF
         if isinstance(node, (bool, int, float, complex, np.generic)) and not isinstance(
             node, (np.str_, np.bytes_, np.object_)
         ):
             arr = np.asarray(node)
-            leaves.append(Leaf(path, arr, False, arr.shape, arr.dtype, False))
+            leaves.append(Leaf(path, arr, "copy", arr.shape, arr.dtype))
             return LEAF
         if tensor_type is not None and isinstance(node, tensor_type):
             walk(_tensor_to_numpy(node), path)
@@ -171,7 +219,7 @@ def flatten_tree(tree: Any) -> tuple[Any, list[Leaf]]:
         if isinstance(node, (tuple, list)):
             tag = "t" if isinstance(node, tuple) else "l"
             return (tag, tuple(walk(v, (*path, j)) for j, v in enumerate(node)))
-        leaves.append(Leaf(path, node, False, (), None, False))
+        leaves.append(Leaf(path, node, "object", (), None))
         return LEAF
 
     treedef = walk(tree, ())
@@ -181,36 +229,63 @@ def flatten_tree(tree: Any) -> tuple[Any, list[Leaf]]:
 def plan(treedef: Any, leaves: list[Leaf]) -> tuple[Layout, int, list[Any]]:
     """Lay out ``leaves``: returns the layout, the bytes the array data needs, and the
     object values to be pickled beside them."""
-    specs: list[ArrayLeaf | ObjectLeaf] = []
+    specs: list[ArrayLeaf | ObjectLeaf | RaggedLeaf] = []
     objects: list[Any] = []
     offset = 0
     for leaf in leaves:
         if leaf.dtype is None:
             specs.append(ObjectLeaf(len(objects)))
             objects.append(leaf.values)
+        elif leaf.kind == "list":
+            offsets = []
+            for shape in leaf.shapes:
+                offsets.append(offset)
+                offset = align(offset + int(np.prod(shape)) * leaf.dtype.itemsize)
+            specs.append(RaggedLeaf(tuple(offsets), tuple(leaf.shapes), leaf.dtype.str, leaf.torch))
         else:
             specs.append(ArrayLeaf(offset, leaf.shape, leaf.dtype.str, leaf.torch))
             offset = align(offset + leaf.nbytes)
     return Layout(treedef, tuple(specs)), offset, objects
 
 
-def write_leaf(leaf: Leaf, dst: np.ndarray) -> None:
-    """Copy ``leaf``'s values into ``dst`` (an array of the leaf's shape and dtype)."""
-    if leaf.stacked:
+def write_leaf(leaf: Leaf, dst: Any) -> None:
+    """Copy ``leaf``'s values into ``dst``: an array of the leaf's shape and dtype, or
+    for a ``"list"`` leaf, the list of per-sample arrays."""
+    kind = leaf.kind
+    if kind == "stack":
         if dst.shape[0]:
             np.stack(leaf.values, out=dst)
-    else:
+    elif kind == "copy":
         np.copyto(dst, leaf.values, casting="no")
+    elif kind == "pad":
+        for row, value in zip(dst, leaf.values):
+            if value.shape == row.shape:
+                row[...] = value
+            else:
+                row.fill(leaf.pad_value)
+                row[tuple(slice(0, n) for n in value.shape)] = value
+    else:  # list
+        for row, value in zip(dst, leaf.values):
+            row[...] = value
 
 
-def array_views(layout: Layout, buf: np.ndarray) -> list[np.ndarray | None]:
-    """Writable views of each array leaf of ``layout`` in the uint8 buffer ``buf``
-    (None for object leaves)."""
-    views: list[np.ndarray | None] = []
+def array_views(layout: Layout, buf: np.ndarray) -> list[Any]:
+    """Writable views of each array leaf of ``layout`` in the uint8 buffer ``buf``: an
+    array per array leaf, a list of arrays per ragged leaf, None per object leaf."""
+    views: list[Any] = []
     for spec in layout.leaves:
-        if type(spec) is ArrayLeaf:
+        kind = type(spec)
+        if kind is ArrayLeaf:
             count = int(np.prod(spec.shape, dtype=np.int64))
             views.append(np.frombuffer(buf, np.dtype(spec.dtype), count, spec.offset).reshape(spec.shape))
+        elif kind is RaggedLeaf:
+            dtype = np.dtype(spec.dtype)
+            views.append(
+                [
+                    np.frombuffer(buf, dtype, int(np.prod(shape)), off).reshape(shape)
+                    for off, shape in zip(spec.offsets, spec.shapes)
+                ]
+            )
         else:
             views.append(None)
     return views

@@ -46,3 +46,8 @@ class ShmSpaceError(ShmLoaderError, MemoryError):
 class BatchLayoutError(ShmLoaderError, ValueError):
     """Samples of one batch cannot be collated (shapes, dtypes or structure differ), or a
     batch does not fit a slot of a fixed ``slot_bytes``."""
+
+
+class RingLimitError(ShmLoaderError, MemoryError):
+    """The ring would have to grow past ``max_shm_bytes``: the message says how many
+    batches the consumer holds, the bytes they pin, and what to do."""

@@ -37,6 +37,15 @@ class ArrayLeaf(NamedTuple):
     torch: bool  # the samples were torch tensors: hand out a tensor sharing the memory
 
 
+class RaggedLeaf(NamedTuple):
+    """A leaf collated as a list: sample ``k``'s array at ``offsets[k]``, of ``shapes[k]``."""
+
+    offsets: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    torch: bool
+
+
 class ObjectLeaf(NamedTuple):
     """A non-array leaf: item ``index`` of the slot's pickled object list."""
 
@@ -47,7 +56,7 @@ class Layout(NamedTuple):
     """Everything needed to rebuild a batch from a slot's bytes."""
 
     treedef: Any
-    leaves: tuple[ArrayLeaf | ObjectLeaf, ...]
+    leaves: tuple[ArrayLeaf | RaggedLeaf | ObjectLeaf, ...]
 
 
 def align(n: int) -> int:
@@ -99,29 +108,38 @@ def make_reader(layout: Layout) -> Callable[[np.ndarray, list[Any] | None], Any]
     """A function ``(root, objects) -> batch`` that rebuilds the batch of ``layout`` from a
     slot's root array, as views of it (no copy), and the unpickled object leaves."""
     torch = None
-    if any(isinstance(leaf, ArrayLeaf) and leaf.torch for leaf in layout.leaves):
+    if any(getattr(leaf, "torch", False) for leaf in layout.leaves):
         import torch  # only when a sample was a tensor: torch is then installed
+    # One plan per leaf: (kind, dtype, count or index, offset, shape, as_torch).
     plans = []
     for leaf in layout.leaves:
         if isinstance(leaf, ArrayLeaf):
-            dtype = np.dtype(leaf.dtype)
             count = int(np.prod(leaf.shape, dtype=np.int64))
-            plans.append((True, dtype, count, leaf.offset, leaf.shape, leaf.torch))
+            plans.append((_ARRAY, np.dtype(leaf.dtype), count, leaf.offset, leaf.shape, leaf.torch))
+        elif isinstance(leaf, RaggedLeaf):
+            parts = tuple((int(np.prod(s, dtype=np.int64)), o, s) for o, s in zip(leaf.offsets, leaf.shapes))
+            plans.append((_RAGGED, np.dtype(leaf.dtype), parts, 0, (), leaf.torch))
         else:
-            plans.append((False, None, leaf.index, 0, (), False))
+            plans.append((_OBJECT, None, leaf.index, 0, (), False))
     treedef = layout.treedef
     frombuffer = np.frombuffer
 
     def read(root: np.ndarray, objects: list[Any] | None) -> Any:
         out = []
-        for is_array, dtype, count, offset, shape, as_torch in plans:
-            if is_array:
+        for kind, dtype, count, offset, shape, as_torch in plans:
+            if kind == _ARRAY:
                 # frombuffer on the root gives a view whose .base is the root, so the
                 # root (and the slot lease tied to it) lives as long as any view does.
                 view = frombuffer(root, dtype, count, offset).reshape(shape)
                 out.append(torch.from_numpy(view) if as_torch else view)
+            elif kind == _RAGGED:
+                views = [frombuffer(root, dtype, n, o).reshape(s) for n, o, s in count]
+                out.append([torch.from_numpy(v) for v in views] if as_torch else views)
             else:
                 out.append(objects[count])  # type: ignore[index]
         return unflatten(treedef, iter(out))
 
     return read
+
+
+_ARRAY, _RAGGED, _OBJECT = 0, 1, 2

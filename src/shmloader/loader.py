@@ -28,19 +28,29 @@ import numpy as np
 
 from shmloader import _slots, fdguard, protocol
 from shmloader import writeinto
-from shmloader.collate import build_arrays, build_in_memory, flatten_tree, gather, plan
-from shmloader.errors import LoaderTimeoutError, WorkerDiedError, WorkerError
+from shmloader.collate import COLLATE_MODES, build_arrays, build_in_memory, flatten_tree, gather, plan
+from shmloader.errors import LoaderTimeoutError, RingLimitError, WorkerDiedError, WorkerError
 from shmloader.layout import decode, make_reader
-from shmloader.ring import H_LAYOUT_LEN, H_LAYOUT_OFF, H_OBJECTS_LEN, H_OBJECTS_OFF, H_SEQ, Ring
+from shmloader.ring import (
+    H_DATA_END,
+    H_LAYOUT_LEN,
+    H_LAYOUT_OFF,
+    H_OBJECTS_LEN,
+    H_OBJECTS_OFF,
+    H_SEQ,
+    Ring,
+    ring_bytes,
+    shm_free_bytes,
+)
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
 from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
 _JOIN_TIMEOUT_S = 5.0  # how long shutdown waits for workers to exit before killing them
 _KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
-_FULL_RING_GC_INTERVAL_S = 0.5  # at most one gc.collect() per this while every slot is held
 _HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the current one,
 # the previous one still bound to the loop variable during next(), a few more)
 _SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
+_DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where /dev/shm's free space cannot be read
 
 
 class DataLoader:
@@ -79,6 +89,10 @@ class DataLoader:
         seed: int | None = None,
         num_slots: int | None = None,
         slot_bytes: int | None = None,
+        collate: str = "stack",
+        pad_value: Any = 0,
+        copy: bool = False,
+        max_shm_bytes: int | None = None,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(
@@ -104,6 +118,13 @@ class DataLoader:
             raise ValueError(f"num_slots should be a positive integer (got {num_slots!r}).")
         if slot_bytes is not None and (not isinstance(slot_bytes, int) or slot_bytes < 1):
             raise ValueError(f"slot_bytes should be a positive integer number of bytes (got {slot_bytes!r}).")
+        if collate not in COLLATE_MODES:
+            raise ValueError(
+                f"collate should be one of {', '.join(map(repr, COLLATE_MODES))} (got {collate!r}): "
+                "'stack' for equal shapes, 'pad' or 'list' for ragged samples."
+            )
+        if max_shm_bytes is not None and (not isinstance(max_shm_bytes, int) or max_shm_bytes < 1):
+            raise ValueError(f"max_shm_bytes should be a positive integer (got {max_shm_bytes!r}).")
 
         self.iterable = _is_iterable_dataset(dataset)
         if self.iterable:
@@ -153,6 +174,13 @@ class DataLoader:
         self.drop_last = drop_last
         self.num_slots = num_slots or num_workers * prefetch_factor + _HELD_SLOTS_RESERVE
         self.slot_bytes = slot_bytes
+        self.collate = collate
+        self.pad_value = pad_value
+        self.copy = copy
+        if max_shm_bytes is None:
+            free = shm_free_bytes()
+            max_shm_bytes = free // 2 if free else _DEFAULT_MAX_SHM_BYTES
+        self.max_shm_bytes = max_shm_bytes
         self.generator = generator
         self._rng = _make_rng(seed, generator)
 
@@ -172,9 +200,10 @@ class DataLoader:
             self.batch_size = batch_size
         self._ring: Ring | None = None
         self._ring_lock = threading.Lock()
+        self._mappings: list[weakref.ref] = []  # every ring made, to count what is still pinned
         if slot_bytes is not None and num_workers > 0:
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.
-            self._ensure_ring(slot_bytes)
+            self._new_ring(self.num_slots, slot_bytes)
         self._persistent_iter: _MultiProcessIter | None = None
         if pin_memory:
             warnings.warn(
@@ -201,28 +230,53 @@ class DataLoader:
         return len(self.sampler)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
+        return self.iter()
+
+    def iter(self, *, copy: bool | None = None) -> Iterator[Any]:
+        """An iterator over one epoch, like ``iter(loader)``; ``copy`` overrides the
+        loader's ``copy`` for this epoch (True: batches own their memory and release
+        their slot at once, for consumers that keep them)."""
+        copy = self.copy if copy is None else copy
         epoch_seed = int(self._rng.integers(0, 2**62))
         if self.num_workers == 0:
             return _SingleProcessIter(self, epoch_seed)
         if self.persistent_workers:
             it = self._persistent_iter
             if it is None or it.closed:
-                it = self._persistent_iter = _MultiProcessIter(self, epoch_seed)
+                it = self._persistent_iter = _MultiProcessIter(self, epoch_seed, copy)
             else:
-                it.reset(epoch_seed)
+                it.reset(epoch_seed, copy)
             return it
-        return _MultiProcessIter(self, epoch_seed)
+        return _MultiProcessIter(self, epoch_seed, copy)
 
     @property
     def ring(self) -> Ring | None:
         """The shared-memory ring, once a multi-worker iteration has created it."""
         return self._ring
 
-    def _ensure_ring(self, slot_bytes: int) -> Ring:
+    def pinned_shm_bytes(self) -> int:
+        """Bytes of shared memory this loader's rings hold now: the current ring, and
+        retired rings that batches the consumer still references keep alive."""
+        alive = [m() for m in self._mappings]
+        self._mappings = [weakref.ref(m) for m in alive if m is not None]
+        return sum(m.size for m in alive if m is not None)
+
+    def _new_ring(self, num_slots: int, slot_bytes: int, *, held: int = 0) -> Ring:
+        """Replace the current ring by a new one (the old one is retired: it is freed
+        when the last batch viewing it dies). Raises :class:`RingLimitError` when that
+        would pass ``max_shm_bytes``."""
         with self._ring_lock:
-            if self._ring is None or self._ring.slot_bytes < slot_bytes:
-                self._ring = Ring.create(self.num_slots, slot_bytes)
-            return self._ring
+            need = ring_bytes(num_slots, slot_bytes)
+            old = self._ring
+            pinned = self.pinned_shm_bytes()
+            if pinned + need > self.max_shm_bytes:
+                raise _limit_error(self, need, pinned, held, old)
+            ring = Ring.create(num_slots, slot_bytes)
+            self._mappings.append(weakref.ref(ring.mapping))
+            self._ring = ring
+            if old is not None:
+                old.close_fd()  # its memory stays mapped while batches view it
+            return ring
 
     def _index_sequence(self) -> Iterator[Any]:
         """This epoch's tasks: index lists (auto-collation) or single indices."""
@@ -241,6 +295,30 @@ class DataLoader:
             self.shutdown()
         except Exception:
             pass
+
+
+def _limit_error(loader: DataLoader, need: int, pinned: int, held: int, old: Ring | None) -> RingLimitError:
+    held_text = f"the consumer holds {held} batches, which " if held else "batches still referenced "
+    return RingLimitError(
+        f"the loader's shared memory would pass max_shm_bytes={loader.max_shm_bytes} bytes: "
+        f"{held_text}pin {pinned} bytes of rings, and the next ring needs {need} more. "
+        "Drop batches you no longer need, keep .copy() of the ones you keep (or iterate with "
+        "copy=True), or pass a larger max_shm_bytes."
+        + _shm_size_hint(need)
+    )
+
+
+def _shm_size_hint(need: int) -> str:
+    """When /dev/shm itself is small (the default max_shm_bytes is half its free space),
+    say so and name the container remedies, as ShmSpaceError does."""
+    free = shm_free_bytes()
+    if free is None or need <= free // 2:
+        return ""
+    return (
+        f" /dev/shm has only {free / 2**20:.1f} MiB free for a ring of {need} bytes: give the "
+        "container more shared memory (docker run --shm-size=2g or --ipc=host), or ask for a "
+        "smaller ring with a lower num_slots, slot_bytes, prefetch_factor or num_workers."
+    )
 
 
 def _is_iterable_dataset(dataset: Any) -> bool:
@@ -326,7 +404,7 @@ class _SingleProcessIter:
             return build_arrays(*flatten_tree(tree))
         if loader.collate_fn is not None:
             return loader.collate_fn(samples)
-        return build_arrays(*gather(samples, indices, seq))
+        return build_arrays(*gather(samples, indices, seq, loader.collate, loader.pad_value))
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -347,13 +425,17 @@ class _WorkerHandle:
 
 
 class _Task:
-    __slots__ = ("indices", "seq", "slot", "worker")
+    """One batch sent to a worker: its slot is in ``ring`` (the ring current when it was
+    sent; a ring that grows since keeps serving the tasks given before)."""
 
-    def __init__(self, seq: int, worker: _WorkerHandle, slot: int, indices: Any) -> None:
+    __slots__ = ("indices", "ring", "seq", "slot", "worker")
+
+    def __init__(self, seq: int, worker: _WorkerHandle, slot: int, indices: Any, ring: Ring | None) -> None:
         self.seq = seq
         self.worker = worker
         self.slot = slot
         self.indices = indices
+        self.ring = ring
 
 
 _live_iterators: weakref.WeakSet = weakref.WeakSet()
@@ -383,23 +465,20 @@ os.register_at_fork(after_in_child=_forget_workers_after_fork)
 class _MultiProcessIter:
     """Iterator over one epoch with worker processes (reused across epochs when persistent)."""
 
-    def __init__(self, loader: DataLoader, epoch_seed: int) -> None:
+    def __init__(self, loader: DataLoader, epoch_seed: int, copy: bool) -> None:
         self._loader = loader
+        self._copy = copy
         self._pid = os.getpid()
         self.closed = False
         self._workers: list[_WorkerHandle] = []
         self._poller = select.poll()
         self._fd_owner: dict[int, tuple[_WorkerHandle, bool]] = {}
         self._readers: dict[bytes, Callable[[np.ndarray, Any], Any]] = {}
-        self._warned_full = False
-        self._last_gc = 0.0  # when _claim_slot last ran a full collection
         ctx = loader.multiprocessing_context
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
         self._ctx = ctx
         self._ring = loader._ring
-        if self._ring is None and loader.slot_bytes is not None:
-            self._ring = loader._ensure_ring(loader.slot_bytes)
         self._begin_epoch(epoch_seed)
         _live_iterators.add(self)
         try:
@@ -446,6 +525,8 @@ class _MultiProcessIter:
                     iterable=loader.iterable,
                     auto_collation=loader._auto_collation,
                     batch_size=loader.batch_size,
+                    collate=loader.collate,
+                    pad_value=loader.pad_value,
                     drop_last=loader.drop_last,
                     collate_fn=loader.collate_fn,
                     worker_init_fn=loader.worker_init_fn,
@@ -507,7 +588,7 @@ class _MultiProcessIter:
             slot = self._claim_slot()
             seq = self._send_seq
             self._send_seq += 1
-            task = _Task(seq, worker, slot, indices)
+            task = _Task(seq, worker, slot, indices, self._ring)
             self._tasks[seq] = task
             worker.outstanding += 1
             try:
@@ -536,26 +617,16 @@ class _MultiProcessIter:
         if ring is None:
             return protocol.NO_SLOT
         slot = ring.states.claim(self._send_seq % ring.num_slots, _slots.FREE, _slots.ASSIGNED)
-        now = time.monotonic()
-        if slot < 0 and now - self._last_gc >= _FULL_RING_GC_INTERVAL_S:
-            # Batches kept alive only by reference cycles. Not on every batch: while the
-            # consumer holds every slot, a full collection per batch (over all the batches
-            # it holds) made the copy fallback quadratic (10,000 held batches: ~60 s).
-            self._last_gc = now
-            gc.collect()
+        if slot < 0:
+            gc.collect()  # batches kept alive only by reference cycles
             slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
         if slot < 0:
-            if not self._warned_full:
-                self._warned_full = True
-                warnings.warn(
-                    f"all {ring.num_slots} slots of the shared-memory ring are held by batches "
-                    "this process still references, so further batches are delivered by copy "
-                    "(slower). Drop batches you no longer need, keep .copy() of the ones you "
-                    "keep, or raise num_slots.",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-            return protocol.NO_SLOT
+            # Every slot is held by batches the consumer keeps (the loader's own in-flight
+            # batches are bounded below num_slots): grow rather than stall.
+            held = sum(ring.states.load(i) == _slots.HELD for i in range(ring.num_slots))
+            ring = self._loader._new_ring(ring.num_slots * 2, ring.slot_bytes, held=held)
+            self._adopt_ring(ring)
+            slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
         return slot
 
     # --- receive ------------------------------------------------------------------------
@@ -656,7 +727,7 @@ class _MultiProcessIter:
         else:
             payload = msg[protocol.HEADER_BYTES :]
             if task.slot >= 0:
-                self._ring.states.store(task.slot, _slots.FREE)  # type: ignore[union-attr]
+                task.ring.states.store(task.slot, _slots.FREE)
                 task.slot = protocol.NO_SLOT
             if kind == protocol.RES_ITER_END:
                 worker.active = False
@@ -664,9 +735,15 @@ class _MultiProcessIter:
                 worker.active = False
                 self._results[seq] = (kind, task, payload)
                 return True
-            elif kind == protocol.RES_PICKLED and self._ring is None:
+            elif kind == protocol.RES_PICKLED:
                 needed = int(np.frombuffer(payload, np.int64, 1)[0])
-                self._install_ring(needed)
+                ring = self._ring
+                if ring is None or (needed > ring.slot_bytes and self._loader.slot_bytes is None):
+                    # The first batch sizes the ring; a batch that outgrew its slot makes
+                    # a ring of larger slots, and the old one retires as its batches die.
+                    num_slots = self._loader.num_slots if ring is None else ring.num_slots
+                    slot_bytes = int(needed * _SLOT_HEADROOM) + 4096
+                    self._adopt_ring(self._loader._new_ring(num_slots, slot_bytes))
         self._results[seq] = (kind, task, payload)
         return True
 
@@ -679,12 +756,12 @@ class _MultiProcessIter:
         tasks = [self._tasks.pop(seq) for seq in mine]
         for task in tasks:
             if task.slot >= 0:
-                self._ring.states.store(task.slot, _slots.FREE)  # type: ignore[union-attr]
+                task.ring.states.store(task.slot, _slots.FREE)
                 task.slot = protocol.NO_SLOT
         worker.outstanding = 0
         worker.active = False
         seq = mine[0] if mine else self._rcvd_seq
-        task = tasks[0] if tasks else _Task(seq, worker, protocol.NO_SLOT, None)
+        task = tasks[0] if tasks else _Task(seq, worker, protocol.NO_SLOT, None, None)
         self._results[seq] = (protocol.RES_INIT_ERROR, task, payload)
         return True
 
@@ -699,11 +776,11 @@ class _MultiProcessIter:
             if not self._receive(worker):
                 return
 
-    def _install_ring(self, needed: int) -> None:
-        """Create the ring from the first batch's size and hand it to every worker."""
-        slot_bytes = int(needed * _SLOT_HEADROOM) + 4096
-        self._ring = self._loader._ensure_ring(slot_bytes)
-        ring = self._ring
+    def _adopt_ring(self, ring: Ring) -> None:
+        """Make ``ring`` this iterator's ring and hand it to every worker. Tasks sent
+        before keep their old ring: each worker reads its socket in order, so it finishes
+        them before it switches."""
+        self._ring = ring
         info = np.array([ring.num_slots, ring.slot_bytes], np.int64).tobytes()
         for w in self._workers:
             if not w.proc.is_alive():
@@ -718,7 +795,7 @@ class _MultiProcessIter:
 
     def _materialize(self, kind: int, task: _Task, payload: bytes) -> Any:
         if kind == protocol.RES_READY:
-            ring = self._ring
+            ring = task.ring
             slot = task.slot
             states = ring.states  # type: ignore[union-attr]
             states.store(slot, _slots.HELD)
@@ -736,6 +813,12 @@ class _MultiProcessIter:
             if olen:
                 ooff = int(header[H_OBJECTS_OFF])
                 objects = pickle.loads(root[ooff : ooff + olen].tobytes())
+            if self._copy:
+                # Batches that own their memory: one copy of the slot's data, and the
+                # slot is free again at once.
+                batch = reader(root[: int(header[H_DATA_END])].copy(), objects)
+                states.store(slot, _slots.FREE)
+                return batch
             batch = reader(root, objects)
             # The slot returns to FREE when the root dies, i.e. when the last view of it does.
             weakref.finalize(root, states.store, slot, _slots.FREE).atexit = False
@@ -799,15 +882,15 @@ class _MultiProcessIter:
         if not self._loader.persistent_workers:
             self.close()
 
-    def reset(self, epoch_seed: int) -> None:
+    def reset(self, epoch_seed: int, copy: bool) -> None:
         """Persistent workers: start a new epoch on the same workers and ring."""
+        self._copy = copy
         # Results still owed by the workers must come back before their slots are reused.
         while self._tasks:
             self._wait()
         for _, task, _ in self._results.values():
             if task.slot >= 0:
-                self._ring.states.store(task.slot, _slots.FREE)  # type: ignore[union-attr]
-        self._ring = self._ring or self._loader._ring
+                task.ring.states.store(task.slot, _slots.FREE)
         self._begin_epoch(epoch_seed)
         for w in self._workers:
             msg = protocol.pack(protocol.TASK_EPOCH, payload=np.array([epoch_seed + w.id], np.int64).tobytes())
@@ -850,10 +933,10 @@ class _MultiProcessIter:
         if self._ring is not None:
             for task in self._tasks.values():
                 if task.slot >= 0:
-                    self._ring.states.store(task.slot, _slots.FREE)
+                    task.ring.states.store(task.slot, _slots.FREE)
             for _, task, _ in self._results.values():
                 if task.slot >= 0:
-                    self._ring.states.store(task.slot, _slots.FREE)
+                    task.ring.states.store(task.slot, _slots.FREE)
         self._tasks.clear()
         self._results.clear()
         for w in self._workers:

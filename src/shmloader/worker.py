@@ -110,6 +110,8 @@ class WorkerConfig:
     iterable: bool
     auto_collation: bool  # False: batch_size=None, each sample is handed out as it is
     batch_size: int | None  # samples per batch of an iterable dataset
+    collate: str  # "stack", "pad" or "list": see collate.gather
+    pad_value: Any
     drop_last: bool
     collate_fn: Callable[[Any], Any] | None
     worker_init_fn: Callable[[int], None] | None
@@ -252,7 +254,7 @@ class _Worker:
                 elif cfg.collate_fn is not None:
                     treedef, leaves = flatten_tree(cfg.collate_fn(samples))
                 else:
-                    treedef, leaves = gather(samples, indices, seq)
+                    treedef, leaves = gather(samples, indices, seq, cfg.collate, cfg.pad_value)
                 fill = copy_leaves(leaves)
                 where = "writing the batch"
             self.deliver(slot, seq, treedef, leaves, fill)

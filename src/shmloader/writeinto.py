@@ -78,7 +78,7 @@ def parse_spec(spec: Any) -> tuple[Any, list[ArraySpec]]:
 
 def plan_leaves(treedef: Any, specs: list[ArraySpec], batch: int) -> list[Leaf]:
     """Leaves of a batch of ``batch`` samples of this spec (no values: written in place)."""
-    return [Leaf((i,), None, True, (batch, *s.shape), s.dtype, False) for i, s in enumerate(specs)]
+    return [Leaf((i,), None, "stack", (batch, *s.shape), s.dtype) for i, s in enumerate(specs)]
 
 
 def writer(

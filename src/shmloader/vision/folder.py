@@ -1,0 +1,322 @@
+"""ImageFolder: image files and int64 labels, decoded and transformed into the slot."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from shmloader import worker as _worker
+from shmloader.vision.decode import Decoder, ImageDecodeError, dct_factor
+from shmloader.vision.resample import flip_inplace, resample_into, resolve_backend
+from shmloader.vision.transforms import Compose, Plan, Transform
+from shmloader.writeinto import ArraySpec
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+ON_ERROR = ("raise", "skip")
+_MAX_SKIPS_IN_A_ROW = 32  # on_error="skip": give up after this many unreadable files in a row
+
+
+def epoch_seed() -> int | None:
+    """The seed of the current epoch, the same in every worker (None if unknown).
+
+    In a shmloader worker it is the worker's seed minus its id (the loader gives worker
+    ``k`` the epoch seed plus ``k``); in the main process it comes from the core's
+    ``get_epoch_seed()`` when it offers one; in a torch DataLoader worker, from torch's
+    worker info the same way."""
+    info = _worker.get_worker_info()
+    if info is not None:
+        return int(info.seed) - int(info.id)
+    hook = getattr(_worker, "get_epoch_seed", None)
+    if hook is not None:
+        seed = hook()
+        if seed is not None:
+            return int(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        tinfo = torch.utils.data.get_worker_info()
+        if tinfo is not None:
+            return int(tinfo.seed) - int(tinfo.id)
+    return None
+
+
+def sample_rng(index: Any) -> np.random.Generator:
+    """The generator of sample ``index`` this epoch: a function of (epoch seed, index)
+    only, so a seeded loader gives the same crops whichever worker loads the sample and
+    however many workers there are. Without an epoch seed (main process, no core hook):
+    drawn from numpy's global RNG (reproducible with ``np.random.seed``)."""
+    base = epoch_seed()
+    if base is None:
+        return np.random.default_rng(int(np.random.randint(0, 2**63 - 1, dtype=np.int64)))
+    return np.random.default_rng([base & (2**64 - 1), int(index) & (2**64 - 1)])
+
+
+def find_classes(root: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+    """Sorted class folder names under ``root`` and their indices (torchvision's rule)."""
+    try:
+        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"image folder {os.fspath(root)!r} does not exist.") from None
+    if not classes:
+        raise FileNotFoundError(
+            f"no class folder in {os.fspath(root)!r}: ImageFolder expects root/<class>/<image> "
+            "(use ImageFolder.from_files for a flat list of files and labels)."
+        )
+    return classes, {name: i for i, name in enumerate(classes)}
+
+
+class ImageFolder:
+    """Images in class-per-subfolder layout (``root/<class>/**/<file>``), as torchvision's
+    ``ImageFolder``, or a flat list of (path, label) (:meth:`from_files`).
+
+    Sample ``i`` is ``(image, label)``: ``image`` a numpy array shaped by ``transform``
+    (a :class:`~shmloader.vision.transforms.Compose` or a list of transforms; default
+    none: the whole image, HxWx3 uint8) and ``label`` an ``np.int64``. ``__getitem__``
+    works with any loader (torch's included); with a fixed output size (the pipeline
+    ends in a crop or a sized resize) the dataset also implements the write-into
+    protocol, so shmloader's workers decode and resample straight into the batch slot.
+
+    ``on_error``: ``"raise"`` (default) raises :class:`ImageDecodeError` naming the file
+    that cannot be decoded; ``"skip"`` replaces it with the next readable sample, warns
+    once per process and counts it in :attr:`skipped`. ``backend``: the resampler
+    (``"auto"``: torch's vectorized kernel when torch is installed, else Pillow).
+    ``dct_scaling``: let libjpeg-turbo decode JPEGs at 1/2, 1/4 or 1/8 size when the
+    output is that much smaller than the crop.
+
+    Randomness (random crops, flips) comes from a generator per sample derived from the
+    loader's epoch seed and the sample index: a seeded loader gives the same batches for
+    any ``num_workers``.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike | None,
+        transform: Compose | Sequence[Any] | None = None,
+        *,
+        extensions: Sequence[str] = IMG_EXTENSIONS,
+        is_valid_file: Callable[[str], bool] | None = None,
+        on_error: str = "raise",
+        backend: str = "auto",
+        dct_scaling: bool = True,
+        samples: Sequence[tuple[str, int]] | None = None,
+    ) -> None:
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}.")
+        if transform is None:
+            transform = Compose([])
+        elif not isinstance(transform, Compose):
+            transform = Compose([transform] if isinstance(transform, Transform) else transform)
+        self.transform = transform
+        self.on_error = on_error
+        self.backend = resolve_backend(backend)
+        self.dct_scaling = dct_scaling
+        self.root = None if root is None else os.fspath(root)
+        if samples is not None:
+            self.samples = [(os.fspath(p), int(label)) for p, label in samples]
+            self.classes = sorted({label for _, label in self.samples})
+            self.class_to_idx = {str(c): c for c in self.classes}
+        else:
+            if root is None:
+                raise ValueError("give ImageFolder a root folder, or use ImageFolder.from_files.")
+            self.classes, self.class_to_idx = find_classes(root)
+            self.samples = self._scan(extensions, is_valid_file)
+        self.targets = np.array([label for _, label in self.samples], np.int64)
+        self.skipped = 0  # files replaced under on_error="skip", in this process
+        self._warned_pid = 0
+        self._decoder = Decoder()
+        self._scratch: dict[tuple[int, ...], np.ndarray] = {}
+
+    @classmethod
+    def from_files(
+        cls, paths: Sequence[str | os.PathLike], labels: Sequence[int], transform: Any = None, **kwargs: Any
+    ) -> ImageFolder:
+        """A dataset over a flat list of files and their integer labels."""
+        if len(paths) != len(labels):
+            raise ValueError(f"got {len(paths)} paths but {len(labels)} labels; give one label per file.")
+        return cls(None, transform, samples=list(zip(paths, labels)), **kwargs)
+
+    def _scan(self, extensions: Sequence[str], is_valid_file: Callable[[str], bool] | None) -> list:
+        exts = tuple(e.lower() for e in extensions)
+        valid = is_valid_file or (lambda p: p.lower().endswith(exts))
+        samples = []
+        for name in self.classes:
+            label = self.class_to_idx[name]
+            folder = os.path.join(self.root, name)
+            for dirpath, _, files in sorted(os.walk(folder, followlinks=True)):
+                samples.extend((os.path.join(dirpath, f), label) for f in sorted(files) if valid(os.path.join(dirpath, f)))
+        if not samples:
+            raise FileNotFoundError(
+                f"no image files with extensions {list(exts)} under the class folders of {self.root!r}."
+            )
+        return samples
+
+    @property
+    def imgs(self) -> list[tuple[str, int]]:
+        return self.samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __repr__(self) -> str:
+        where = f"root={self.root!r}" if self.root is not None else "files"
+        return f"ImageFolder({where}, {len(self)} images, {len(self.classes)} classes, {self.transform!r})"
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_scratch"] = {}
+        return state
+
+    # --- the two ways to get a sample ----------------------------------------------------
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.int64]:
+        image, label = self._load(index, None)
+        return image, np.int64(label)
+
+    @property
+    def sample_spec(self) -> Callable[[], Any]:
+        """Write-into protocol (only with a fixed output size): the sample's arrays."""
+        size = self.transform.fixed_size
+        if size is None:
+            raise AttributeError("sample_spec needs a transform with a fixed output size")
+
+        def spec() -> tuple[ArraySpec, ArraySpec]:
+            shape = self.transform.output_shape(*size)
+            return ArraySpec(shape, self.transform.dtype), ArraySpec((), np.int64)
+
+        return spec
+
+    @property
+    def write_sample(self) -> Callable[[Any, Any], None]:
+        """Write-into protocol: decode and resample sample ``index`` into ``out``."""
+        if self.transform.fixed_size is None:
+            raise AttributeError("write_sample needs a transform with a fixed output size")
+
+        def write(index: Any, out: Any) -> None:
+            image, label = out
+            _, label_value = self._load(index, image)
+            label[...] = label_value
+
+        return write
+
+    # --- loading ------------------------------------------------------------------------
+
+    def _load(self, index: Any, dst: np.ndarray | None) -> tuple[np.ndarray, int]:
+        n = len(self.samples)
+        index = int(index)
+        if not -n <= index < n:
+            raise IndexError(f"sample index {index} out of range for {n} images.")
+        index %= n
+        for _ in range(min(n, _MAX_SKIPS_IN_A_ROW)):
+            try:
+                return self._render(index, dst), self.samples[index][1]
+            except ImageDecodeError as exc:
+                if self.on_error == "raise":
+                    raise
+                self._note_skip(exc)
+                index = (index + 1) % n
+        raise ImageDecodeError(
+            f"{min(n, _MAX_SKIPS_IN_A_ROW)} images in a row could not be decoded (the last: "
+            f"{self.samples[(index - 1) % n][0]!r}); is this an image folder?",
+            self.samples[(index - 1) % n][0],
+        )
+
+    def _note_skip(self, exc: ImageDecodeError) -> None:
+        self.skipped += 1
+        if self._warned_pid != os.getpid():
+            self._warned_pid = os.getpid()
+            warnings.warn(
+                f"ImageFolder skipped an unreadable image and used another sample in its place: {exc} "
+                "(warned once per process; the dataset's `skipped` counts them).",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _render(self, index: int, dst: np.ndarray | None) -> np.ndarray:
+        path = self.samples[index][0]
+        transform = self.transform
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            probe = self._decoder.probe(data)
+        except Exception as exc:
+            raise _decode_error(path, index, exc) from exc
+        rng = sample_rng(index) if transform.random else None
+        plan = transform.plan(probe.width, probe.height, rng)
+        shape = transform.output_shape(*plan.out_size)
+        if dst is None:
+            dst = np.empty(shape, transform.dtype)
+        elif dst.shape != shape:
+            raise ValueError(f"output view has shape {dst.shape}, the transform gives {shape}.")
+        target = dst if transform.normalize is None else self._uint8_scratch(shape)
+        try:
+            self._draw(probe, plan, target)
+        except ImageDecodeError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, (MemoryError, KeyboardInterrupt)):
+                raise
+            raise _decode_error(path, index, exc) from exc
+        if transform.normalize is not None:
+            _normalize_into(target, dst, transform.normalize, transform.chw)
+        return dst
+
+    def _uint8_scratch(self, shape: tuple[int, ...]) -> np.ndarray:
+        buf = self._scratch.get(shape)
+        if buf is None:
+            buf = self._scratch[shape] = np.empty(shape, np.uint8)
+        return buf
+
+    def _draw(self, probe: Any, plan: Plan, target: np.ndarray) -> None:
+        """Decode and resample one image into ``target`` (uint8, the output's shape)."""
+        chw = self.transform.chw
+        oh, ow = plan.out_size
+        x0, y0, x1, y1 = plan.content
+        full = (x0, y0, x1, y1) == (0, 0, ow, oh)
+        if not full:
+            target[...] = 0  # padding (a crop larger than the image)
+        if x1 <= x0 or y1 <= y0:
+            return
+        view = target[:, y0:y1, x0:x1] if chw else target[y0:y1, x0:x1]
+        bx0, by0, bx1, by1 = plan.box
+        whole = (bx0, by0, bx1, by1) == (0.0, 0.0, float(probe.width), float(probe.height))
+        if (
+            probe.jpeg
+            and full
+            and whole
+            and not chw
+            and (oh, ow) == (probe.height, probe.width)
+            and target.flags.c_contiguous
+        ):
+            # Nothing to resample: libjpeg-turbo decodes straight into the output.
+            self._decoder.decode(probe, 1, buffer=target)
+            if plan.flip:
+                flip_inplace(target, chw, self.backend)
+            return
+        factor = 1
+        if self.dct_scaling:
+            factor = dct_factor(probe.width, probe.height, bx1 - bx0, by1 - by0, x1 - x0, y1 - y0)
+        image = self._decoder.decode(probe, factor)
+        sx, sy = image.shape[1] / probe.width, image.shape[0] / probe.height
+        resample_into(image, (bx0 * sx, by0 * sy, bx1 * sx, by1 * sy), view, chw, plan.flip, self.backend)
+
+
+def _decode_error(path: str, index: int, exc: BaseException) -> ImageDecodeError:
+    return ImageDecodeError(
+        f"cannot decode image file {path!r} (sample {index}): {type(exc).__name__}: {exc}. The file is "
+        "missing, corrupt, truncated or not an image: replace or remove it, or pass "
+        "on_error='skip' to ImageFolder to load another sample in its place.",
+        path,
+    )
+
+
+def _normalize_into(src: np.ndarray, dst: np.ndarray, norm: Any, chw: bool) -> None:
+    scale = 1.0 / (255.0 * norm.std)
+    shift = -norm.mean / norm.std
+    if chw:
+        scale, shift = scale[:, None, None], shift[:, None, None]
+    np.multiply(src, scale, out=dst, casting="unsafe")
+    np.add(dst, shift, out=dst)
