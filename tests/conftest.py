@@ -39,12 +39,14 @@ def no_leaks():
     children, shm, fds = _children(), _shm_entries(), _fds()
     yield
     gc.collect()
+    def left_running() -> set[int]:
+        # multiprocessing's own helpers (forkserver, resource tracker) live for the session.
+        return {pid for pid in _children() - children if not _is_mp_helper(pid)}
+
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (_children() - children):
+    while time.monotonic() < deadline and left_running():
         time.sleep(0.05)
-    left = _children() - children
-    # multiprocessing's own helpers (forkserver, resource tracker) live for the session.
-    left = {pid for pid in left if not _is_mp_helper(pid)}
+    left = left_running()
     assert not left, f"worker processes left running: {sorted(left)}"
     assert _shm_entries() - shm == set(), f"/dev/shm entries left: {_shm_entries() - shm}"
     extra = {fd for fd in _fds() - fds if not _is_session_fd(fd)}

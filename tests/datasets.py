@@ -200,3 +200,45 @@ class WriteInto(Dataset):
 
     def __getitem__(self, i):  # what the protocol replaces: same values
         return {"image": np.full((4, 5, 3), i, np.uint8), "label": np.int64(i)}
+
+
+def image_of(i: int) -> np.ndarray:
+    """Sample i of RandomSizeImages: an HxWx3 uint8 image of a size drawn from i."""
+    rng = np.random.default_rng(i)
+    h, w = rng.integers(8, 40, 2)
+    return rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+
+
+class RandomSizeImages(Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return {"image": image_of(i), "label": i}
+
+
+def tokens_of(i: int) -> np.ndarray:
+    """Sample i of Tokens: int32 tokens of a length in 1..4096 drawn from i."""
+    rng = np.random.default_rng(1000 + i)
+    return rng.integers(0, 50_000, rng.integers(1, 4097), dtype=np.int32)
+
+
+class Tokens(Dataset):
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, i):
+        return tokens_of(i)
+
+    def lengths(self):
+        return [len(tokens_of(i)) for i in range(len(self))]
+
+
+class Wide(Dataset):
+    """Sample i: 1,000 float64 values equal to i (8 kB)."""
+
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        return np.full(1000, i, np.float64)

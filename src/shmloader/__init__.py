@@ -5,13 +5,15 @@ from shmloader.dataset import Dataset, IterableDataset
 from shmloader.errors import (
     BatchLayoutError,
     LoaderTimeoutError,
+    RingLimitError,
     ShmLoaderError,
     ShmSpaceError,
     WorkerDiedError,
     WorkerError,
 )
 from shmloader.loader import DataLoader
-from shmloader.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from shmloader.collate import Padded
+from shmloader.sampler import BatchSampler, BucketBatchSampler, RandomSampler, Sampler, SequentialSampler
 from shmloader.worker import WorkerInfo, get_worker_info
 from shmloader.writeinto import ArraySpec
 
@@ -19,11 +21,14 @@ __all__ = [
     "ArraySpec",
     "BatchLayoutError",
     "BatchSampler",
+    "BucketBatchSampler",
     "DataLoader",
     "Dataset",
     "IterableDataset",
     "LoaderTimeoutError",
+    "Padded",
     "RandomSampler",
+    "RingLimitError",
     "Sampler",
     "SequentialSampler",
     "ShmLoaderError",

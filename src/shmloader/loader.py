@@ -642,16 +642,20 @@ class _MultiProcessIter:
             raise StopIteration
         try:
             item = self._next_result()
+            if item is not None:
+                self._dispatch()
         except (WorkerDiedError, LoaderTimeoutError):
             # Dead or hung workers: do not wait for a busy one to finish its batch
             # (a timeout would otherwise surface only after _JOIN_TIMEOUT_S more).
             self.close(graceful=False)
             raise
+        except RingLimitError:
+            self.close()  # the epoch cannot go on: leave nothing running
+            raise
         if item is None:
             self._end_epoch()
             raise StopIteration
         kind, task, payload = item
-        self._dispatch()
         return self._materialize(kind, task, payload)
 
     def _next_result(self) -> tuple[int, _Task, bytes] | None:

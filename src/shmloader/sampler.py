@@ -101,3 +101,77 @@ class BatchSampler(Sampler):
     def __len__(self) -> int:
         n = len(self.sampler)  # type: ignore[arg-type]
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class BucketBatchSampler(Sampler):
+    """Batches of samples of similar length, so padded batches waste little.
+
+    ``lengths[i]`` is sample ``i``'s length. Samples fall into buckets of ``bucket_width``
+    lengths each, or into ``num_buckets`` buckets of equal counts (by length order); each
+    batch is drawn from one bucket. With ``shuffle`` the samples within a bucket and the
+    order of the batches change every epoch; the order is a function of ``seed`` and the
+    epoch only (``set_epoch``, or one more on every ``iter()``). ``drop_last`` drops each
+    bucket's final short batch.
+    """
+
+    def __init__(
+        self,
+        lengths: Iterable[int],
+        batch_size: int,
+        bucket_width: int | None = None,
+        num_buckets: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        self.lengths = np.asarray(list(lengths), dtype=np.int64)
+        if self.lengths.ndim != 1 or len(self.lengths) == 0:
+            raise ValueError("lengths should be a non-empty sequence of one length per sample")
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}")
+        if bucket_width is not None and num_buckets is not None:
+            raise ValueError("pass bucket_width or num_buckets, not both")
+        if bucket_width is not None and bucket_width <= 0:
+            raise ValueError(f"bucket_width should be a positive integer, got {bucket_width!r}")
+        if num_buckets is not None and num_buckets <= 0:
+            raise ValueError(f"num_buckets should be a positive integer, got {num_buckets!r}")
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        order = np.argsort(self.lengths, kind="stable")
+        if bucket_width is not None:
+            keys = self.lengths[order] // bucket_width
+            cuts = np.flatnonzero(np.diff(keys)) + 1
+        else:
+            n = num_buckets if num_buckets is not None else 8
+            cuts = np.linspace(0, len(order), min(n, len(order)) + 1).astype(int)[1:-1]
+        self.buckets = [b for b in np.split(order, cuts) if len(b)]
+        self.epoch = 0  # the epoch the next iter() yields
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order on the next ``iter()`` (as DistributedSampler does)."""
+        self.epoch = epoch
+
+    def _batches(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, epoch])
+        batches = []
+        for bucket in self.buckets:
+            members = rng.permutation(bucket) if self.shuffle else bucket
+            for start in range(0, len(members), self.batch_size):
+                chunk = members[start : start + self.batch_size]
+                if len(chunk) == self.batch_size or not self.drop_last:
+                    batches.append(chunk.tolist())
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return iter(self._batches(epoch))
+
+    def __len__(self) -> int:
+        size = self.batch_size
+        if self.drop_last:
+            return sum(len(b) // size for b in self.buckets)
+        return sum(-(-len(b) // size) for b in self.buckets)

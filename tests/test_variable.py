@@ -1,0 +1,148 @@
+"""Variable-size samples, a ring that grows, and batches the consumer keeps (issue 5)."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+from shmloader import BatchLayoutError, BucketBatchSampler, DataLoader, Padded, RingLimitError
+
+from . import datasets as D
+from .conftest import START_METHODS
+
+
+@pytest.fixture(params=START_METHODS)
+def method(request):
+    return request.param
+
+
+def test_images_of_random_sizes_as_lists_of_views(method):
+    dl = DataLoader(D.RandomSizeImages(), batch_size=8, num_workers=2, multiprocessing_context=method, collate="list")
+    batches = list(dl)
+    for b, batch in enumerate(batches):
+        assert batch["label"].tolist() == list(range(8 * b, 8 * b + 8))
+        for i, image in zip(batch["label"].tolist(), batch["image"]):
+            assert np.array_equal(image, D.image_of(i))
+            if b >= 2:  # past each worker's first batch, which sizes the ring
+                assert not image.flags.owndata and dl.ring.contains(image)
+
+
+def test_images_of_random_sizes_padded(method):
+    dl = DataLoader(
+        D.RandomSizeImages(), batch_size=8, num_workers=2, multiprocessing_context=method, collate="pad", pad_value=7
+    )
+    for batch in dl:
+        padded = batch["image"]
+        assert isinstance(padded, Padded) and padded.lengths.shape == (8, 3)
+        for row, (i, (h, w, _)) in enumerate(zip(batch["label"].tolist(), padded.lengths.tolist())):
+            image = D.image_of(i)
+            assert (h, w) == image.shape[:2]
+            assert np.array_equal(padded.values[row, :h, :w], image)
+            assert (padded.values[row, h:] == 7).all() and (padded.values[row, :, w:] == 7).all()
+    assert np.array_equal(
+        list(DataLoader(D.RandomSizeImages(), batch_size=8, collate="pad"))[1]["image"].lengths,
+        np.array([D.image_of(i).shape for i in range(8, 16)]),
+    ), "the main process pads the same way"
+
+
+def test_stack_refuses_ragged_samples_with_a_clear_error():
+    with pytest.raises(BatchLayoutError, match="field \\['image'\\] differs between samples"):
+        next(iter(DataLoader(D.RandomSizeImages(), batch_size=8)))
+    with pytest.raises(ValueError, match="collate should be one of"):
+        DataLoader(D.RandomSizeImages(), collate="ragged")
+
+
+def test_bucketed_token_sequences_padded(method):
+    ds = D.Tokens()
+    lengths = ds.lengths()
+    sampler = BucketBatchSampler(lengths, batch_size=8, num_buckets=10, seed=3)
+    dl = DataLoader(ds, batch_sampler=sampler, num_workers=2, multiprocessing_context=method, collate="pad")
+    seen, waste, total = [], 0, 0
+    for batch, indices in zip(dl, BucketBatchSampler(lengths, batch_size=8, num_buckets=10, seed=3)):
+        assert batch.lengths.tolist() == [lengths[i] for i in indices]
+        for row, i in enumerate(indices):
+            assert np.array_equal(batch.values[row, : lengths[i]], D.tokens_of(i))
+        seen.extend(indices)
+        waste += batch.values.size - batch.lengths.sum()
+        total += batch.values.size
+    assert sorted(seen) == list(range(200))
+    assert waste / total < 0.15, f"bucketing keeps padding low ({waste / total:.1%})"
+
+
+def test_bucket_sampler_is_deterministic_per_seed_and_epoch():
+    lengths = np.random.default_rng(0).integers(1, 500, 300)
+    a = BucketBatchSampler(lengths, 16, bucket_width=50, seed=1)
+    b = BucketBatchSampler(lengths, 16, bucket_width=50, seed=1)
+    e0, e1 = list(a), list(a)
+    assert e0 == list(b) and e1 == list(b) and e0 != e1
+    b.set_epoch(0)
+    assert list(b) == e0
+    for batch in e0:
+        assert max(lengths[batch]) // 50 == min(lengths[batch]) // 50, "one bucket per batch"
+    assert sorted(i for batch in e0 for i in batch) == list(range(300))
+    assert len(a) == len(e0)
+    dropped = BucketBatchSampler(lengths, 16, bucket_width=50, drop_last=True)
+    assert all(len(x) == 16 for x in dropped) and len(list(dropped)) == len(dropped)
+
+
+def test_batches_that_grow_tenfold_are_delivered(method):
+    sizes = [2, 2, 2, 2, 20, 20, 20, 20, 20, 2]
+    batches, start = [], 0
+    for n in sizes:
+        batches.append(list(range(start, start + n)))
+        start += n
+    dl = DataLoader(D.Squares(200), batch_sampler=batches, num_workers=2, multiprocessing_context=method)
+    out = list(dl)
+    assert [b[1].tolist() for b in out] == batches
+    assert all((x[:, 0, 0] == y).all() for x, y in out)
+    assert dl.ring.slot_bytes >= 20 * (64 + 8), "the ring grew to the larger batches"
+    assert not out[-2][0].flags.owndata and dl.ring.contains(out[-2][0])
+
+
+def test_fixed_slot_bytes_turns_growth_off(method):
+    dl = DataLoader(
+        D.Squares(40), batch_sampler=[[0], [1, 2, 3, 4, 5, 6, 7, 8]], num_workers=2,
+        multiprocessing_context=method, slot_bytes=256,
+    )
+    it = iter(dl)
+    assert next(it)[1].tolist() == [0]
+    with pytest.raises(BatchLayoutError, match=r"needs \d+ bytes but slots hold 256 \(slot_bytes was fixed\)"):
+        next(it)
+
+
+@pytest.mark.slow
+def test_keeping_5000_batches_grows_then_hits_the_limit(method):
+    fds_before = len(os.listdir("/proc/self/fd"))
+    limit = 24 * 2**20
+    dl = DataLoader(D.Wide(), batch_size=2, num_workers=2, multiprocessing_context=method, max_shm_bytes=limit)
+    kept = []
+    with pytest.raises(RingLimitError) as info:
+        for batch in dl:
+            kept.append(batch)
+    text = str(info.value)
+    assert "max_shm_bytes=25165824" in text and "the consumer holds" in text and "copy=True" in text
+    assert 1000 < len(kept) < 5000
+    assert all(int(b[0, 0]) == 2 * n for n, b in enumerate(kept))
+    assert dl.pinned_shm_bytes() <= limit
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 1, "one ring descriptor, however many rings"
+    del kept, batch, info
+    gc.collect()
+    # With copy=True the same consumer keeps all 5,000 batches in process memory.
+    kept = list(zip(range(5000), dl.iter(copy=True)))
+    assert len(kept) == 5000 and all(b.flags.owndata or b.base is not None for _, b in kept)
+    assert all(int(b[1, 0]) == 2 * n + 1 for n, b in kept)
+
+
+def test_copy_true_keeps_data_after_the_ring_is_gone(method):
+    dl = DataLoader(D.Squares(40), batch_size=4, num_workers=2, multiprocessing_context=method, copy=True)
+    kept = list(dl)
+    assert not any(dl.ring.contains(x) for x, _ in kept)
+    del dl
+    gc.collect()
+    maps = [line for line in open("/proc/self/maps") if "/dev/shm/shmloader" in line]
+    assert not maps, "the ring is unmapped: no batch refers to it"
+    assert [int(v) for _, y in kept for v in y] == list(range(40))
+    assert all((x[:, 0, 0] == y).all() for x, y in kept)
