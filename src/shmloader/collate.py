@@ -11,6 +11,7 @@ allocated arrays when loading in the main process. Both paths share this code, s
 from __future__ import annotations
 
 import sys
+from math import prod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -50,8 +51,8 @@ class Leaf:
         if self.dtype is None:
             return 0
         if self.kind == "list":
-            return sum(int(np.prod(s)) for s in self.shapes) * self.dtype.itemsize
-        return int(np.prod(self.shape)) * self.dtype.itemsize
+            return sum(prod(s) for s in self.shapes) * self.dtype.itemsize
+        return prod(self.shape) * self.dtype.itemsize
 
 
 class Padded(NamedTuple):
@@ -104,7 +105,7 @@ def gather(
     """
     tensor_type = _torch_tensor_type()
     leaves: list[Leaf] = []
-    context = _batch_context(batch_no, indices)
+    context = _LazyContext(batch_no, indices)
 
     def sample_name(i: int) -> str:
         if indices is not None and i < len(indices):
@@ -240,7 +241,7 @@ def plan(treedef: Any, leaves: list[Leaf]) -> tuple[Layout, int, list[Any]]:
             offsets = []
             for shape in leaf.shapes:
                 offsets.append(offset)
-                offset = align(offset + int(np.prod(shape)) * leaf.dtype.itemsize)
+                offset = align(offset + prod(shape) * leaf.dtype.itemsize)
             specs.append(RaggedLeaf(tuple(offsets), tuple(leaf.shapes), leaf.dtype.str, leaf.torch))
         else:
             specs.append(ArrayLeaf(offset, leaf.shape, leaf.dtype.str, leaf.torch))
@@ -276,13 +277,13 @@ def array_views(layout: Layout, buf: np.ndarray) -> list[Any]:
     for spec in layout.leaves:
         kind = type(spec)
         if kind is ArrayLeaf:
-            count = int(np.prod(spec.shape, dtype=np.int64))
+            count = prod(spec.shape)
             views.append(np.frombuffer(buf, np.dtype(spec.dtype), count, spec.offset).reshape(spec.shape))
         elif kind is RaggedLeaf:
             dtype = np.dtype(spec.dtype)
             views.append(
                 [
-                    np.frombuffer(buf, dtype, int(np.prod(shape)), off).reshape(shape)
+                    np.frombuffer(buf, dtype, prod(shape), off).reshape(shape)
                     for off, shape in zip(spec.offsets, spec.shapes)
                 ]
             )
@@ -318,13 +319,23 @@ def build_arrays(treedef: Any, leaves: list[Leaf]) -> Any:
     return build_in_memory(layout, data_bytes, objects, copy_leaves(leaves))
 
 
-def _batch_context(batch_no: int | None, indices: Sequence[Any] | None) -> str:
-    where = f"batch {batch_no}" if batch_no is not None else "a batch"
-    if indices is not None:
-        shown = list(indices[:8])
-        more = f" (+{len(indices) - 8} more)" if len(indices) > 8 else ""
-        where += f" (sample indices {shown}{more})"
-    return f"cannot collate {where}"
+class _LazyContext:
+    """"cannot collate batch N (sample indices ...)", formatted only for an error message
+    (gather runs once per batch; the text is needed once per bad batch)."""
+
+    __slots__ = ("batch_no", "indices")
+
+    def __init__(self, batch_no: int | None, indices: Sequence[Any] | None) -> None:
+        self.batch_no = batch_no
+        self.indices = indices
+
+    def __str__(self) -> str:
+        where = f"batch {self.batch_no}" if self.batch_no is not None else "a batch"
+        if self.indices is not None:
+            shown = list(self.indices[:8])
+            more = f" (+{len(self.indices) - 8} more)" if len(self.indices) > 8 else ""
+            where += f" (sample indices {shown}{more})"
+        return f"cannot collate {where}"
 
 
 def _describe(v: Any) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+from math import prod
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -114,10 +115,10 @@ def make_reader(layout: Layout) -> Callable[[np.ndarray, list[Any] | None], Any]
     plans = []
     for leaf in layout.leaves:
         if isinstance(leaf, ArrayLeaf):
-            count = int(np.prod(leaf.shape, dtype=np.int64))
+            count = prod(leaf.shape)
             plans.append((_ARRAY, np.dtype(leaf.dtype), count, leaf.offset, leaf.shape, leaf.torch))
         elif isinstance(leaf, RaggedLeaf):
-            parts = tuple((int(np.prod(s, dtype=np.int64)), o, s) for o, s in zip(leaf.offsets, leaf.shapes))
+            parts = tuple((prod(s), o, s) for o, s in zip(leaf.offsets, leaf.shapes))
             plans.append((_RAGGED, np.dtype(leaf.dtype), parts, 0, (), leaf.torch))
         else:
             plans.append((_OBJECT, None, leaf.index, 0, (), False))

@@ -30,16 +30,12 @@ from shmloader import writeinto
 from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
 from shmloader.errors import BatchLayoutError
 from shmloader.layout import encode
-from shmloader.ring import (
-    H_DATA_END,
-    H_LAYOUT_LEN,
-    H_LAYOUT_OFF,
-    H_OBJECTS_LEN,
-    H_OBJECTS_OFF,
-    H_SEQ,
-    Ring,
-    attach_fd,
-)
+from shmloader.ring import H_DATA_END, H_LAYOUT_LEN, H_LAYOUT_OFF, H_OBJECTS_LEN, H_OBJECTS_OFF, H_SEQ, Ring, attach_fd
+
+# The header words deliver() writes, in one assignment, in this order.
+assert (H_DATA_END, H_LAYOUT_OFF, H_LAYOUT_LEN, H_OBJECTS_OFF, H_OBJECTS_LEN, H_SEQ) == tuple(range(6))
+_HEADER_USED = 6
+_VIEW_CACHE_SIZE = 1024  # (slot, layout) entries; ragged batches make a new layout each
 
 
 class WorkerInfo:
@@ -178,6 +174,7 @@ class _Worker:
         self.conn = conn
         self.ring = config.ring
         self.layout_cache: dict[Any, bytes] = {}
+        self.views: dict[tuple[int, Any], list] = {}  # (slot, layout) -> views of the slot
         self.iterator: Any = None
         self.exhausted = False
         # The write-into protocol applies to map-style datasets with the default collate.
@@ -219,6 +216,7 @@ class _Worker:
             if kind == protocol.TASK_RING:
                 num_slots, slot_bytes = np.frombuffer(msg, np.int64, 2, protocol.HEADER_BYTES).tolist()
                 self.ring = attach_fd(reduction.recv_handle(self.conn), num_slots, slot_bytes)
+                self.views.clear()
                 continue
             if kind == protocol.TASK_EPOCH:
                 self.start_epoch(int(np.frombuffer(msg, np.int64, 1, protocol.HEADER_BYTES)[0]))
@@ -309,18 +307,20 @@ class _Worker:
             self.conn.send_bytes(protocol.pack(protocol.RES_PICKLED, slot, seq, payload))
             return
         dst = ring.slot_array(slot)
-        fill(array_views(layout, dst))
+        # Views of a slot for a layout are made once: the steady state (same layout, the
+        # ring's few slots) allocates no arrays here.
+        key = (slot, layout)
+        views = self.views.get(key)
+        if views is None:
+            if len(self.views) > _VIEW_CACHE_SIZE:
+                self.views.clear()
+            views = self.views[key] = array_views(layout, dst)
+        fill(views)
         end = data_bytes + len(encoded)
         dst[data_bytes:end] = np.frombuffer(encoded, np.uint8)
         if objects_bytes:
             dst[end : end + len(objects_bytes)] = np.frombuffer(objects_bytes, np.uint8)
-        header = ring.headers[slot]
-        header[H_DATA_END] = data_bytes
-        header[H_LAYOUT_OFF] = data_bytes
-        header[H_LAYOUT_LEN] = len(encoded)
-        header[H_OBJECTS_OFF] = end
-        header[H_OBJECTS_LEN] = len(objects_bytes)
-        header[H_SEQ] = seq
+        ring.headers[slot, :_HEADER_USED] = (data_bytes, data_bytes, len(encoded), end, len(objects_bytes), seq)
         # Release: the batch bytes and the header above are visible to the consumer
         # before it can observe READY.
         ring.states.store(slot, _slots.READY)
