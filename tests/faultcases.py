@@ -16,7 +16,6 @@ import gc
 import json
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import time
@@ -30,11 +29,7 @@ import psutil
 from shmloader import (
     DataLoader,
     IterableDataset,
-    LoaderTimeoutError,
     Sampler,
-    ShmSpaceError,
-    WorkerDiedError,
-    WorkerError,
     get_worker_info,
 )
 
@@ -260,10 +255,10 @@ class ReturnsNone(Arange):
 
 
 class Big(Arange):
-    """Sample 7 is 1 MiB; the others are 64 bytes."""
+    """Samples 6 and 7 (batch 3 at batch_size=2) are 1 MiB; the others are 64 bytes."""
 
     def __getitem__(self, i):
-        return np.zeros(2**20 if i == 7 else 64, np.uint8)
+        return np.zeros(2**20 if i in (6, 7) else 64, np.uint8)
 
 
 class LenRaises(Arange):
@@ -355,7 +350,8 @@ def case_death(method: str, tmp: str) -> dict[str, Any]:
                     t_err = time.monotonic()
                     err = exc
                 still_running = [p for p in pids if alive(p)]
-                wid, wpid, t_crash = open(stamp).read().split()
+                with open(stamp) as f:
+                    wid, wpid, t_crash = f.read().split()
                 out.append(
                     {
                         "kind": kind,
@@ -430,7 +426,13 @@ def _first_error(dl: DataLoader, steps: int = 1000) -> dict[str, Any]:
     t1 = time.monotonic()
     gc.collect()
     left = wait_gone(pids, 3)
-    return {"error": err, "batches": n, "elapsed_s": elapsed, "left": left, "stop_s": time.monotonic() - t1}
+    return {
+        "error": err,
+        "batches": n,
+        "elapsed_s": elapsed,
+        "left": left,
+        "stop_s": time.monotonic() - t1,
+    }
 
 
 def case_bad_input(method: str) -> dict[str, Any]:
@@ -441,7 +443,9 @@ def case_bad_input(method: str) -> dict[str, Any]:
         "none": _first_error(_loader(ReturnsNone(), method, batch_size=4)),
         "too_big": _first_error(_loader(Big(), method, batch_size=2, slot_bytes=8192, num_slots=8)),
         "len_raises": _first_error(_loader(LenRaises(), method)),
-        "sampler_out_of_range": _first_error(_loader(Arange(n=10), method, sampler=OutOfRangeSampler(10, 99))),
+        "sampler_out_of_range": _first_error(
+            _loader(Arange(n=10), method, sampler=OutOfRangeSampler(10, 99))
+        ),
     }
     if method != "fork":
         out["lambda_collate"] = _first_error(_loader(Arange(), method, collate_fn=lambda b: b))
@@ -496,6 +500,8 @@ def case_held(method: str) -> dict[str, Any]:
                 ring_fds = [fd for fd in fds if "/dev/shm/" in describe_fd(fd)]
     elapsed = time.monotonic() - t0
     ok = all(int(b[0, 0]) == i and int(b[0, 1]) == i for i, b in enumerate(held))
+    pinned = dl.pinned_shm_bytes() if hasattr(dl, "pinned_shm_bytes") else None
+    num_slots = dl.ring.num_slots if dl.ring is not None else None
     views = sum(1 for b in held if dl.ring is not None and dl.ring.contains(b))
     warns = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     del held, batch
@@ -506,6 +512,8 @@ def case_held(method: str) -> dict[str, Any]:
         "views": views,
         "fd_counts": sorted(set(fd_counts)),
         "ring_fds": len(ring_fds),
+        "pinned_shm_bytes": pinned,
+        "final_num_slots": num_slots,
         "warnings": warns,
         "iterate_s": elapsed,
     }
@@ -527,12 +535,15 @@ def case_churn(method: str, iterators: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     t0 = time.monotonic()
     dl = _loader(Arange(n=64, shape=(256,)), method, batch_size=4)
-    for phase, make in (("one_loader", lambda: dl), ("fresh_loaders", None)):
+    for phase in ("one_loader", "fresh_loaders"):
         warm = 20
         for k in range(iterators + warm):
             if k == warm:
                 before = figures()
-            loader = make() if make else _loader(Arange(n=64, shape=(256,)), method, batch_size=4)
+            if phase == "one_loader":
+                loader = dl
+            else:
+                loader = _loader(Arange(n=64, shape=(256,)), method, batch_size=4)
             it = iter(loader)
             for _ in range(3):
                 next(it)
@@ -610,6 +621,11 @@ def case_victim(method: str, mode: str) -> dict[str, Any]:
     pids = worker_pids(it)
     if mode == "busy":
         next(it)
+    else:
+        # Wait until each worker has started sending its 16 MiB batch: it is then
+        # blocked writing (the socket buffer holds far less), whatever the machine's load.
+        for w in it._workers:
+            w.conn.poll(60)
     print("READY", json.dumps(pids), flush=True)
     time.sleep(60)
     return {}
@@ -662,7 +678,7 @@ def case_solo(method: str, n: int) -> dict[str, Any]:
     """One loader per process, for two processes run at once."""
     dl = _loader(Arange(n=n, shape=(64,)), method, batch_size=4)
     ok = True
-    for epoch in range(3):
+    for _epoch in range(3):
         got = [v for x in dl for v in x[:, 0].tolist()]
         ok &= got == list(range(n))
     del dl
@@ -677,23 +693,24 @@ def case_shm_small(method: str) -> dict[str, Any]:
         ("fixed", {"slot_bytes": 8 * 2**20, "num_slots": 8}, (4,)),
         ("sized", {"num_slots": 8}, (2**20,)),
     ):
-        dl = _loader(Arange(n=40, shape=shape), method, **kw)
         t0 = time.monotonic()
-        err, pids, n = None, [], 0
+        err, pids, n, stage = None, [], 0, "construction"
         try:
+            # The ring is made when the loader is built (slot_bytes given) or after
+            # the first batch (sized from it).
+            dl = _loader(Arange(n=40, shape=shape), method, **kw)
+            stage = "iteration"
             it = iter(dl)
             pids = worker_pids(it)
             for _ in it:
                 n += 1
         except Exception as exc:
-            err = exc
-        it = None
-        del dl
+            err = describe(exc)
+        it = dl = None
         gc.collect()
         out[name] = {
-            "error": describe(err),
-            "is_memory_error": isinstance(err, MemoryError),
-            "is_shm_space_error": isinstance(err, ShmSpaceError),
+            "error": err,
+            "stage": stage,
             "batches": n,
             "elapsed_s": time.monotonic() - t0,
             "left": wait_gone(pids, 3),
@@ -704,8 +721,9 @@ def case_shm_small(method: str) -> dict[str, Any]:
 
 def case_security(method: str) -> dict[str, Any]:
     """The segment: mode 0600, unlinked before workers start, never someone else's."""
-    import posix_ipc
     import secrets
+
+    import posix_ipc
 
     import shmloader.ring as ring_mod
 
@@ -718,8 +736,15 @@ def case_security(method: str) -> dict[str, Any]:
         created.append({"name": name, "mode": st.st_mode & 0o777, "ino": st.st_ino})
         return shm
 
-    ring_mod.posix_ipc = type("P", (), {"SharedMemory": recording_shm, "O_CREX": posix_ipc.O_CREX,
-                                        "ExistentialError": posix_ipc.ExistentialError})
+    ring_mod.posix_ipc = type(
+        "P",
+        (),
+        {
+            "SharedMemory": recording_shm,
+            "O_CREX": posix_ipc.O_CREX,
+            "ExistentialError": posix_ipc.ExistentialError,
+        },
+    )
     # A name chosen by someone else beforehand: the first name the loader will draw.
     hexes = iter(["00" * 8, "11" * 8] + [secrets.token_hex(8) for _ in range(100)])
     real_token_hex = secrets.token_hex
@@ -830,5 +855,3 @@ def main() -> None:
         result["leftover_mappings"] = [m for m in ring_mappings() if m not in maps0]
     print("RESULT", json.dumps(result, default=repr), flush=True)
     print("T_END", time.monotonic(), flush=True)
-
-

@@ -28,6 +28,8 @@ from typing import Any
 import psutil
 import pytest
 
+from shmloader.ring import ring_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_CODE = "from tests.faultcases import main; main()"
 ALL_METHODS = ["fork", "spawn", "forkserver"]
@@ -66,7 +68,9 @@ def _parse(rc: int, out: str, err: str, elapsed: float, exited_at: float) -> Chi
     return child
 
 
-def run_case(case: str, timeout: float = CHILD_TIMEOUT_S, prefix: list[str] | None = None, **kwargs: Any) -> Child:
+def run_case(
+    case: str, timeout: float = CHILD_TIMEOUT_S, prefix: list[str] | None = None, **kwargs: Any
+) -> Child:
     """Run scenario ``case`` of tests/faultcases.py in a child; its result and timings."""
     t0 = time.monotonic()
     proc = subprocess.run(
@@ -100,7 +104,9 @@ def wait_gone(pids: list[int], within: float) -> list[int]:
 def assert_clean(child: Child, pids: list[int] = ()) -> dict[str, Any]:
     """The child ran its scenario without crashing and left nothing; returns its data."""
     data = child.data
-    assert child.rc == 0, f"child exited with {child.rc}\nstdout:\n{child.out[-3000:]}\nstderr:\n{child.err[-3000:]}"
+    assert child.rc == 0, (
+        f"child exited with {child.rc}\nstdout:\n{child.out[-3000:]}\nstderr:\n{child.err[-3000:]}"
+    )
     assert data, f"no result from the child\nstderr:\n{child.err[-3000:]}"
     assert "crash" not in data, data["crash"]
     assert data.get("leftover_children", []) == [], data
@@ -136,7 +142,11 @@ def test_worker_death(method, tmp_path):
         assert err["pid"] == case["crashed_pid"], (label, err)
         msg = err["msg"]
         assert f"worker {case['crashed_worker']} " in msg and f"pid {case['crashed_pid']}" in msg, msg
-        expected = {"sigkill": ("SIGKILL", -9), "segv": ("SIGSEGV", -11), "exit3": ("exited with code 3", 3)}
+        expected = {
+            "sigkill": ("SIGKILL", -9),
+            "segv": ("SIGSEGV", -11),
+            "exit3": ("exited with code 3", 3),
+        }
         text, code = expected[case["mode"]]
         assert text in msg and err["exitcode"] == code, (label, msg)
         if case["mode"] == "sigkill":
@@ -155,9 +165,11 @@ def test_worker_death(method, tmp_path):
 def test_consumer_sigkilled(method, mode):
     """SIGKILL the consumer while workers sleep in __getitem__ over a 64 MiB ring
     ('busy'), or while they are blocked sending a 16 MiB result ('blocked'): every worker
-    exits within 2 s and the ring's memory is freed."""
-    used_before = shm_used_bytes()
+    exits within 2 s and the ring's memory is freed: no process on the machine maps it
+    or holds a descriptor of it any more (the kernel frees an unlinked segment then),
+    and no /dev/shm file ever existed."""
     shm_before = set(os.listdir("/dev/shm"))
+    used_before = shm_used_bytes()
     proc = subprocess.Popen(
         _command("victim", {"method": method, "mode": mode}),
         cwd=ROOT,
@@ -171,21 +183,31 @@ def test_consumer_sigkilled(method, mode):
         pids = json.loads(line.split(" ", 1)[1])
         time.sleep(0.5)  # let the workers get busy / fill the socket
         assert all(alive(p) for p in pids)
-        if mode == "busy":
-            assert shm_used_bytes() - used_before > 48 * 2**20, "the 64 MiB ring is not in /dev/shm's use"
+        segment = f"/dev/shm/shmloader-{proc.pid}-"
+        holders = _segment_holders(segment)
+        if mode == "busy":  # the ring exists: the consumer and every worker map it
+            assert set(holders) >= {proc.pid, *pids}, holders
+            assert sum(holders.values()) >= 64 * 2**20
         helpers = [c.pid for c in psutil.Process(proc.pid).children() if c.pid not in pids]
+        used_alive = shm_used_bytes()
         proc.kill()
         t_kill = time.monotonic()
         proc.wait(10)
         left = wait_gone(pids, 2.0)
         took = time.monotonic() - t_kill
         assert left == [], f"workers {left} still running 2 s after the consumer was killed"
-        print(f"{method}/{mode}: workers gone {took:.2f} s after the consumer's SIGKILL")
-        deadline = time.monotonic() + 3
-        while shm_used_bytes() - used_before > 16 * 2**20 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert shm_used_bytes() - used_before <= 16 * 2**20, "the ring's memory was not freed"
+        assert _segment_holders(segment) == {}, "a process still maps the dead consumer's ring"
         assert set(os.listdir("/dev/shm")) - shm_before == set()
+        # /dev/shm's use is machine-wide (other test runs may allocate meanwhile): reported,
+        # not asserted; the holders check above is the proof.
+        deadline = time.monotonic() + 2
+        while shm_used_bytes() > used_before + 16 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(
+            f"{method}/{mode}: workers gone {took:.2f} s after the consumer's SIGKILL; /dev/shm "
+            f"used {used_before >> 20} MiB before, {used_alive >> 20} MiB with the ring, "
+            f"{shm_used_bytes() >> 20} MiB after"
+        )
         # The fork server (forkserver) and resource tracker exit with their client.
         assert wait_gone(helpers, 5.0) == []
     finally:
@@ -194,6 +216,25 @@ def test_consumer_sigkilled(method, mode):
             proc.wait(10)
         proc.stdout.close()
         proc.stderr.close()
+
+
+def _segment_holders(prefix: str) -> dict[int, int]:
+    """Processes that map or hold a descriptor of a segment whose name starts with
+    ``prefix``: pid -> bytes mapped."""
+    holders: dict[int, int] = {}
+    for pid in psutil.pids():
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    if prefix in line:
+                        lo, hi = line.split()[0].split("-")
+                        holders[pid] = holders.get(pid, 0) + int(hi, 16) - int(lo, 16)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                    holders.setdefault(pid, 0)
+        except OSError:
+            continue
+    return holders
 
 
 def _read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
@@ -291,14 +332,19 @@ def test_churn_stays_flat():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_held_batches(method):
-    """10,000 batches kept alive: one descriptor for the ring, no growth, no hang; once
-    every slot is held, batches come by copy with one RuntimeWarning; values correct."""
+    """10,000 batches kept alive (ring of 16 slots): no hang, values correct, and one
+    descriptor for the ring whatever happens once every slot is held (the core issue's
+    rule: the ring grows, or batches come by copy with at most one RuntimeWarning)."""
     data = assert_clean(run_case("held", method=method))
+    print(
+        f"held {method}: {data['iterate_s']:.2f} s, final ring {data['final_num_slots']} slots, "
+        f"{data['views']} batches in it, pinned {data['pinned_shm_bytes']} bytes, "
+        f"fds {data['fd_counts']}"
+    )
     assert data["values_ok"]
-    assert len(data["fd_counts"]) == 1, data["fd_counts"]
+    assert len(data["fd_counts"]) == 1, data["fd_counts"]  # no descriptor growth
     assert data["ring_fds"] == 1
-    assert data["views"] == 16  # num_slots: the rest were copies
-    assert len(data["warnings"]) == 1 and "slots" in data["warnings"][0]
+    assert len(data["warnings"]) <= 1, data["warnings"]
     assert data["iterate_s"] < 20
 
 
@@ -371,21 +417,33 @@ def test_dev_shm_too_small(method):
     ShmSpaceError (a MemoryError) naming the bytes and the remedies; no SIGBUS."""
     if not _can_mount_tmpfs():
         pytest.skip("cannot mount a private tmpfs on /dev/shm here (needs root and unshare)")
-    prefix = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"', "sh"]
+    prefix = [
+        "unshare",
+        "--mount",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"',
+        "sh",
+    ]
     data = assert_clean(run_case("shm_small", prefix=prefix, method=method))
     assert data["shm_size"] == 16 * 2**20
     for key in ("fixed", "sized"):
         sub = data[key]
         err = sub["error"]
-        assert sub["is_shm_space_error"] and sub["is_memory_error"], (key, err)
+        # ShmSpaceError (posix_fallocate: ENOSPC) or RingLimitError (the default
+        # max_shm_bytes, half of /dev/shm's free space): both MemoryError.
+        assert err is not None and "MemoryError" in err["mro"] and "ShmLoaderError" in err["mro"], (
+            key,
+            err,
+        )
         msg = err["msg"]
         assert "needs" in msg and "bytes" in msg and "--shm-size" in msg and "--ipc=host" in msg, msg
         assert "num_slots" in msg, msg
         assert sub["shm_entries"] == [], (key, "a partial file was left")
         assert sub["left"] == [], key
         assert sub["batches"] == 0, key
-    assert "(8 slots of 8388608 bytes)" in data["fixed"]["error"]["msg"]
-    assert str(8 * 2**20 + 8 * 4096) in data["fixed"]["error"]["msg"] or "needs 6" in data["fixed"]["error"]["msg"]
+    assert data["fixed"]["stage"] == "construction"  # slot_bytes given: the ring is made at once
+    assert str(ring_bytes(8, 8 * 2**20)) in data["fixed"]["error"]["msg"]
 
 
 # --------------------------------------------------------------------------- 10. bad input

@@ -77,8 +77,8 @@ class ConventionalFolder:
         for _ in range(10):
             target_area = area * random.uniform(*self.scale)
             aspect = math.exp(random.uniform(*log_ratio))
-            w = int(round(math.sqrt(target_area * aspect)))
-            h = int(round(math.sqrt(target_area / aspect)))
+            w = round(math.sqrt(target_area * aspect))
+            h = round(math.sqrt(target_area / aspect))
             if 0 < w <= width and 0 < h <= height:
                 return random.randint(0, height - h), random.randint(0, width - w), h, w
         w, h = min(width, height), min(width, height)
@@ -102,18 +102,39 @@ class PeerResult:
     peer: str
     images_per_s: float  # median over repeats
     consumer_cpu_ms_per_batch: float  # median
+    total_cpu_ms_per_image: float  # median; consumer and workers (nan without psutil)
     spread: float  # (max - min) / median of images/s
     runs: list[float]
 
 
-def _epoch(loader: Iterable[Any]) -> tuple[int, int, float, float]:
-    """Images, batches, wall seconds and consumer CPU seconds of one epoch."""
+def _children_cpu_s() -> float:
+    """CPU seconds used so far by this process's live children (the loaders' workers;
+    idle ones add nothing); nan without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return math.nan
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _epoch(loader: Iterable[Any]) -> tuple[int, int, float, float, float]:
+    """Images, batches, wall seconds, consumer CPU seconds and all CPU seconds (consumer
+    and workers) of one epoch. The CPU figures depend far less than images/s on what
+    else the machine runs."""
     images = batches = 0
-    c0, t0 = time.process_time(), time.perf_counter()
+    w0, c0, t0 = _children_cpu_s(), time.process_time(), time.perf_counter()
     for _, labels in loader:
         images += len(labels)
         batches += 1
-    return images, batches, time.perf_counter() - t0, time.process_time() - c0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return images, batches, wall, cpu, cpu + _children_cpu_s() - w0
 
 
 def _loaders(root: Path, batch_size: int, workers: int, backend: str) -> dict[str, Any]:
@@ -155,16 +176,17 @@ def run(
     """Run W6 and return ``{"results": [PeerResult...], "ratios": {...}, ...}``."""
     log = log or (lambda s: None)
     folder = ensure_images(root, count)
+    load_before = os.getloadavg()[0]
     loaders = _loaders(folder, batch_size, workers, backend)
-    per: dict[str, list[tuple[float, float]]] = {p: [] for p in PEERS}
+    per: dict[str, list[tuple[float, float, float]]] = {p: [] for p in PEERS}
     try:
         for name in PEERS:
             _epoch(loaders[name])  # warm-up: starts the workers, fills the page cache
             log(f"warmed up {name}")
         for r in range(repeat):
             for name in PEERS if r % 2 == 0 else reversed(PEERS):
-                images, batches, wall, cpu = _epoch(loaders[name])
-                per[name].append((images / wall, cpu / batches * 1e3))
+                images, batches, wall, cpu, total = _epoch(loaders[name])
+                per[name].append((images / wall, cpu / batches * 1e3, total / images * 1e3))
                 log(f"repeat {r + 1}: {name:<22} {images / wall:8.0f} images/s")
     finally:
         for name, loader in loaders.items():
@@ -176,16 +198,21 @@ def run(
                     it._shutdown_workers()
     results = []
     for name in PEERS:
-        rates = [r for r, _ in per[name]]
+        rates = [r[0] for r in per[name]]
         med = statistics.median(rates)
         results.append(
             PeerResult(
-                name, med, statistics.median(c for _, c in per[name]), (max(rates) - min(rates)) / med, rates
+                name,
+                med,
+                statistics.median(r[1] for r in per[name]),
+                statistics.median(r[2] for r in per[name]),
+                (max(rates) - min(rates)) / med,
+                rates,
             )
         )
 
     def paired(a: str, b: str) -> float:
-        return statistics.median(x[0] / y[0] for x, y in zip(per[a], per[b]))
+        return statistics.median(x[0] / y[0] for x, y in zip(per[a], per[b], strict=False))
 
     ratios = {
         "shmloader+ImageFolder / torch+conventional": paired("shmloader+ImageFolder", "torch+conventional"),
@@ -193,9 +220,12 @@ def run(
         "torch+ImageFolder / torch+conventional": paired("torch+ImageFolder", "torch+conventional"),
     }
     return {
-        "workload": f"W6: {count} JPEGs ~400px -> RandomResizedCrop {W6_SIZE} + flip -> batch {batch_size} "
+        "workload": f"W6: {count} JPEGs ~400px -> RandomResizedCrop {W6_SIZE} + flip -> "
+        f"batch {batch_size} "
         f"uint8, {workers} workers",
         "folder": str(folder),
+        "load": (load_before, os.getloadavg()[0]),
+        "cores": os.cpu_count(),
         "backend": loaders["shmloader+ImageFolder"].dataset.backend,
         "results": results,
         "ratios": ratios,
@@ -208,21 +238,38 @@ def run(
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [report["workload"], f"(resample backend: {report['backend']}; median of repeats)", ""]
-    lines.append(f"{'peer':<24}{'images/s':>10}{'spread':>9}{'consumer CPU/batch':>21}")
+    lines.append(f"{'peer':<24}{'images/s':>10}{'spread':>9}{'consumer CPU/batch':>21}{'all CPU/image':>16}")
     for r in report["results"]:
         lines.append(
-            f"{r.peer:<24}{r.images_per_s:>10.0f}{r.spread:>8.0%} {r.consumer_cpu_ms_per_batch:>16.2f} ms"
+            f"{r.peer:<24}{r.images_per_s:>10.0f}{r.spread:>8.0%} "
+            f"{r.consumer_cpu_ms_per_batch:>16.2f} ms{r.total_cpu_ms_per_image:>13.2f} ms"
         )
     lines.append("")
     for name, value in report["ratios"].items():
         target = report["targets"].get(name)
-        verdict = "" if target is None else f"  (target >= {target:.2f}x: {'met' if value >= target else 'MISSED'})"
+        verdict = (
+            "" if target is None else f"  (target >= {target:.2f}x: {'met' if value >= target else 'MISSED'})"
+        )
         lines.append(f"{name:<46} {value:5.2f}x{verdict}")
+    cpu = {r.peer: r.total_cpu_ms_per_image for r in report["results"]}
+    ours = cpu["shmloader+ImageFolder"]
+    lines.append("")
+    lines.append("CPU per image, consumer + workers (far less sensitive to other load than images/s):")
+    for peer in ("torch+conventional", "torch+ImageFolder"):
+        lines.append(f"  {peer} / shmloader+ImageFolder {'':<18} {cpu[peer] / ours:5.2f}x")
+    lo, hi = report["load"]
+    if max(lo, hi) > report["cores"]:
+        lines.append(
+            f"note: load average {lo:.1f} -> {hi:.1f} on {report['cores']} cores: other processes "
+            "competed for the CPU, so images/s and its ratios are noisy; trust the CPU ratios more."
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shmloader.vision.benchmark", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m shmloader.vision.benchmark", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--dir", help="image folder to use or create (default: a cache folder)")
     parser.add_argument("--count", type=int, default=W6_COUNT, help="images (default 2000)")
     parser.add_argument("--batch-size", type=int, default=W6_BATCH)

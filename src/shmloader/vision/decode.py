@@ -70,11 +70,8 @@ class Decoder:
     def __init__(self) -> None:
         self._scratch = np.empty(0, np.uint8)
 
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
+    def __reduce__(self) -> Any:
+        return (type(self), ())  # the scratch buffer stays behind
 
     def probe(self, data: bytes) -> Probe:
         """Read the header (no pixel decoding)."""
@@ -111,7 +108,11 @@ class Decoder:
                 "min_width": math.ceil(probe.width / factor),
             }
         if buffer is None:
-            h, w = (probe.height, probe.width) if factor == 1 else simplejpeg.decode_jpeg_header(probe.data, **kw)[:2]
+            h, w = (
+                (probe.height, probe.width)
+                if factor == 1
+                else simplejpeg.decode_jpeg_header(probe.data, **kw)[:2]
+            )
             need = h * w * 3
             if self._scratch.size < need:
                 self._scratch = np.empty(int(need * 1.25), np.uint8)  # room for a few larger images

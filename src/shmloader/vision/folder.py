@@ -21,38 +21,38 @@ ON_ERROR = ("raise", "skip")
 _MAX_SKIPS_IN_A_ROW = 32  # on_error="skip": give up after this many unreadable files in a row
 
 
-def epoch_seed() -> int | None:
-    """The seed of the current epoch, the same in every worker (None if unknown).
+try:  # the core's reproducible randomness (same formula as the fallback below)
+    from shmloader.rng import epoch_seed, sample_rng
+except ImportError:  # a core without shmloader.rng
 
-    In a shmloader worker it is the worker's seed minus its id (the loader gives worker
-    ``k`` the epoch seed plus ``k``); in the main process it comes from the core's
-    ``get_epoch_seed()`` when it offers one; in a torch DataLoader worker, from torch's
-    worker info the same way."""
-    info = _worker.get_worker_info()
-    if info is not None:
-        return int(info.seed) - int(info.id)
-    hook = getattr(_worker, "get_epoch_seed", None)
-    if hook is not None:
-        seed = hook()
-        if seed is not None:
-            return int(seed)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        tinfo = torch.utils.data.get_worker_info()
-        if tinfo is not None:
-            return int(tinfo.seed) - int(tinfo.id)
-    return None
+    def epoch_seed() -> int | None:
+        """The seed of the current epoch, the same in every worker (None if unknown):
+        in a shmloader worker its seed minus its id (worker ``k`` gets the epoch seed
+        plus ``k``), in the main process the core's ``get_epoch_seed()`` when it has
+        one, in a torch DataLoader worker torch's base seed."""
+        info = _worker.get_worker_info()
+        if info is not None:
+            return int(info.seed) - int(info.id)
+        hook = getattr(_worker, "get_epoch_seed", None)
+        if hook is not None:
+            seed = hook()
+            if seed is not None:
+                return int(seed)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            tinfo = torch.utils.data.get_worker_info()
+            if tinfo is not None:
+                return int(tinfo.seed) - int(tinfo.id)
+        return None
 
-
-def sample_rng(index: Any) -> np.random.Generator:
-    """The generator of sample ``index`` this epoch: a function of (epoch seed, index)
-    only, so a seeded loader gives the same crops whichever worker loads the sample and
-    however many workers there are. Without an epoch seed (main process, no core hook):
-    drawn from numpy's global RNG (reproducible with ``np.random.seed``)."""
-    base = epoch_seed()
-    if base is None:
-        return np.random.default_rng(int(np.random.randint(0, 2**63 - 1, dtype=np.int64)))
-    return np.random.default_rng([base & (2**64 - 1), int(index) & (2**64 - 1)])
+    def sample_rng(index: Any) -> np.random.Generator:
+        """The generator of sample ``index`` this epoch, from (epoch seed, index) only: a
+        seeded loader gives the same crops whichever worker loads the sample. Without an
+        epoch seed: drawn from numpy's global RNG (``np.random.seed`` reproduces it)."""
+        base = epoch_seed()
+        if base is None:
+            return np.random.default_rng(int(np.random.randint(0, 2**63 - 1, dtype=np.int64)))
+        return np.random.default_rng([base & (2**64 - 1), int(index) & (2**64 - 1)])
 
 
 def find_classes(root: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
@@ -132,12 +132,16 @@ class ImageFolder:
 
     @classmethod
     def from_files(
-        cls, paths: Sequence[str | os.PathLike], labels: Sequence[int], transform: Any = None, **kwargs: Any
+        cls,
+        paths: Sequence[str | os.PathLike],
+        labels: Sequence[int],
+        transform: Any = None,
+        **kwargs: Any,
     ) -> ImageFolder:
         """A dataset over a flat list of files and their integer labels."""
         if len(paths) != len(labels):
             raise ValueError(f"got {len(paths)} paths but {len(labels)} labels; give one label per file.")
-        return cls(None, transform, samples=list(zip(paths, labels)), **kwargs)
+        return cls(None, transform, samples=list(zip(paths, labels, strict=False)), **kwargs)
 
     def _scan(self, extensions: Sequence[str], is_valid_file: Callable[[str], bool] | None) -> list:
         exts = tuple(e.lower() for e in extensions)
@@ -147,12 +151,20 @@ class ImageFolder:
             label = self.class_to_idx[name]
             folder = os.path.join(self.root, name)
             for dirpath, _, files in sorted(os.walk(folder, followlinks=True)):
-                samples.extend((os.path.join(dirpath, f), label) for f in sorted(files) if valid(os.path.join(dirpath, f)))
+                samples.extend(
+                    (os.path.join(dirpath, f), label)
+                    for f in sorted(files)
+                    if valid(os.path.join(dirpath, f))
+                )
         if not samples:
             raise FileNotFoundError(
                 f"no image files with extensions {list(exts)} under the class folders of {self.root!r}."
             )
         return samples
+
+    def stats(self) -> dict[str, int]:
+        """Counters of this process's copy of the dataset (for the loader's statistics)."""
+        return {"skipped": self.skipped}
 
     @property
     def imgs(self) -> list[tuple[str, int]]:
@@ -163,7 +175,8 @@ class ImageFolder:
 
     def __repr__(self) -> str:
         where = f"root={self.root!r}" if self.root is not None else "files"
-        return f"ImageFolder({where}, {len(self)} images, {len(self.classes)} classes, {self.transform!r})"
+        n, k = len(self), len(self.classes)
+        return f"ImageFolder({where}, {n} images, {k} classes, {self.transform!r})"
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -229,7 +242,8 @@ class ImageFolder:
         if self._warned_pid != os.getpid():
             self._warned_pid = os.getpid()
             warnings.warn(
-                f"ImageFolder skipped an unreadable image and used another sample in its place: {exc} "
+                "ImageFolder skipped an unreadable image and used another sample in its place: "
+                f"{exc} "
                 "(warned once per process; the dataset's `skipped` counts them).",
                 RuntimeWarning,
                 stacklevel=4,
@@ -306,7 +320,8 @@ class ImageFolder:
 
 def _decode_error(path: str, index: int, exc: BaseException) -> ImageDecodeError:
     return ImageDecodeError(
-        f"cannot decode image file {path!r} (sample {index}): {type(exc).__name__}: {exc}. The file is "
+        f"cannot decode image file {path!r} (sample {index}): {type(exc).__name__}: {exc}. "
+        "The file is "
         "missing, corrupt, truncated or not an image: replace or remove it, or pass "
         "on_error='skip' to ImageFolder to load another sample in its place.",
         path,

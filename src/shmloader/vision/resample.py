@@ -29,7 +29,11 @@ def resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
     if backend == "auto":
-        return "torch" if importlib.util.find_spec("torch") is not None else "pillow"
+        backend = "torch" if importlib.util.find_spec("torch") is not None else "pillow"
+    if backend == "torch":
+        # Import it here, once: workers forked later inherit it instead of each paying the
+        # import (seconds) before their first image.
+        _get_torch()
     return backend
 
 
@@ -51,7 +55,12 @@ def _get_torch() -> Any:
 
 
 def resample_into(
-    src: np.ndarray, box: tuple[float, float, float, float], dst: np.ndarray, chw: bool, flip: bool, backend: str
+    src: np.ndarray,
+    box: tuple[float, float, float, float],
+    dst: np.ndarray,
+    chw: bool,
+    flip: bool,
+    backend: str,
 ) -> None:
     """Resample ``src[box]`` (HxWx3 uint8, box in its pixels) into ``dst`` (uint8,
     (h, w, 3) or (3, h, w) when ``chw``), mirrored left-right when ``flip``."""
@@ -66,16 +75,27 @@ def resample_into(
 
 def _int_box(src: np.ndarray, box: tuple[float, float, float, float]) -> tuple[int, int, int, int]:
     h, w = src.shape[:2]
-    x0 = min(max(int(round(box[0])), 0), w - 1)
-    y0 = min(max(int(round(box[1])), 0), h - 1)
-    x1 = min(max(int(round(box[2])), x0 + 1), w)
-    y1 = min(max(int(round(box[3])), y0 + 1), h)
+    x0 = min(max(round(box[0]), 0), w - 1)
+    y0 = min(max(round(box[1]), 0), h - 1)
+    x1 = min(max(round(box[2]), x0 + 1), w)
+    y1 = min(max(round(box[3]), y0 + 1), h)
     return x0, y0, x1, y1
 
 
 def _resample_torch(
-    src: np.ndarray, box: tuple[float, float, float, float], dst: np.ndarray, chw: bool, flip: bool, oh: int, ow: int
+    src: np.ndarray,
+    box: tuple[float, float, float, float],
+    dst: np.ndarray,
+    chw: bool,
+    flip: bool,
+    oh: int,
+    ow: int,
 ) -> None:
+    if not dst.flags.c_contiguous:  # a padded output's inner rectangle: via a whole array
+        whole = np.empty(dst.shape, np.uint8)
+        _resample_torch(src, box, whole, chw, flip, oh, ow)
+        dst[...] = whole
+        return
     torch = _get_torch()
     x0, y0, x1, y1 = _int_box(src, box)
     source = torch.from_numpy(src[y0:y1, x0:x1]).permute(2, 0, 1).unsqueeze(0)
@@ -84,13 +104,25 @@ def _resample_torch(
     if (y1 - y0, x1 - x0) == (oh, ow):
         out.copy_(source)
     else:
-        torch.ops.aten._upsample_bilinear2d_aa.out(source, [oh, ow], False, None, None, out=out)
+        try:  # the kernel writes into the slot's row itself
+            torch.ops.aten._upsample_bilinear2d_aa.out(source, [oh, ow], False, None, None, out=out)
+        except (AttributeError, RuntimeError):  # a torch without that overload: one more copy
+            resized = torch.nn.functional.interpolate(
+                source, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False
+            )
+            out.copy_(resized)
     if flip:
         out.copy_(out.flip(-1))
 
 
 def _resample_pillow(
-    src: np.ndarray, box: tuple[float, float, float, float], dst: np.ndarray, chw: bool, flip: bool, oh: int, ow: int
+    src: np.ndarray,
+    box: tuple[float, float, float, float],
+    dst: np.ndarray,
+    chw: bool,
+    flip: bool,
+    oh: int,
+    ow: int,
 ) -> None:
     from PIL import Image
 

@@ -147,8 +147,8 @@ class CenterCrop(Transform):
     def apply(self, region: Region, rng: np.random.Generator | None) -> Region:
         w, h = region.size
         ch, cw = self.size
-        top = int(round((h - ch) / 2.0))
-        left = int(round((w - cw) / 2.0))
+        top = round((h - ch) / 2.0)
+        left = round((w - cw) / 2.0)
         return region.cropped(top, left, ch, cw)
 
     def fixed_size(self, before: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -184,17 +184,17 @@ class RandomResizedCrop(Transform):
         for _ in range(10):
             target_area = area * rng.uniform(self.scale[0], self.scale[1])
             aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
-            w = int(round(math.sqrt(target_area * aspect)))
-            h = int(round(math.sqrt(target_area / aspect)))
+            w = round(math.sqrt(target_area * aspect))
+            h = round(math.sqrt(target_area / aspect))
             if 0 < w <= width and 0 < h <= height:
                 i = int(rng.integers(0, height - h + 1))
                 j = int(rng.integers(0, width - w + 1))
                 return i, j, h, w
         in_ratio = width / height
         if in_ratio < self.ratio[0]:
-            w, h = width, int(round(width / self.ratio[0]))
+            w, h = width, round(width / self.ratio[0])
         elif in_ratio > self.ratio[1]:
-            h, w = height, int(round(height * self.ratio[1]))
+            h, w = height, round(height * self.ratio[1])
         else:
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
@@ -222,7 +222,9 @@ class RandomHorizontalFlip(Transform):
 
     def apply(self, region: Region, rng: np.random.Generator | None) -> Region:
         if rng is None:
-            raise ValueError("RandomHorizontalFlip needs a random generator; ImageFolder passes one per sample.")
+            raise ValueError(
+                "RandomHorizontalFlip needs a random generator; ImageFolder passes one per sample."
+            )
         return region.flipped() if rng.random() < self.p else region
 
     def __repr__(self) -> str:
@@ -286,8 +288,9 @@ class Compose:
                 self.geometry.append(t)
             else:
                 raise TypeError(
-                    f"{t!r} is not a shmloader.vision transform (Resize, CenterCrop, RandomResizedCrop, "
-                    "RandomHorizontalFlip, ToCHW, Normalize); arbitrary callables cannot write into the slot."
+                    f"{t!r} is not a shmloader.vision transform (Resize, CenterCrop, "
+                    "RandomResizedCrop, RandomHorizontalFlip, ToCHW, Normalize); arbitrary "
+                    "callables cannot write into the slot."
                 )
         self.random = any(t.random for t in self.geometry)
         size = None
@@ -309,7 +312,7 @@ class Compose:
         for t in self.geometry:
             region = t.apply(region, rng)
         ow, oh = region.size
-        x0, y0, x1, y1 = (int(round(v)) for v in region.content)
+        x0, y0, x1, y1 = (round(v) for v in region.content)
         x0, y0 = min(max(x0, 0), ow), min(max(y0, 0), oh)
         x1, y1 = min(max(x1, x0), ow), min(max(y1, y0), oh)
         return Plan((oh, ow), (x0, y0, x1, y1), region.box, region.flip)
