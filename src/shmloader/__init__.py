@@ -16,6 +16,8 @@ from shmloader.collate import Padded
 from shmloader.sampler import BatchSampler, BucketBatchSampler, RandomSampler, Sampler, SequentialSampler
 from shmloader.worker import WorkerInfo, get_worker_info
 from shmloader.writeinto import ArraySpec
+from shmloader.distributed import ShardInfo, get_shard_info
+from shmloader.rng import sample_rng
 
 __all__ = [
     "ArraySpec",
@@ -31,11 +33,14 @@ __all__ = [
     "RingLimitError",
     "Sampler",
     "SequentialSampler",
+    "ShardInfo",
     "ShmLoaderError",
     "ShmSpaceError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",
+    "get_shard_info",
     "get_worker_info",
+    "sample_rng",
 ]
 __version__ = "0.1.0"

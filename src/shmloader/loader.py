@@ -18,7 +18,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 import weakref
 from multiprocessing import reduction
 from collections.abc import Callable, Iterable, Iterator
@@ -28,6 +27,10 @@ import numpy as np
 
 from shmloader import _slots, fdguard, protocol
 from shmloader import writeinto
+from shmloader import distributed as _dist
+from shmloader import pinning as _pinning
+from shmloader import rng as _rngmod
+from shmloader import state as _state
 from shmloader.collate import COLLATE_MODES, build_arrays, build_in_memory, flatten_tree, gather, plan
 from shmloader.errors import LoaderTimeoutError, RingLimitError, WorkerDiedError, WorkerError
 from shmloader.layout import decode, make_reader
@@ -62,9 +65,18 @@ class DataLoader:
     wrote them. A batch's slot is reused only once no array viewing it is alive.
 
     Extra keyword arguments: ``seed`` (an int alternative to ``generator``), ``num_slots``
-    (slots in the ring; default ``num_workers * prefetch_factor + 4``) and ``slot_bytes``
-    (bytes per slot; default sized from the first batch, and a later batch that does not
-    fit is delivered by copy; when given, a batch that does not fit is an error).
+    (slots in the ring; default ``num_workers * prefetch_factor + 4``; the ring doubles
+    them when the consumer holds every slot), ``slot_bytes`` (bytes per slot; default
+    sized from the first batch, and a later batch that does not fit makes the ring grow to
+    larger slots; when given, a batch that does not fit is an error), ``max_shm_bytes``
+    (the bound on all growth; default half of /dev/shm's free space), ``copy`` (batches
+    own their memory instead of viewing the ring), ``collate`` and ``pad_value`` (ragged
+    samples: ``"stack"``, ``"pad"`` or ``"list"``).
+
+    Training (docs/training.md): ``output="torch"`` hands out tensors sharing the slot;
+    ``pin_memory=True`` page-locks the ring once (CUDA only); ``distributed="auto"``
+    (default), ``rank`` and ``world_size`` give each rank a disjoint share of every epoch;
+    :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` give exact resume.
     """
 
     def __init__(
@@ -93,6 +105,10 @@ class DataLoader:
         pad_value: Any = 0,
         copy: bool = False,
         max_shm_bytes: int | None = None,
+        output: str = "numpy",
+        distributed: Any = "auto",
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(
@@ -125,6 +141,11 @@ class DataLoader:
             )
         if max_shm_bytes is not None and (not isinstance(max_shm_bytes, int) or max_shm_bytes < 1):
             raise ValueError(f"max_shm_bytes should be a positive integer (got {max_shm_bytes!r}).")
+        if output not in ("numpy", "torch"):
+            raise ValueError(
+                f"output should be 'numpy' or 'torch' (got {output!r}): 'torch' hands out "
+                "tensors sharing the slot's memory."
+            )
 
         self.iterable = _is_iterable_dataset(dataset)
         if self.iterable:
@@ -183,6 +204,16 @@ class DataLoader:
         self.max_shm_bytes = max_shm_bytes
         self.generator = generator
         self._rng = _make_rng(seed, generator)
+        # Every epoch's order and worker seeds are functions of (_seed, epoch): see state.py.
+        self._seed = int(self._rng.integers(0, 2**62))
+        self._next_epoch = 0  # the epoch the next iter() loads (set_epoch, or one more)
+        self._resume: dict | None = None  # a loaded position, for the next iter()
+        self._plan: _state.EpochPlan | None = None
+        self._live_iter: weakref.ref | None = None
+        self.output = output
+        self.rank, self.world_size = _dist.detect(distributed, rank, world_size)
+        self._own_shuffle = not self.iterable and sampler is None and shuffle
+        self._own_batching = not self.iterable and batch_sampler is None
 
         if self.iterable:
             self.sampler = None
@@ -201,16 +232,11 @@ class DataLoader:
         self._ring: Ring | None = None
         self._ring_lock = threading.Lock()
         self._mappings: list[weakref.ref] = []  # every ring made, to count what is still pinned
+        self._pinner = _pinning.make_pinner(pin_memory)  # None: off, or no CUDA (warned)
         if slot_bytes is not None and num_workers > 0:
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.
             self._new_ring(self.num_slots, slot_bytes)
         self._persistent_iter: _MultiProcessIter | None = None
-        if pin_memory:
-            warnings.warn(
-                "pin_memory=True has no effect yet: shmloader returns batches in shared host "
-                "memory; copy them to the device as usual.",
-                stacklevel=2,
-            )
 
     @property
     def _auto_collation(self) -> bool:
@@ -225,6 +251,8 @@ class DataLoader:
             if self.batch_size is None:
                 return n
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        if self.world_size > 1 and not _dist.is_presharded(self.sampler):
+            return _state.sharded_len(self)  # this rank's share
         if self.batch_sampler is not None:
             return len(self.batch_sampler)  # type: ignore[arg-type]
         return len(self.sampler)  # type: ignore[arg-type]
@@ -237,17 +265,46 @@ class DataLoader:
         loader's ``copy`` for this epoch (True: batches own their memory and release
         their slot at once, for consumers that keep them)."""
         copy = self.copy if copy is None else copy
-        epoch_seed = int(self._rng.integers(0, 2**62))
+        epoch_seed = _state.begin_epoch(self).epoch_seed  # sets self._plan
         if self.num_workers == 0:
-            return _SingleProcessIter(self, epoch_seed)
-        if self.persistent_workers:
+            it: Any = _SingleProcessIter(self, epoch_seed)
+        elif self.persistent_workers:
             it = self._persistent_iter
             if it is None or it.closed:
                 it = self._persistent_iter = _MultiProcessIter(self, epoch_seed, copy)
             else:
                 it.reset(epoch_seed, copy)
-            return it
-        return _MultiProcessIter(self, epoch_seed, copy)
+        else:
+            it = _MultiProcessIter(self, epoch_seed, copy)
+        self._live_iter = weakref.ref(it)  # the iterator state_dict() describes
+        return it
+
+    def set_epoch(self, epoch: int) -> None:
+        """Load epoch ``epoch`` on the next ``iter()`` (as ``DistributedSampler.set_epoch``):
+        its order and seeds are functions of the loader's seed and ``epoch``, the same on
+        every rank. Without it, epochs count up from 0 by themselves."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch should be a non-negative integer (got {epoch!r}).")
+        if self._resume is not None and self._resume["epoch"] != epoch:
+            self._resume = None  # moving to another epoch than the loaded one
+        self._next_epoch = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position, as plain Python data (safe in a torch checkpoint).
+
+        Take it at any point, mid-epoch included: after :meth:`load_state_dict` a new
+        loader yields exactly the batches not handed out yet, with the same contents
+        (batches prefetched by workers are produced again). For map-style datasets it is
+        the same on every rank at a step all ranks reached (save it from rank 0), and it
+        survives a change of ``num_workers`` and of the world size: the rest of the epoch
+        is split between the new ranks. Iterable datasets resume shard by shard (same
+        rank, world size and ``num_workers``)."""
+        return _state.state_dict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`) on the next ``iter()``. The
+        loader adopts the saved seed, so the order and random draws match the saved run."""
+        _state.load_state_dict(self, state)
 
     @property
     def ring(self) -> Ring | None:
@@ -272,6 +329,8 @@ class DataLoader:
             if pinned + need > self.max_shm_bytes:
                 raise _limit_error(self, need, pinned, held, old)
             ring = Ring.create(num_slots, slot_bytes)
+            if self._pinner is not None:
+                self._pinner.register(ring)  # page-locked once, for the ring's whole life
             self._mappings.append(weakref.ref(ring.mapping))
             self._ring = ring
             if old is not None:
@@ -279,10 +338,9 @@ class DataLoader:
             return ring
 
     def _index_sequence(self) -> Iterator[Any]:
-        """This epoch's tasks: index lists (auto-collation) or single indices."""
-        if self.batch_sampler is not None:
-            return iter(self.batch_sampler)
-        return ([i] for i in self.sampler)  # type: ignore[union-attr]
+        """This epoch's tasks: index lists (auto-collation) or single indices, this
+        rank's share of what is left of the epoch (see state.index_sequence)."""
+        return _state.index_sequence(self, self._plan)  # type: ignore[arg-type]
 
     def shutdown(self) -> None:
         """Stop persistent workers now (they also stop when the loader is collected)."""
@@ -363,8 +421,21 @@ class _SingleProcessIter:
     def __init__(self, loader: DataLoader, epoch_seed: int) -> None:
         self._loader = loader
         self._seq = 0
+        self._plan = plan = loader._plan
+        self._epoch_done = False
+        self._epoch_seed = epoch_seed
+        self._shard = _dist.ShardInfo(loader.rank, loader.world_size, 0, 1)
+        # What sample_rng() and get_shard_info() see in this process while we load.
+        _rngmod._main_epoch_seed = epoch_seed
+        _dist._main_shard = self._shard
+        post = []
+        if loader.output == "torch":
+            post.append(_pinning.to_torch)
+        if loader._pinner is not None:
+            post.append(_pinning.pin_tree)  # no ring here: pinned per batch, as torch does
+        self._post = None if not post else post[0] if len(post) == 1 else (lambda b: post[1](post[0](b)))
         if loader.iterable:
-            self._source = iter(loader.dataset)
+            self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan is not None else None)
         else:
             self._source = loader._index_sequence()
         self._spec = None
@@ -376,6 +447,22 @@ class _SingleProcessIter:
         return self
 
     def __next__(self) -> Any:
+        _rngmod._main_epoch_seed = self._epoch_seed  # another loader may have run between
+        _dist._main_shard = self._shard
+        try:
+            batch = self._next_batch()
+        except StopIteration:
+            self._epoch_done = True
+            _rngmod._main_epoch_seed = None  # outside an epoch, sample_rng follows np.random
+            _dist._main_shard = None
+            raise
+        return batch if self._post is None else self._post(batch)
+
+    def _batches_handed_out(self) -> int:
+        """Batches handed out (or raised) this iteration, for state_dict()."""
+        return self._seq
+
+    def _next_batch(self) -> Any:
         loader = self._loader
         seq, self._seq = self._seq, self._seq + 1
         if loader.iterable:
@@ -499,7 +586,14 @@ class _MultiProcessIter:
         self._rcvd_seq = 0
         self._tasks: dict[int, _Task] = {}
         self._results: dict[int, tuple[int, _Task, bytes]] = {}
-        self._next_worker = 0
+        self._plan = plan = loader._plan
+        self._epoch_done = False
+        # Iterable datasets, for state_dict(): the round robin starts where the saved run
+        # would have gone on; (send_seq, worker, seq) when a worker's first ITER_END came
+        # back; the shard states workers sent, per worker [(seq, pickled state), ...].
+        self._next_worker = plan.start_worker if plan is not None else 0
+        self._iter_ends: list[tuple[int, int, int]] = []
+        self._shard_blobs: dict[int, list[tuple[int, bytes]]] = {}
         for w in self._workers:
             w.active = True
             w.outstanding = 0
@@ -535,6 +629,10 @@ class _MultiProcessIter:
                     parent_pid=os.getpid(),
                     use_pdeathsig=use_pdeathsig,
                     close_fds=fdguard.snapshot() if method == "fork" else [],
+                    rank=loader.rank,
+                    world_size=loader.world_size,
+                    resume=_state.worker_resume(self._plan, wid),
+                    report_state=self._plan is not None and self._plan.stateful,
                 )
                 proc = self._ctx.Process(
                     target=worker_main, args=(config, theirs), name=f"shmloader-worker-{wid}", daemon=True
@@ -617,6 +715,9 @@ class _MultiProcessIter:
         if ring is None:
             return protocol.NO_SLOT
         slot = ring.states.claim(self._send_seq % ring.num_slots, _slots.FREE, _slots.ASSIGNED)
+        # Pinned: released slots whose device copies are done, else wait for the oldest.
+        if slot < 0 and self._loader._pinner is not None and self._loader._pinner.reclaim(block=True):
+            slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
         if slot < 0:
             gc.collect()  # batches kept alive only by reference cycles
             slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
@@ -720,7 +821,9 @@ class _MultiProcessIter:
                 self._poller.unregister(fd)
             return False
         kind, slot, seq = protocol.HEADER.unpack_from(msg)
-        if kind == protocol.RES_INIT_ERROR:
+        if kind >= protocol.RES_INIT_ERROR:  # rare kinds, behind one comparison
+            if kind == protocol.RES_SHARD_STATE:
+                return self._shard_state(worker, seq, msg[protocol.HEADER_BYTES :])
             return self._init_failed(worker, msg[protocol.HEADER_BYTES :])
         task = self._tasks.pop(seq, None)
         if task is None:
@@ -734,6 +837,8 @@ class _MultiProcessIter:
                 task.ring.states.store(task.slot, _slots.FREE)
                 task.slot = protocol.NO_SLOT
             if kind == protocol.RES_ITER_END:
+                if worker.active:  # its first: tasks sent from now on skip it (state_dict)
+                    self._iter_ends.append((self._send_seq, worker.id, seq))
                 worker.active = False
             elif kind == protocol.RES_INIT_ERROR:
                 worker.active = False
@@ -795,6 +900,55 @@ class _MultiProcessIter:
             except OSError:
                 pass  # a dead worker is reported by its sentinel
 
+    # --- position, for DataLoader.state_dict() -------------------------------------------
+
+    def _shard_state(self, worker: _WorkerHandle, seq: int, blob: bytes) -> bool:
+        """A worker's dataset state after batch ``seq``; keep the newest handed-out one
+        and those still to hand out (at most prefetch_factor + 1 per worker)."""
+        states = self._shard_blobs.setdefault(worker.id, [])
+        states.append((seq, blob))
+        while len(states) > 1 and states[1][0] < self._rcvd_seq:
+            del states[0]
+        return True
+
+    def _batches_handed_out(self) -> int:
+        """Results handed out (or raised) this epoch, iterable workers' ends included."""
+        return self._rcvd_seq
+
+    def _handed_out_per_worker(self) -> tuple[list[int], int]:
+        """Iterable datasets: batches each worker produced among those handed out, and
+        the worker the next one comes from. Replays the strict round robin from the
+        recorded worker ends: nothing is recorded per batch."""
+        n = self._loader.num_workers
+        active = [True] * n
+        first_end = {wid: seq for _, wid, seq in self._iter_ends}
+        ends = self._iter_ends
+        counts = [0] * n
+        ptr = self._plan.start_worker if self._plan is not None else 0
+        e = 0
+        for s in range(self._rcvd_seq + 1):
+            while e < len(ends) and ends[e][0] <= s:
+                active[ends[e][1]] = False
+                e += 1
+            wid = next((w % n for w in range(ptr, ptr + n) if active[w % n]), None)
+            if wid is None:
+                return counts, ptr
+            if s == self._rcvd_seq:
+                return counts, wid
+            ptr = (wid + 1) % n
+            if s < first_end.get(wid, s + 1):
+                counts[wid] += 1
+        return counts, ptr
+
+    def _shard_states_handed_out(self) -> dict[int, bytes]:
+        """Per worker, the pickled dataset state after its last handed-out batch."""
+        out = {}
+        for wid, states in self._shard_blobs.items():
+            done = [blob for seq, blob in states if seq < self._rcvd_seq]
+            if done:
+                out[wid] = done[-1]
+        return out
+
     # --- hand-out -----------------------------------------------------------------------
 
     def _materialize(self, kind: int, task: _Task, payload: bytes) -> Any:
@@ -811,7 +965,10 @@ class _MultiProcessIter:
             key = root[lo : lo + int(header[H_LAYOUT_LEN])].tobytes()
             reader = self._readers.get(key)
             if reader is None:
-                reader = self._readers[key] = make_reader(decode(key))
+                layout = decode(key)
+                if self._loader.output == "torch":
+                    layout = _pinning.torch_layout(layout)
+                reader = self._readers[key] = make_reader(layout)
             objects = None
             olen = int(header[H_OBJECTS_LEN])
             if olen:
@@ -825,10 +982,18 @@ class _MultiProcessIter:
                 return batch
             batch = reader(root, objects)
             # The slot returns to FREE when the root dies, i.e. when the last view of it does.
-            weakref.finalize(root, states.store, slot, _slots.FREE).atexit = False
+            if self._loader._pinner is None:
+                weakref.finalize(root, states.store, slot, _slots.FREE).atexit = False
+            else:  # pinned: once device copies issued from the slot have completed too
+                weakref.finalize(root, self._loader._pinner.release, states, slot).atexit = False
             return batch
         if kind == protocol.RES_PICKLED:
-            return pickle.loads(payload[8:])
+            batch = pickle.loads(payload[8:])
+            if self._loader.output == "torch":
+                batch = _pinning.to_torch(batch)
+            if self._loader._pinner is not None:
+                batch = _pinning.pin_tree(batch)  # not in the ring: pinned by copy
+            return batch
         failure: WorkerFailure = pickle.loads(payload)
         if kind == protocol.RES_INIT_ERROR:
             self.close()
@@ -883,6 +1048,7 @@ class _MultiProcessIter:
     # --- epochs and shutdown ------------------------------------------------------------
 
     def _end_epoch(self) -> None:
+        self._epoch_done = True
         if not self._loader.persistent_workers:
             self.close()
 
@@ -967,7 +1133,7 @@ def _short(indices: Any) -> str:
 def _rebuild(failure: WorkerFailure, seq: int) -> BaseException:
     """The worker's exception in the consumer: its own type where it can be rebuilt."""
     where = f" while {failure.where}" if failure.where else ""
-    batch = f" batch {seq}" if failure.where not in ("worker_init_fn",) else ""
+    batch = f" batch {seq}" if failure.where != "running worker_init_fn" else ""
     indices = f" (sample indices {_short(failure.indices)})" if failure.indices is not None else ""
     text = (
         f"Caught {failure.type_name} in DataLoader worker {failure.worker_id}{where}{batch}"

@@ -3,7 +3,7 @@
 Layout of the segment (all offsets from its start)::
 
     [states: uint32 x num_slots][headers: int64 x 8 x num_slots] (padded to a page)
-    [slot 0 data][slot 1 data]...                                  (each padded to a page)
+    [slot 0 data][slot 1 data]...                                  (each padded to 64 bytes)
 
 The segment is created with a random name, ``O_EXCL`` and mode 0600, then unlinked at
 once: no name is ever left in /dev/shm, whatever happens to the processes, and the
@@ -28,6 +28,8 @@ from shmloader._slots import Mapping, StateArray
 from shmloader.errors import ShmSpaceError
 
 PAGE_BYTES = 4096
+SLOT_ALIGN_BYTES = 64  # slots start on cache lines: no false sharing between workers,
+# and a ring of tiny batches does not spend a page on each
 HEADER_WORDS = 8
 # Header words of a slot, written by the worker before it publishes the slot READY.
 H_DATA_END = 0  # bytes of array data (from the slot start)
@@ -60,7 +62,7 @@ def _control_bytes(num_slots: int) -> int:
 
 def ring_bytes(num_slots: int, slot_bytes: int) -> int:
     """Size of the segment of a ring of ``num_slots`` slots of ``slot_bytes``."""
-    return _control_bytes(num_slots) + num_slots * _round_up(slot_bytes, PAGE_BYTES)
+    return _round_up(_control_bytes(num_slots) + num_slots * _round_up(slot_bytes, SLOT_ALIGN_BYTES), PAGE_BYTES)
 
 
 class Ring:
@@ -73,7 +75,7 @@ class Ring:
     def __init__(self, fd: int, num_slots: int, slot_bytes: int) -> None:
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
-        self.slot_stride = _round_up(slot_bytes, PAGE_BYTES)
+        self.slot_stride = _round_up(slot_bytes, SLOT_ALIGN_BYTES)
         self.control_bytes = _control_bytes(num_slots)
         self.total_bytes = ring_bytes(num_slots, slot_bytes)
         self._fd: int | None = fd

@@ -40,19 +40,43 @@ _VIEW_CACHE_SIZE = 1024  # (slot, layout) entries; ragged batches make a new lay
 
 class WorkerInfo:
     """What :func:`get_worker_info` returns inside a worker: ``id``, ``num_workers``,
-    ``seed`` and ``dataset`` (this worker's copy). Immutable."""
+    ``seed`` and ``dataset`` (this worker's copy), the loader's ``rank`` and
+    ``world_size``, and the global shard of this worker: ``shard_id`` (``rank *
+    num_workers + id``) of ``num_shards`` (``world_size * num_workers``). Immutable."""
 
-    __slots__ = ("dataset", "id", "num_workers", "seed")
+    __slots__ = ("dataset", "id", "num_workers", "rank", "seed", "world_size")
 
-    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any) -> None:
-        for name, value in (("id", id), ("num_workers", num_workers), ("seed", seed), ("dataset", dataset)):
+    def __init__(
+        self, id: int, num_workers: int, seed: int, dataset: Any, rank: int = 0, world_size: int = 1
+    ) -> None:
+        for name, value in (
+            ("id", id),
+            ("num_workers", num_workers),
+            ("seed", seed),
+            ("dataset", dataset),
+            ("rank", rank),
+            ("world_size", world_size),
+        ):
             object.__setattr__(self, name, value)
+
+    @property
+    def shard_id(self) -> int:
+        """This worker's shard among all workers of all ranks."""
+        return self.rank * self.num_workers + self.id
+
+    @property
+    def num_shards(self) -> int:
+        """Workers of all ranks together."""
+        return self.world_size * self.num_workers
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"WorkerInfo is immutable: cannot set {name!r}")
 
     def __repr__(self) -> str:
-        return f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed})"
+        return (
+            f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, "
+            f"rank={self.rank}, world_size={self.world_size})"
+        )
 
 
 _worker_info: WorkerInfo | None = None
@@ -61,6 +85,14 @@ _worker_info: WorkerInfo | None = None
 def get_worker_info() -> WorkerInfo | None:
     """The current worker's :class:`WorkerInfo`, or None in the main process."""
     return _worker_info
+
+
+def get_epoch_seed() -> int | None:
+    """The current epoch's seed, in a worker or in the main process while a
+    ``num_workers=0`` loader loads; see :func:`shmloader.rng.epoch_seed`."""
+    from shmloader.rng import epoch_seed
+
+    return epoch_seed()
 
 
 @dataclass
@@ -116,6 +148,10 @@ class WorkerConfig:
     parent_pid: int
     use_pdeathsig: bool
     close_fds: list[int] = field(default_factory=list)  # fork: descriptors not ours
+    rank: int = 0  # the loader's rank and world size (worker info, global shard ids)
+    world_size: int = 1
+    resume: dict | None = None  # iterable: this shard's saved record (see state.open_iterable)
+    report_state: bool = False  # iterable with state_dict(): send it after every batch
 
 
 def seed_all(seed: int) -> None:
@@ -192,7 +228,7 @@ class _Worker:
         global _worker_info
         cfg = self.cfg
         seed_all(seed)
-        _worker_info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset)
+        _worker_info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset, cfg.rank, cfg.world_size)
         self.iterator = None
         self.exhausted = False
 
@@ -203,7 +239,7 @@ class _Worker:
             try:
                 cfg.worker_init_fn(cfg.worker_id)
             except Exception as exc:
-                failure = WorkerFailure.capture(exc, cfg.worker_id, "worker_init_fn", None)
+                failure = WorkerFailure.capture(exc, cfg.worker_id, "running worker_init_fn", None)
                 self.conn.send_bytes(protocol.pack(protocol.RES_INIT_ERROR, payload=pickle.dumps(failure)))
                 return
         recv = self.conn.recv_bytes
@@ -233,6 +269,9 @@ class _Worker:
                 if samples is None:
                     self.conn.send_bytes(protocol.pack(protocol.RES_ITER_END, slot, seq))
                     return
+                if cfg.report_state:  # the shard's position after this batch, for resume
+                    state = pickle.dumps(cfg.dataset.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
+                    self.conn.send_bytes(protocol.pack(protocol.RES_SHARD_STATE, slot, seq, state))
             else:
                 if kind == protocol.TASK_INDICES:
                     indices = np.frombuffer(msg, np.int64, offset=protocol.HEADER_BYTES).tolist()
@@ -273,7 +312,13 @@ class _Worker:
             return None
         if self.iterator is None:
             self.exhausted = True  # if iter() raises, this worker has nothing more to give
-            self.iterator = iter(self.cfg.dataset)
+            if self.cfg.resume is None:
+                self.iterator = iter(self.cfg.dataset)
+            else:  # the first epoch after load_state_dict: continue where the shard was
+                from shmloader.state import open_iterable
+
+                resume, self.cfg.resume = self.cfg.resume, None
+                self.iterator = open_iterable(self.cfg.dataset, resume)
             self.exhausted = False
         want = self.cfg.batch_size if self.cfg.auto_collation else 1
         samples = []

@@ -1,0 +1,152 @@
+"""Sharding across ranks: rank / world detection and the split of an epoch's order.
+
+Every rank of a job builds the same global order of an epoch (a function of the loader's
+seed and the epoch), removes what an earlier run already consumed, and takes a disjoint
+share of the rest, as torch's ``DistributedSampler`` does: rank ``r`` of ``W`` takes
+positions ``r, r + W, r + 2W, ...``. Global batch ``k`` (batch ``k`` of every rank) then
+covers positions ``[k*W*B, (k+1)*W*B)`` of the remainder, so "how many global samples
+were consumed" is one number that any new world size can continue from.
+
+Every rank gets the same number of batches: the remainder is padded to a multiple of
+``W`` by wrapping around to the start of the order, or, with ``drop_last``, cut to whole
+global batches.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import Any, NamedTuple
+
+
+def detect(distributed: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)`` for a loader.
+
+    ``distributed=False``: ``(0, 1)`` unless ``rank``/``world_size`` are given.
+    ``"auto"`` (or True): torch.distributed's default group when it is initialized, else the
+    ``RANK`` and ``WORLD_SIZE`` environment variables (torchrun sets them), else ``(0, 1)``.
+    An explicit ``rank`` or ``world_size`` overrides what was detected."""
+    if distributed not in ("auto", True, False):
+        raise ValueError(
+            f"distributed should be 'auto', True or False (got {distributed!r}): 'auto' shards "
+            "across ranks when torch.distributed is initialized or RANK and WORLD_SIZE are set."
+        )
+    found_rank, found_world = 0, 1
+    if distributed is not False:
+        torch = sys.modules.get("torch")
+        dist = getattr(torch, "distributed", None) if torch is not None else None
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            found_rank, found_world = int(dist.get_rank()), int(dist.get_world_size())
+        elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            try:
+                found_rank, found_world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            except ValueError:
+                raise ValueError(
+                    f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
+                    "should be integers; fix the environment or pass rank= and world_size=."
+                ) from None
+        elif distributed is True:
+            raise ValueError(
+                "distributed=True but neither torch.distributed is initialized nor RANK and "
+                "WORLD_SIZE are set; pass rank= and world_size=, or use distributed='auto'."
+            )
+    rank = found_rank if rank is None else rank
+    world = found_world if world_size is None else world_size
+    for name, value in (("rank", rank), ("world_size", world)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name} should be an integer (got {value!r}).")
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(
+            f"rank={rank} and world_size={world} are inconsistent: need world_size >= 1 and "
+            "0 <= rank < world_size."
+        )
+    return rank, world
+
+
+def is_presharded(sampler: Any) -> bool:
+    """True for a sampler that already yields one rank's share (torch's
+    ``DistributedSampler``): the loader must not shard it again."""
+    return hasattr(sampler, "num_replicas") and hasattr(sampler, "rank")
+
+
+def rank_share(
+    remaining: list[Any], head: Sequence[Any], rank: int, world: int, unit: int, drop_last: bool
+) -> list[Any]:
+    """Rank ``rank``'s items of ``remaining`` (the rest of an epoch's global order).
+
+    ``unit`` items per rank make one global step (the per-rank batch size, or 1). With
+    ``drop_last`` the remainder is cut to whole global steps (``world * unit`` items);
+    otherwise it is padded to a multiple of ``world`` with items from ``head`` (the start
+    of the epoch's order), wrapping as often as needed."""
+    n = len(remaining)
+    if drop_last:
+        step = world * unit
+        remaining = remaining[: n // step * step]
+    elif n % world:
+        pad = world - n % world
+        if not head:
+            raise ValueError("cannot pad an empty order")
+        reps = -(-pad // len(head))
+        remaining = remaining + (list(head) * reps)[:pad]
+    return remaining[rank::world]
+
+
+def chunks(items: Sequence[Any] | Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
+    """``items`` in lists of ``size``; a final shorter list unless ``drop_last``."""
+    it = iter(items)
+    while True:
+        chunk = list(islice(it, size))
+        if not chunk or (len(chunk) < size and drop_last):
+            return
+        yield chunk
+
+
+class ShardInfo(NamedTuple):
+    """Where the code runs in the job: this process's rank and loader worker, and the
+    global shard (``rank * num_workers + worker_id`` of ``world_size * num_workers``)."""
+
+    rank: int
+    world_size: int
+    worker_id: int
+    num_workers: int
+
+    @property
+    def shard_id(self) -> int:
+        return self.rank * self.num_workers + self.worker_id
+
+    @property
+    def num_shards(self) -> int:
+        return self.world_size * self.num_workers
+
+
+_main_shard: ShardInfo | None = None  # set while a num_workers=0 loader loads an iterable dataset
+
+
+def get_shard_info() -> ShardInfo:
+    """The shard the current code should read, for iterable datasets that split files or
+    shards across all workers of all ranks::
+
+        info = shmloader.get_shard_info()
+        for path in files[info.shard_id :: info.num_shards]:
+            ...
+
+    In a loader worker it comes from the worker info; in the main process it is the loader
+    being iterated with ``num_workers=0`` (one shard per rank), else what
+    :func:`detect` finds (``(0, 1)`` outside a distributed job)."""
+    from shmloader.worker import get_worker_info
+
+    info = get_worker_info()
+    if info is not None:
+        return ShardInfo(info.rank, info.world_size, info.id, info.num_workers)
+    if _main_shard is not None:
+        return _main_shard
+    rank, world = detect("auto", None, None)
+    return ShardInfo(rank, world, 0, 1)
+
+
+def set_main_shard(info: ShardInfo | None) -> None:
+    """Record the shard a ``num_workers=0`` loader is loading in this process."""
+    global _main_shard
+    _main_shard = info

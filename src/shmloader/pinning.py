@@ -1,0 +1,203 @@
+"""Torch interop and the pin-memory seam.
+
+``output="torch"``: batches are torch tensors sharing the slot's memory (``torch.from_numpy``
+on the slot's views, so the slot lease rule is the numpy one: the slot is reused only once
+no tensor viewing it is alive). :func:`torch_layout` makes the reader of a layout hand out
+tensors; :func:`to_torch` converts batches built outside the ring.
+
+``pin_memory=True``: torch's loader copies every batch into a fresh page-locked buffer.
+Here the ring is already the batch's home, so it is registered once as page-locked
+(``cudaHostRegister``) and ``tensor.to("cuda", non_blocking=True)`` copies straight from
+the slot. A slot must not be rewritten while such a copy may still be reading it: when the
+last view of a pinned slot dies, :meth:`RingPinner.release` records a CUDA event on the
+current stream and the slot goes back to the workers only once that event has completed.
+
+Everything that touches CUDA is in :class:`CudaHost` (the seam): tests on machines
+without a GPU drive :class:`RingPinner` with a stand-in host.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import warnings
+import weakref
+from typing import Any
+
+import numpy as np
+
+from shmloader import _slots
+from shmloader.layout import ArrayLeaf, Layout, RaggedLeaf
+
+NO_CUDA_WARNING = "pin_memory=True but CUDA is not available; batches stay in shared host memory"
+_CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context, as torch registers memory
+
+
+# --- torch output -----------------------------------------------------------------------
+
+
+def torch_layout(layout: Layout) -> Layout:
+    """``layout`` with every array leaf handed out as a torch tensor."""
+    leaves = tuple(
+        leaf._replace(torch=True) if isinstance(leaf, (ArrayLeaf, RaggedLeaf)) else leaf
+        for leaf in layout.leaves
+    )
+    return layout._replace(leaves=leaves)
+
+
+def to_torch(tree: Any) -> Any:
+    """``tree`` with numpy arrays replaced by tensors sharing their memory (dicts, lists,
+    tuples and namedtuples are rebuilt; other leaves are kept)."""
+    import torch
+
+    def convert(node: Any) -> Any:
+        if isinstance(node, np.ndarray):
+            return torch.from_numpy(node) if node.dtype.kind in "biufc" else node
+        if isinstance(node, dict):
+            items = {k: convert(v) for k, v in node.items()}
+            if type(node) is dict:
+                return items
+            try:
+                return type(node)(items)
+            except TypeError:
+                return items
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            return type(node)(*(convert(v) for v in node))
+        if isinstance(node, (list, tuple)):
+            return type(node)(convert(v) for v in node)
+        return node
+
+    return convert(tree)
+
+
+def pin_tree(tree: Any) -> Any:
+    """``tree`` with every CPU tensor copied into page-locked memory (what torch's loader
+    does per batch; used only for batches that do not live in the ring)."""
+    torch = sys.modules["torch"]
+
+    def pin(node: Any) -> Any:
+        if isinstance(node, torch.Tensor):
+            return node if node.is_pinned() else node.pin_memory()
+        if isinstance(node, dict):
+            return type(node)({k: pin(v) for k, v in node.items()}) if type(node) is dict else node
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            return type(node)(*(pin(v) for v in node))
+        if isinstance(node, (list, tuple)):
+            return type(node)(pin(v) for v in node)
+        return node
+
+    return pin(tree)
+
+
+# --- pinning ----------------------------------------------------------------------------
+
+
+class CudaHost:
+    """The seam: every CUDA call the loader makes, through torch."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+        self._cudart = torch.cuda.cudart()
+
+    def register(self, address: int, size: int) -> None:
+        """Page-lock ``size`` bytes at ``address`` for DMA (``cudaHostRegister``)."""
+        err = int(self._cudart.cudaHostRegister(address, size, _CUDA_HOST_REGISTER_PORTABLE))
+        if err:
+            raise RuntimeError(
+                f"cudaHostRegister of the loader's {size}-byte ring failed with cudaError {err}; "
+                "the locked-memory limit (ulimit -l) may be too low. Use pin_memory=False, or "
+                "raise the limit."
+            )
+        # Drivers that pin memory may mark it MADV_DONTFORK (no mapping in a forked child),
+        # and workers forked later must write into this ring. The mapping is MAP_SHARED, so
+        # a child maps the same pages (no copy-on-write to break DMA): keep it inherited.
+        _madvise_dofork(address, size)
+
+    def unregister(self, address: int) -> None:
+        """Undo :meth:`register` (before the memory is unmapped)."""
+        self._cudart.cudaHostUnregister(address)
+
+    def record(self) -> Any:
+        """An event recorded on the current stream: it completes after every copy
+        issued on that stream so far."""
+        event = self._torch.cuda.Event()
+        event.record()
+        return event
+
+    def done(self, event: Any) -> bool:
+        return bool(event.query())
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+
+class RingPinner:
+    """Registers rings as page-locked memory and keeps a pinned slot leased until the
+    device copies issued from it have completed."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+        self._pending: collections.deque = collections.deque()  # (event, states, slot)
+
+    def register(self, ring: Any) -> None:
+        """Page-lock the whole of ``ring``'s mapping, once; it is unregistered when the
+        mapping dies (weakref callbacks run before the memory is unmapped)."""
+        mapping = ring.mapping
+        self.host.register(mapping.address, mapping.size)
+        weakref.finalize(mapping, self.host.unregister, mapping.address).atexit = False
+
+    def release(self, states: Any, slot: int) -> None:
+        """The last view of ``slot`` died: free it once the copies issued so far are done.
+        (``states`` keeps the ring mapped until then.)"""
+        self._pending.append((self.host.record(), states, slot))
+        self.reclaim()
+
+    def reclaim(self, block: bool = False) -> int:
+        """Return to FREE the released slots whose copies have completed; with ``block``,
+        wait for the oldest one if none has. How many slots were freed."""
+        freed = 0
+        pending = self._pending
+        while True:
+            try:
+                item = pending.popleft()
+            except IndexError:
+                return freed
+            event, states, slot = item
+            if not self.host.done(event):
+                if not block or freed:
+                    pending.appendleft(item)
+                    return freed
+                self.host.wait(event)
+            states.store(slot, _slots.FREE)
+            freed += 1
+
+    @property
+    def pending(self) -> int:
+        """Slots released by the consumer whose copies may still run."""
+        return len(self._pending)
+
+
+_MADV_DOFORK = 11  # linux/mman.h: inherit across fork (undoes MADV_DONTFORK, 10)
+
+
+def _madvise_dofork(address: int, size: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(size), _MADV_DOFORK)
+
+
+def make_pinner(pin_memory: bool, stacklevel: int = 3) -> RingPinner | None:
+    """The loader's pinner for ``pin_memory``: None when off, or (with one warning, as
+    torch does) when CUDA is not available."""
+    if not pin_memory:
+        return None
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        warnings.warn(NO_CUDA_WARNING, stacklevel=stacklevel)
+        return None
+    return RingPinner(CudaHost(torch))

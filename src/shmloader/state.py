@@ -1,0 +1,321 @@
+"""Epoch plans and exact, elastic resume (``DataLoader.state_dict`` / ``load_state_dict``).
+
+An epoch's global order is a pure function of the loader's seed and the epoch number, so
+a loader's position is a handful of numbers: the seed, the epoch and how much of the
+epoch's global order was consumed (samples, or batches of a user ``batch_sampler``). A
+new loader, with any ``num_workers`` and any world size, rebuilds the same order, skips
+what was consumed and splits the rest between its ranks (:mod:`shmloader.distributed`).
+
+Batches that workers prefetched but the consumer had not received are not part of the
+state: they are simply produced again after the resume.
+
+Iterable datasets have no global order: each shard (worker of a rank) resumes on its own,
+from the dataset's own ``state_dict`` when it has one (saved after every batch the worker
+produces), or by fast-forwarding past the samples it had delivered.
+
+The state is plain Python data (dicts, lists, ints, strings), safe in a torch checkpoint
+(``torch.load(..., weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+from shmloader import distributed as _dist
+from shmloader.rng import derive_epoch_seed, order_rng
+
+FORMAT = "shmloader.DataLoader"
+VERSION = 1
+
+
+@dataclass
+class EpochPlan:
+    """What one iteration of a loader loads: decided by :func:`begin_epoch`."""
+
+    epoch: int
+    epoch_seed: int
+    rank: int
+    world_size: int
+    unit: str  # "samples", "batches" (user batch_sampler) or "iterable"
+    start: int = 0  # units of the global order consumed before this iteration began
+    step: int = 1  # units one batch of one rank covers: the per-rank batch size, or 1
+    order_len: int | None = None  # length of the epoch's global order, when known
+    presharded: bool = False  # the sampler already yields one rank's share
+    # Iterable datasets: one record per local worker {"samples": n, "state": obj or None}
+    # as loaded, and the worker the first batch comes from.
+    workers: list[dict[str, Any]] | None = None
+    start_worker: int = 0
+    stateful: bool = False  # the iterable dataset has state_dict / load_state_dict
+    shard_states: dict[int, Any] = field(default_factory=dict)
+
+
+def is_stateful(dataset: Any) -> bool:
+    """Whether an iterable dataset saves and restores its own position."""
+    return callable(getattr(dataset, "state_dict", None)) and callable(
+        getattr(dataset, "load_state_dict", None)
+    )
+
+
+def _unit(loader: Any) -> str:
+    if loader.iterable:
+        return "iterable"
+    return "samples" if loader._own_batching else "batches"
+
+
+def begin_epoch(loader: Any) -> EpochPlan:
+    """Start the next iteration of ``loader``: pick its epoch (``set_epoch``, or one more
+    than the last), apply a loaded state, seed the epoch's order. Sets ``loader._plan``."""
+    epoch = loader._next_epoch
+    loader._next_epoch = epoch + 1
+    resume = loader._resume if loader._resume is not None and loader._resume["epoch"] == epoch else None
+    loader._resume = None
+    seed = loader._seed
+    unit = _unit(loader)
+    sampler = loader.sampler if unit == "samples" else loader.batch_sampler
+    presharded = unit != "iterable" and _dist.is_presharded(sampler)
+    plan = EpochPlan(
+        epoch=epoch,
+        epoch_seed=derive_epoch_seed(seed, epoch),
+        rank=loader.rank,
+        world_size=1 if presharded else loader.world_size,
+        unit=unit,
+        presharded=presharded,
+    )
+    if unit == "iterable":
+        plan.stateful = is_stateful(loader.dataset)
+        nw = max(loader.num_workers, 1)
+        if resume is not None:
+            plan.workers = [dict(w) for w in resume["workers"]]
+            plan.start_worker = int(resume["next_worker"]) % nw
+        else:
+            plan.workers = [{"samples": 0, "state": None} for _ in range(nw)]
+        plan.step = loader.batch_size if loader._auto_collation else 1
+    else:
+        if unit == "samples":
+            plan.step = loader.batch_size if loader.batch_size is not None else 1
+            if loader._own_shuffle:
+                sampler.generator = order_rng(seed, epoch)
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        try:
+            plan.order_len = len(sampler)
+        except TypeError:
+            plan.order_len = None
+        if resume is not None:
+            plan.start = int(resume["consumed"])
+    loader._plan = plan
+    return plan
+
+
+def index_sequence(loader: Any, plan: EpochPlan) -> Iterator[list[Any]]:
+    """This rank's tasks of the iteration: lists of sample keys, one per batch."""
+    drop_last = loader.drop_last
+    if plan.unit == "batches":
+        source = iter(loader.batch_sampler)
+        if plan.world_size == 1:
+            return islice(source, plan.start, None)
+        order = list(source)
+        rest = order[plan.start :]
+        return iter(_dist.rank_share(rest, order, plan.rank, plan.world_size, 1, False) if rest else [])
+    if plan.world_size == 1:
+        source = iter(loader.sampler)
+        if plan.start:
+            next(islice(source, plan.start, plan.start), None)  # skip what was consumed
+        return _dist.chunks(source, plan.step, drop_last)
+    order = list(loader.sampler)
+    rest = order[plan.start :]
+    if not rest:
+        return iter(())
+    mine = _dist.rank_share(rest, order, plan.rank, plan.world_size, plan.step, drop_last)
+    return _dist.chunks(mine, plan.step, False)
+
+
+def sharded_len(loader: Any) -> int:
+    """Batches one rank gets in a whole epoch (map-style, world_size > 1)."""
+    world = loader.world_size
+    if loader._own_batching:
+        n = len(loader.sampler)
+        size = loader.batch_size if loader.batch_size is not None else 1
+        if loader.drop_last:
+            return n // (world * size)
+        per_rank = -(-n // world)  # padded to a multiple of the world size
+        return -(-per_rank // size)
+    return -(-len(loader.batch_sampler) // world)
+
+
+# --- saving -----------------------------------------------------------------------------
+
+
+def _live_iterator(loader: Any) -> Any:
+    ref = loader._live_iter
+    return ref() if ref is not None else None
+
+
+def state_dict(loader: Any) -> dict[str, Any]:
+    """The loader's position; see ``DataLoader.state_dict``."""
+    base = {
+        "format": FORMAT,
+        "version": VERSION,
+        "seed": int(loader._seed),
+        "unit": _unit(loader),
+        "rank": loader.rank,
+        "world_size": loader.world_size,
+        "num_workers": loader.num_workers,
+        "batch_size": loader.batch_size,
+        "dataset_len": _dataset_len(loader),
+    }
+    it = _live_iterator(loader)
+    plan = getattr(loader, "_plan", None)
+    if (
+        it is None
+        or plan is None
+        or getattr(it, "_epoch_done", False)
+        or getattr(it, "_plan", None) is not plan
+    ):
+        if loader._resume is not None:  # loaded, not iterated yet: the loaded position
+            return {**base, **loader._resume}
+        return {**base, **_fresh_position(loader, loader._next_epoch)}
+    if not loader.in_order:
+        raise ValueError(
+            "state_dict() needs in_order=True: with in_order=False the batches handed out "
+            "so far are not a prefix of the epoch, so no position describes them."
+        )
+    handed = it._batches_handed_out()
+    if plan.unit == "iterable":
+        return {**base, "epoch": plan.epoch, **_iterable_position(loader, it, plan, handed)}
+    consumed = plan.start + handed * plan.world_size * plan.step
+    if plan.order_len is not None:
+        consumed = min(consumed, plan.order_len)
+    return {**base, "epoch": plan.epoch, "consumed": consumed, "presharded": plan.presharded}
+
+
+def _dataset_len(loader: Any) -> int | None:
+    try:
+        return len(loader.dataset)
+    except TypeError:
+        return None
+
+
+def _fresh_position(loader: Any, epoch: int) -> dict[str, Any]:
+    if loader.iterable:
+        nw = max(loader.num_workers, 1)
+        return {
+            "epoch": epoch,
+            "workers": [{"samples": 0, "state": None} for _ in range(nw)],
+            "next_worker": 0,
+        }
+    sampler = loader.sampler if loader._own_batching else loader.batch_sampler
+    return {"epoch": epoch, "consumed": 0, "presharded": _dist.is_presharded(sampler)}
+
+
+def _iterable_position(loader: Any, it: Any, plan: EpochPlan, handed: int) -> dict[str, Any]:
+    workers = [dict(w) for w in plan.workers]  # type: ignore[union-attr]
+    if loader.num_workers == 0:
+        workers[0]["samples"] += handed * plan.step
+        if plan.stateful:
+            workers[0]["state"] = loader.dataset.state_dict()
+        return {"workers": workers, "next_worker": 0}
+    counts, next_worker = it._handed_out_per_worker()
+    for wid, n in enumerate(counts):
+        workers[wid]["samples"] += n * plan.step
+    if plan.stateful:
+        for wid, blob in it._shard_states_handed_out().items():
+            workers[wid]["state"] = pickle.loads(blob)
+    return {"workers": workers, "next_worker": next_worker}
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def load_state_dict(loader: Any, state: dict[str, Any]) -> None:
+    """Make the loader's next iteration continue from ``state``; see
+    ``DataLoader.load_state_dict``."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(
+            "load_state_dict expects a dict made by shmloader's DataLoader.state_dict() "
+            f"(got {type(state).__name__} without format={FORMAT!r})."
+        )
+    if state.get("version") != VERSION:
+        raise ValueError(
+            f"loader state version {state.get('version')!r} is not supported (expected {VERSION})."
+        )
+    unit = _unit(loader)
+    if state["unit"] != unit:
+        raise ValueError(
+            f"this state was saved by a loader over {state['unit']} and this loader iterates "
+            f"{unit}: load it into a loader built like the saved one (same dataset kind, and "
+            "batch_sampler given or not in both)."
+        )
+    n = _dataset_len(loader)
+    if state.get("dataset_len") is not None and n is not None and n != state["dataset_len"]:
+        raise ValueError(
+            f"this state was saved with a dataset of {state['dataset_len']} samples, this "
+            f"loader's has {n}: the epoch's order would differ, so the resume cannot be exact."
+        )
+    resume = {
+        k: state[k] for k in ("epoch", "consumed", "presharded", "workers", "next_worker") if k in state
+    }
+    if unit == "iterable":
+        _check_iterable(loader, state)
+        if not is_stateful(loader.dataset):
+            skipped = sum(w["samples"] for w in state["workers"])
+            if skipped:
+                warnings.warn(
+                    f"{type(loader.dataset).__name__} has no state_dict()/load_state_dict(): "
+                    f"resuming by fast-forwarding {skipped} samples (the workers read them again "
+                    "and drop them). Give the dataset those two methods to resume without rereading.",
+                    stacklevel=3,
+                )
+    elif state.get("presharded") and state["world_size"] != loader.world_size:
+        raise ValueError(
+            "this state was saved with a sampler that shards by itself (DistributedSampler) "
+            f"over {state['world_size']} ranks; it cannot be re-split over {loader.world_size}. "
+            "Let shmloader shard (drop the DistributedSampler) to resume with another world size."
+        )
+    loader.shutdown()  # persistent workers start afresh, from the loaded position
+    loader._seed = int(state["seed"])
+    loader._next_epoch = int(state["epoch"])
+    loader._resume = resume
+    loader._live_iter = None
+
+
+def _check_iterable(loader: Any, state: dict[str, Any]) -> None:
+    saved = (state["rank"], state["world_size"], max(state["num_workers"], 1))
+    now = (loader.rank, loader.world_size, max(loader.num_workers, 1))
+    if saved != now:
+        raise ValueError(
+            "an iterable dataset resumes shard by shard, and this state was saved by rank "
+            f"{saved[0]} of {saved[1]} with {saved[2]} worker(s) per rank; this loader is rank "
+            f"{now[0]} of {now[1]} with {now[2]}. Resume with the same rank, world size and "
+            "num_workers (each shard's dataset copy splits its data by those numbers)."
+        )
+
+
+def open_iterable(dataset: Any, record: dict[str, Any] | None) -> Iterator[Any]:
+    """``iter(dataset)`` positioned where ``record`` (a worker's saved record) left it:
+    the dataset's own state is loaded first when saved, else the delivered samples are
+    skipped."""
+    if record is not None and record.get("state") is not None and is_stateful(dataset):
+        dataset.load_state_dict(record["state"])
+        return iter(dataset)
+    it = iter(dataset)
+    skip = int(record["samples"]) if record is not None else 0
+    if skip:
+        next(islice(it, skip, skip), None)
+    return it
+
+
+def worker_resume(plan: EpochPlan | None, wid: int) -> dict[str, Any] | None:
+    """What worker ``wid`` resumes from in ``plan``'s epoch (None: from the start)."""
+    if plan is None or plan.workers is None:
+        return None
+    record = plan.workers[wid]
+    if not record.get("samples") and record.get("state") is None:
+        return None
+    return record
