@@ -242,3 +242,21 @@ class Wide(Dataset):
 
     def __getitem__(self, i):
         return np.full(1000, i, np.float64)
+
+
+class Counted(Dataset):
+    """A dataset with its own stats() counters: multiples of 7 count as 'odd_ones'."""
+
+    def __init__(self):
+        self.odd_ones = 0
+
+    def __len__(self):
+        return 50
+
+    def __getitem__(self, i):
+        if i % 7 == 0:
+            self.odd_ones += 1
+        return i
+
+    def stats(self):
+        return {"odd_ones": self.odd_ones}

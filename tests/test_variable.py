@@ -146,3 +146,27 @@ def test_copy_true_keeps_data_after_the_ring_is_gone(method):
     assert not maps, "the ring is unmapped: no batch refers to it"
     assert [int(v) for _, y in kept for v in y] == list(range(40))
     assert all((x[:, 0, 0] == y).all() for x, y in kept)
+
+
+def test_stats_count_batches_copies_and_growth(method):
+    dl = DataLoader(D.Squares(300), batch_size=3, num_workers=2, multiprocessing_context=method)
+    kept = list(dl)  # every batch kept: the ring grows
+    stats = dl.stats()
+    assert stats["batches"] == len(kept) == 100
+    assert stats["batches_copied"] == 2, "only each worker's first batch, which sizes the ring"
+    assert stats["rings_created"] >= 4 and stats["num_slots"] >= 64
+    assert stats["pinned_shm_bytes"] == dl.pinned_shm_bytes() > 0
+    assert stats["dataset"] == {}
+    main = DataLoader(D.Squares(30), batch_size=3)
+    list(main)
+    assert main.stats()["batches"] == main.stats()["batches_copied"] == 10
+
+
+def test_stats_sum_the_datasets_own_counters_over_workers(method):
+    dl = DataLoader(D.Counted(), batch_size=5, num_workers=2, multiprocessing_context=method)
+    for _ in range(2):
+        assert len(list(dl)) == 10
+    assert dl.stats()["dataset"] == {"odd_ones": 2 * 8}  # 0, 7, ..., 49: 8 per epoch
+    main = DataLoader(D.Counted(), batch_size=5)
+    list(main)
+    assert main.stats()["dataset"] == {"odd_ones": 8}

@@ -261,8 +261,10 @@ def test_skip_mode_replaces_counts_and_warns_once(broken):
     assert len([w for w in caught if "skipped an unreadable image" in str(w.message)]) == 1
     good = [ds[i][0] for i in range(3)]
     assert np.array_equal(batches[1][0][0], good[0])  # 1_corrupt.jpg -> the next readable one
-    loaded = _batches(DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="fork"))
+    loader = DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="fork")
+    loaded = _batches(loader)
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(loaded, batches, strict=False))
+    assert loader.stats()["dataset"] == {"skipped": 6}, "the workers' skips reach the loader's stats"
 
 
 def test_skip_mode_gives_up_on_a_folder_of_non_images(tmp_path):

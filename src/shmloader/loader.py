@@ -232,6 +232,8 @@ class DataLoader:
         self._ring: Ring | None = None
         self._ring_lock = threading.Lock()
         self._mappings: list[weakref.ref] = []  # every ring made, to count what is still pinned
+        # Counters for stats(): plain ints bumped on the hand-out path (no locks, no syscalls).
+        self._stats: dict[str, Any] = {"batches": 0, "batches_copied": 0, "rings_created": 0, "dataset": {}}
         self._pinner = _pinning.make_pinner(pin_memory)  # None: off, or no CUDA (warned)
         if slot_bytes is not None and num_workers > 0:
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.
@@ -278,6 +280,26 @@ class DataLoader:
             it = _MultiProcessIter(self, epoch_seed, copy)
         self._live_iter = weakref.ref(it)  # the iterator state_dict() describes
         return it
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this loader, as plain data: ``batches`` handed out, of which
+        ``batches_copied`` did not come as views of the ring (each worker's first batch,
+        which sizes the ring; batches that outgrew their slot; ``copy=True``; main-process
+        loading), ``rings_created`` (the first ring, then one per growth), the current
+        ring's ``num_slots`` and ``slot_bytes``, ``pinned_shm_bytes``, and ``dataset``: the
+        sum over all workers of the dataset's own ``stats()`` counters, when it has one
+        (e.g. ``shmloader.vision.ImageFolder`` counts files skipped under
+        ``on_error="skip"``)."""
+        out = dict(self._stats)
+        dataset = dict(out["dataset"])
+        if self.num_workers == 0 and callable(getattr(self.dataset, "stats", None)):
+            dataset = dict(self.dataset.stats())  # loaded in this process: its own counters
+        out["dataset"] = dataset
+        ring = self._ring
+        out["num_slots"] = ring.num_slots if ring is not None else 0
+        out["slot_bytes"] = ring.slot_bytes if ring is not None else 0
+        out["pinned_shm_bytes"] = self.pinned_shm_bytes()
+        return out
 
     def set_epoch(self, epoch: int) -> None:
         """Load epoch ``epoch`` on the next ``iter()`` (as ``DistributedSampler.set_epoch``):
@@ -329,6 +351,7 @@ class DataLoader:
             if pinned + need > self.max_shm_bytes:
                 raise _limit_error(self, need, pinned, held, old)
             ring = Ring.create(num_slots, slot_bytes)
+            self._stats["rings_created"] += 1
             if self._pinner is not None:
                 self._pinner.register(ring)  # page-locked once, for the ring's whole life
             self._mappings.append(weakref.ref(ring.mapping))
@@ -456,6 +479,9 @@ class _SingleProcessIter:
             _rngmod._main_epoch_seed = None  # outside an epoch, sample_rng follows np.random
             _dist._main_shard = None
             raise
+        stats = self._loader._stats
+        stats["batches"] += 1
+        stats["batches_copied"] += 1  # built in this process's memory, not in a ring
         return batch if self._post is None else self._post(batch)
 
     def _batches_handed_out(self) -> int:
@@ -824,6 +850,11 @@ class _MultiProcessIter:
         if kind >= protocol.RES_INIT_ERROR:  # rare kinds, behind one comparison
             if kind == protocol.RES_SHARD_STATE:
                 return self._shard_state(worker, seq, msg[protocol.HEADER_BYTES :])
+            if kind == protocol.RES_STATS:
+                counts = self._loader._stats["dataset"]
+                for name, gained in pickle.loads(msg[protocol.HEADER_BYTES :]).items():
+                    counts[name] = counts.get(name, 0) + gained
+                return True
             return self._init_failed(worker, msg[protocol.HEADER_BYTES :])
         task = self._tasks.pop(seq, None)
         if task is None:
@@ -974,11 +1005,14 @@ class _MultiProcessIter:
             if olen:
                 ooff = int(header[H_OBJECTS_OFF])
                 objects = pickle.loads(root[ooff : ooff + olen].tobytes())
+            stats = self._loader._stats
+            stats["batches"] += 1
             if self._copy:
                 # Batches that own their memory: one copy of the slot's data, and the
                 # slot is free again at once.
                 batch = reader(root[: int(header[H_DATA_END])].copy(), objects)
                 states.store(slot, _slots.FREE)
+                stats["batches_copied"] += 1
                 return batch
             batch = reader(root, objects)
             # The slot returns to FREE when the root dies, i.e. when the last view of it does.
@@ -988,6 +1022,8 @@ class _MultiProcessIter:
                 weakref.finalize(root, self._loader._pinner.release, states, slot).atexit = False
             return batch
         if kind == protocol.RES_PICKLED:
+            self._loader._stats["batches"] += 1
+            self._loader._stats["batches_copied"] += 1
             batch = pickle.loads(payload[8:])
             if self._loader.output == "torch":
                 batch = _pinning.to_torch(batch)

@@ -31,6 +31,7 @@ RES_ERROR = 13  # payload: pickled WorkerFailure
 RES_ITER_END = 14  # iterable dataset exhausted in this worker
 RES_INIT_ERROR = 15  # payload: pickled WorkerFailure; the worker exits after sending it
 RES_SHARD_STATE = 16  # payload: pickled dataset.state_dict() after batch `seq` (before its result)
+RES_STATS = 17  # payload: pickled {name: increase} of the dataset's stats() counters
 # The consumer checks kinds >= RES_INIT_ERROR with one comparison, off the per-batch path:
 # give a new rare kind a number above these and handle it in that branch.
 

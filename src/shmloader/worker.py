@@ -211,6 +211,12 @@ class _Worker:
         self.ring = config.ring
         self.layout_cache: dict[Any, bytes] = {}
         self.views: dict[tuple[int, Any], list] = {}  # (slot, layout) -> views of the slot
+        # A dataset's own counters (e.g. ImageFolder's skipped files), reported as they change.
+        stats = getattr(config.dataset, "stats", None)
+        self.stats_fn = stats if callable(stats) else None
+        # Counted from what the dataset held when this worker started (a forked worker
+        # inherits the consumer's counts; they are not this worker's).
+        self.stats_sent: dict[str, int] = dict(self.stats_fn()) if self.stats_fn else {}
         self.iterator: Any = None
         self.exhausted = False
         # The write-into protocol applies to map-style datasets with the default collate.
@@ -299,6 +305,16 @@ class _Worker:
             failure = WorkerFailure.capture(exc, cfg.worker_id, where, indices)
             self.conn.send_bytes(protocol.pack(protocol.RES_ERROR, slot, seq, pickle.dumps(failure)))
 
+    def report_stats(self) -> None:
+        """Send what the dataset's ``stats()`` counters gained since the last report (only
+        when they changed: e.g. a file skipped), for the loader's ``stats()``."""
+        now = self.stats_fn()
+        last = self.stats_sent
+        gained = {k: v - last.get(k, 0) for k, v in now.items() if v != last.get(k, 0)}
+        if gained:
+            self.stats_sent = dict(now)
+            self.conn.send_bytes(protocol.pack(protocol.RES_STATS, payload=pickle.dumps(gained)))
+
     def fetch(self, indices: list[Any]) -> list[Any]:
         dataset = self.cfg.dataset
         getitems = getattr(dataset, "__getitems__", None)
@@ -349,6 +365,8 @@ class _Worker:
                 )
             batch = build_in_memory(layout, data_bytes, objects, fill)
             payload = np.int64(total).tobytes() + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+            if self.stats_fn is not None:
+                self.report_stats()
             self.conn.send_bytes(protocol.pack(protocol.RES_PICKLED, slot, seq, payload))
             return
         dst = ring.slot_array(slot)
@@ -369,4 +387,8 @@ class _Worker:
         # Release: the batch bytes and the header above are visible to the consumer
         # before it can observe READY.
         ring.states.store(slot, _slots.READY)
+        if self.stats_fn is not None:
+            # After the samples were made, before the result: the consumer may end the
+            # epoch as soon as it has the last result.
+            self.report_stats()
         self.conn.send_bytes(protocol.pack(protocol.RES_READY, slot, seq))
