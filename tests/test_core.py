@@ -388,3 +388,25 @@ def test_iteration_end_reaps_workers(method, how):
     gc.collect()
     for k in kids:
         assert not k.is_running(), f"worker {k.pid} still exists ({k.status()})"
+
+
+def test_closing_is_prompt_when_later_forks_inherited_our_descriptors():
+    import time
+
+    first = DataLoader(D.Squares(400), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    it = iter(first)
+    next(it), next(it)  # the ring is made after the first batch
+    ours = {w.conn.fileno() for w in it._workers} | {first.ring.fd}
+    # Workers of a second loader are forked while the first one's sockets are open: the
+    # at-fork hook closes those in every child, so the first's workers still see EOF.
+    second = DataLoader(D.Squares(400), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    it2 = iter(second)
+    next(it2)
+    our_files = {os.readlink(f"/proc/self/fd/{fd}") for fd in ours}  # socket:[inode], the ring
+    for w in it2._workers:
+        theirs = {os.readlink(f"/proc/{w.proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{w.proc.pid}/fd")}
+        assert not theirs & our_files, theirs & our_files
+    start = time.monotonic()
+    it.close()
+    assert time.monotonic() - start < 2.0, "no 5 s join timeout: the workers saw the stop"
+    it2.close()

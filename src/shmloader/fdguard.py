@@ -1,39 +1,47 @@
-"""Descriptors that only the consumer may hold.
+"""Descriptors that only the consumer may hold, closed in every process forked from it.
 
-Under the fork start method a worker inherits every descriptor of the consumer: the
-consumer's ends of the other workers' sockets, and the rings' descriptors. A worker that
-kept a sibling's consumer-side socket end open would stop that sibling from ever seeing
-EOF when the consumer dies, and would hold one descriptor per ring. So the consumer
-registers such descriptors here, and a forked worker closes all of them first thing.
+A process forked from the consumer (a worker under the fork start method, a torch
+DataLoader's worker, a user's ``os.fork()``) inherits every descriptor: the consumer's
+ends of its workers' sockets, and its rings' descriptors. A copy of a consumer-side
+socket end keeps the worker from seeing EOF when the consumer closes it or dies (the
+worker's lifeline), and a copy of a ring descriptor is one more per process. So the
+consumer registers the objects that own such descriptors here, and an at-fork hook closes
+them in the child, through the objects themselves: closing the raw numbers instead would
+leave objects that close them a second time later, when the numbers may name other files.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
+from typing import Any
 
-_consumer_only: set[int] = set()
+# Objects with a .close()-like method that closes their descriptor and marks them closed.
+_owners: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_closers: dict[int, str] = {}
 
 
-def register(fd: int) -> None:
-    """Mark ``fd`` as one a forked worker must close."""
-    _consumer_only.add(fd)
+def register(owner: Any, fd: int, closer: str = "close") -> None:
+    """Mark ``owner``'s descriptor ``fd`` as the consumer's only: in a forked child,
+    ``getattr(owner, closer)()`` is called."""
+    _owners[fd] = owner
+    _closers[fd] = closer
 
 
 def unregister(fd: int) -> None:
     """Forget ``fd`` (call before closing it)."""
-    _consumer_only.discard(fd)
+    _owners.pop(fd, None)
+    _closers.pop(fd, None)
 
 
-def snapshot() -> list[int]:
-    """The registered descriptors now (taken by the consumer just before a fork)."""
-    return list(_consumer_only)
+def _close_in_child() -> None:
+    for fd, owner in list(_owners.items()):
+        try:
+            getattr(owner, _closers[fd])()
+        except (OSError, KeyError):
+            pass
+    _owners.clear()
+    _closers.clear()
 
 
-def close_inherited(fds: list[int], keep: int) -> None:
-    """In a forked worker: close ``fds`` except ``keep``."""
-    for fd in fds:
-        if fd != keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+os.register_at_fork(after_in_child=_close_in_child)

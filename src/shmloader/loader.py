@@ -54,6 +54,7 @@ _HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the curre
 # the previous one still bound to the loop variable during next(), a few more)
 _SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
 _DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where /dev/shm's free space cannot be read
+_STOP_FRAME = protocol.pack(protocol.TASK_STOP)
 
 
 class DataLoader:
@@ -587,11 +588,15 @@ class _MultiProcessIter:
         self._poller = select.poll()
         self._fd_owner: dict[int, tuple[_WorkerHandle, bool]] = {}
         self._readers: dict[bytes, Callable[[np.ndarray, Any], Any]] = {}
+        self._ring_wanted = 0  # bytes a batch sent by copy needs in a slot: a ring to make
         ctx = loader.multiprocessing_context
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
         self._ctx = ctx
-        self._ring = loader._ring
+        # A ring whose descriptor is closed (this process was forked from the one that
+        # made it) cannot be handed to new workers: the first batch sizes a new one.
+        ring = loader._ring
+        self._ring = ring if ring is not None and ring.fd is not None else None
         self._begin_epoch(epoch_seed)
         _live_iterators.add(self)
         try:
@@ -636,7 +641,7 @@ class _MultiProcessIter:
         try:
             for wid in range(loader.num_workers):
                 ours, theirs = self._ctx.Pipe(duplex=True)
-                fdguard.register(ours.fileno())
+                fdguard.register(ours, ours.fileno())
                 config = WorkerConfig(
                     worker_id=wid,
                     num_workers=loader.num_workers,
@@ -654,7 +659,6 @@ class _MultiProcessIter:
                     fixed_slot_bytes=loader.slot_bytes is not None,
                     parent_pid=os.getpid(),
                     use_pdeathsig=use_pdeathsig,
-                    close_fds=fdguard.snapshot() if method == "fork" else [],
                     rank=loader.rank,
                     world_size=loader.world_size,
                     resume=_state.worker_resume(self._plan, wid),
@@ -686,6 +690,10 @@ class _MultiProcessIter:
     def _dispatch(self) -> None:
         """Send tasks until every worker has prefetch_factor of them (one each before the
         ring exists: the first results size it)."""
+        if self._ring_wanted:
+            if self._tasks or self._results:
+                return  # __next__ makes the ring after handing out the batch that asked
+            self._make_wanted_ring()
         loader = self._loader
         per_worker = loader.prefetch_factor if self._ring is not None else 1
         workers = self._workers
@@ -768,6 +776,8 @@ class _MultiProcessIter:
         if self.closed:
             raise StopIteration
         try:
+            if self._ring_wanted:
+                self._make_wanted_ring()
             item = self._next_result()
             if item is not None:
                 self._dispatch()
@@ -880,10 +890,9 @@ class _MultiProcessIter:
                 ring = self._ring
                 if ring is None or (needed > ring.slot_bytes and self._loader.slot_bytes is None):
                     # The first batch sizes the ring; a batch that outgrew its slot makes
-                    # a ring of larger slots, and the old one retires as its batches die.
-                    num_slots = self._loader.num_slots if ring is None else ring.num_slots
-                    slot_bytes = int(needed * _SLOT_HEADROOM) + 4096
-                    self._adopt_ring(self._loader._new_ring(num_slots, slot_bytes))
+                    # a ring of larger slots. Made at the next __next__, after this batch
+                    # is handed out (reserving a ring takes tens of ms).
+                    self._ring_wanted = max(self._ring_wanted, needed)
         self._results[seq] = (kind, task, payload)
         return True
 
@@ -915,6 +924,15 @@ class _MultiProcessIter:
                 return
             if not self._receive(worker):
                 return
+
+    def _make_wanted_ring(self) -> None:
+        """Make the ring a batch sent by copy asked for (the first one, or one with larger
+        slots: the old ring retires as its batches die) and hand it to the workers."""
+        ring = self._ring
+        num_slots = self._loader.num_slots if ring is None else ring.num_slots
+        slot_bytes = int(self._ring_wanted * _SLOT_HEADROOM) + 4096
+        self._ring_wanted = 0
+        self._adopt_ring(self._loader._new_ring(num_slots, slot_bytes))
 
     def _adopt_ring(self, ring: Ring) -> None:
         """Make ``ring`` this iterator's ring and hand it to every worker. Tasks sent
@@ -1122,11 +1140,17 @@ class _MultiProcessIter:
         self.closed = True
         if os.getpid() != self._pid:
             return  # a forked copy of the consumer: the workers are not ours to stop
-        # Closing our end of each socket is the stop signal: a worker blocked reading a
-        # task sees EOF, one blocked writing a result gets EPIPE.
+        # A stop frame, then closing our end of each socket: a worker idle in read gets the
+        # stop (or EOF), one blocked writing a result gets EPIPE. The stop frame is small
+        # and the worker's receive buffer holds at most prefetch_factor tasks, so the send
+        # does not block.
         for w in self._workers:
-            fd = w.conn.fileno()
-            fdguard.unregister(fd)
+            if graceful:
+                try:
+                    w.conn.send_bytes(_STOP_FRAME)
+                except OSError:
+                    pass
+            fdguard.unregister(w.conn.fileno())
             w.conn.close()
         deadline = time.monotonic() + (_JOIN_TIMEOUT_S if graceful else 0.0)
         for w in self._workers:

@@ -18,22 +18,30 @@ import sys
 import threading
 import time
 import traceback
-from multiprocessing import reduction
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
 
-from shmloader import _slots, fdguard, protocol
-from shmloader import writeinto
+from shmloader import _slots, protocol, writeinto
 from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
 from shmloader.errors import BatchLayoutError
 from shmloader.layout import encode
-from shmloader.ring import H_DATA_END, H_LAYOUT_LEN, H_LAYOUT_OFF, H_OBJECTS_LEN, H_OBJECTS_OFF, H_SEQ, Ring, attach_fd
+from shmloader.ring import (
+    H_DATA_END,
+    H_LAYOUT_LEN,
+    H_LAYOUT_OFF,
+    H_OBJECTS_LEN,
+    H_OBJECTS_OFF,
+    H_SEQ,
+    Ring,
+    attach_fd,
+)
 
 # The header words deliver() writes, in one assignment, in this order.
-assert (H_DATA_END, H_LAYOUT_OFF, H_LAYOUT_LEN, H_OBJECTS_OFF, H_OBJECTS_LEN, H_SEQ) == tuple(range(6))
+assert tuple(range(6)) == (H_DATA_END, H_LAYOUT_OFF, H_LAYOUT_LEN, H_OBJECTS_OFF, H_OBJECTS_LEN, H_SEQ)
 _HEADER_USED = 6
 _VIEW_CACHE_SIZE = 1024  # (slot, layout) entries; ragged batches make a new layout each
 
@@ -147,7 +155,6 @@ class WorkerConfig:
     fixed_slot_bytes: bool
     parent_pid: int
     use_pdeathsig: bool
-    close_fds: list[int] = field(default_factory=list)  # fork: descriptors not ours
     rank: int = 0  # the loader's rank and world size (worker info, global shard ids)
     world_size: int = 1
     resume: dict | None = None  # iterable: this shard's saved record (see state.open_iterable)
@@ -174,7 +181,6 @@ def worker_main(config: WorkerConfig, conn: Any) -> None:
         _slots.set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != config.parent_pid and config.use_pdeathsig:
         return  # the consumer died before the death signal was armed
-    fdguard.close_inherited(config.close_fds, keep=conn.fileno())
     if not config.use_pdeathsig:
         # forkserver (or started from a non-main thread): no death signal follows the
         # consumer, and EOF on the socket is seen only between tasks, so a worker busy
