@@ -34,9 +34,9 @@ class Leaf:
     - ``"object"``: Python objects, pickled beside the arrays (``dtype`` is None).
     """
 
-    __slots__ = ("dtype", "kind", "pad_value", "path", "shape", "shapes", "torch", "values")
+    __slots__ = ("dtype", "kind", "namer", "pad_value", "path", "shape", "shapes", "torch", "values")
 
-    def __init__(self, path, values, kind, shape, dtype, torch=False, pad_value=0, shapes=None):
+    def __init__(self, path, values, kind, shape, dtype, torch=False, pad_value=0, shapes=None, namer=None):
         self.path = path
         self.values = values
         self.kind = kind
@@ -45,6 +45,7 @@ class Leaf:
         self.torch = torch
         self.pad_value = pad_value
         self.shapes = shapes
+        self.namer = namer  # "stack" leaves: names sample i, for an error message
 
     @property
     def nbytes(self) -> int:
@@ -112,6 +113,8 @@ def gather(
             return f"sample index {indices[i]!r}"
         return f"sample #{i} of the batch"
 
+    sample_name.context = context  # type: ignore[attr-defined]
+
     def walk(values: list, path: tuple) -> Any:
         first = values[0]
         if isinstance(first, np.ndarray):
@@ -119,10 +122,10 @@ def gather(
                 raise _object_array_error(path, context)
             shape, dtype = first.shape, first.dtype
             if mode == "stack" or first.ndim == 0:
-                for i, v in enumerate(values):
-                    if not isinstance(v, np.ndarray) or v.shape != shape or v.dtype != dtype:
-                        raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
-                leaves.append(Leaf(path, values, "stack", (len(values), *shape), dtype))
+                # Not checked sample by sample here (a Python loop per sample costs more
+                # than the copy for small leaves): the strict copy in write_leaf refuses
+                # any other shape or dtype, and explain_stack_failure names the culprit.
+                leaves.append(Leaf(path, values, "stack", (len(values), *shape), dtype, namer=sample_name))
                 return LEAF
             for i, v in enumerate(values):
                 if not isinstance(v, np.ndarray) or v.ndim != first.ndim or v.dtype != dtype:
@@ -158,8 +161,9 @@ def gather(
             return node
         if isinstance(first, Mapping):
             keys = tuple(first.keys())
+            ftype, n = type(first), len(keys)
             for i, v in enumerate(values):
-                if not isinstance(v, Mapping) or len(v) != len(keys):
+                if (type(v) is not ftype and not isinstance(v, Mapping)) or len(v) != n:
                     raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
             try:
                 children = tuple(walk([v[k] for v in values], (*path, k)) for k in keys)
@@ -170,9 +174,9 @@ def gather(
                 ) from None
             return ("d", type(first), keys, children)
         if isinstance(first, (tuple, list)):
-            n = len(first)
+            ftype, n = type(first), len(first)
             for i, v in enumerate(values):
-                if not isinstance(v, (tuple, list)) or len(v) != n:
+                if (type(v) is not ftype and not isinstance(v, (tuple, list))) or len(v) != n:
                     raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
             children = tuple(walk(list(col), (*path, j)) for j, col in enumerate(zip(*values)))
             if isinstance(first, tuple) and hasattr(first, "_fields"):
@@ -254,13 +258,18 @@ def write_leaf(leaf: Leaf, dst: Any) -> None:
     for a ``"list"`` leaf, the list of per-sample arrays."""
     kind = leaf.kind
     if kind == "stack":
-        if dst.ndim > 1:
-            # Stacking B arrays of shape (n, ...) is concatenating them along axis 0 into
-            # (B*n, ...): the same bytes, without np.stack's per-array expand_dims
-            # (3x faster for many small arrays).
-            np.concatenate(leaf.values, out=dst.reshape(dst.shape[0] * dst.shape[1], *dst.shape[2:]))
-        elif dst.shape[0]:
-            np.stack(leaf.values, out=dst)
+        # casting="no" makes a sample of another dtype an error, as another shape is.
+        try:
+            if dst.ndim > 1:
+                # Stacking B arrays of shape (n, ...) is concatenating them along axis 0
+                # into (B*n, ...): the same bytes, without np.stack's per-array
+                # expand_dims (3x faster for many small arrays).
+                flat = dst.reshape(dst.shape[0] * dst.shape[1], *dst.shape[2:])
+                np.concatenate(leaf.values, out=flat, casting="no")
+            elif dst.shape[0]:
+                np.stack(leaf.values, out=dst, casting="no")
+        except (ValueError, TypeError) as exc:
+            raise explain_stack_failure(leaf, exc) from None
     elif kind == "copy":
         np.copyto(dst, leaf.values, casting="no")
     elif kind == "pad":
@@ -273,6 +282,16 @@ def write_leaf(leaf: Leaf, dst: Any) -> None:
     else:  # list
         for row, value in zip(dst, leaf.values):
             row[...] = value
+
+
+def explain_stack_failure(leaf: Leaf, exc: Exception) -> BatchLayoutError:
+    """The error for a stacked leaf whose samples disagree: which two, and how."""
+    sample_name = leaf.namer
+    first = leaf.values[0]
+    for i, v in enumerate(leaf.values):
+        if not isinstance(v, np.ndarray) or v.shape != first.shape or v.dtype != first.dtype:
+            return _mismatch(sample_name.context, leaf.path, sample_name(0), first, sample_name(i), v)
+    return BatchLayoutError(f"cannot collate field {_path_text(leaf.path)}: {exc}")
 
 
 def array_views(layout: Layout, buf: np.ndarray) -> list[Any]:
