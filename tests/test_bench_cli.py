@@ -16,15 +16,13 @@ from shmloader import bench, doctor
 
 _DEADLINE_S = 90
 _TINY = ["--workloads", "W4", "--batches", "20", "--repeat", "1", "--seconds", "0.2"]
-_LOADERS = ["shmloader", "torch", "shmloader w0", "copy ceiling"]
+_LOADERS = ["shmloader", "torch", "shmloader w0", "copy ceiling", "copy ceiling shm"]
 
 
 def _cli(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
     """Run ``shmloader <args>`` in a fresh interpreter (after ``prelude``)."""
     code = f"{prelude}\nimport sys\nfrom shmloader.cli import main\nsys.exit(main({list(args)!r}))"
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=_DEADLINE_S
-    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=_DEADLINE_S)
 
 
 def _torch_installed() -> bool:
@@ -63,9 +61,7 @@ def test_bench_prints_table_and_writes_json(tmp_path):
     assert "[1/" in text  # plain progress lines when not on a terminal
     assert "Time to first batch" in text and "Targets (2 workers)" in text
     table = [line for line in text.splitlines() if line.startswith("W4 w2")]
-    assert {name for name in _LOADERS if any(f"  {name}  " in line for line in table)} == set(
-        _LOADERS
-    )
+    assert {name for name in _LOADERS if any(f"  {name}  " in line for line in table)} == set(_LOADERS)
     try:
         import matplotlib  # noqa: F401
 
@@ -97,13 +93,9 @@ def test_bench_prints_table_and_writes_json(tmp_path):
 
 def test_bench_without_torch_says_not_installed(tmp_path):
     out = tmp_path / "r.json"
-    proc = _cli(
-        "bench", *_TINY, "--json", str(out), prelude="import sys; sys.modules['torch'] = None"
-    )
+    proc = _cli("bench", *_TINY, "--json", str(out), prelude="import sys; sys.modules['torch'] = None")
     assert proc.returncode == 0, proc.stderr
-    torch_lines = [
-        ln for ln in proc.stdout.splitlines() if ln.startswith("W4 w2  ") and "torch" in ln
-    ]
+    torch_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("W4 w2  ") and "torch" in ln]
     assert torch_lines and all("not installed" in ln for ln in torch_lines)
     data = json.loads(out.read_text())
     assert data["machine"]["torch"] is None

@@ -1,133 +1,1376 @@
-"""The built-in benchmark: this loader and torch's DataLoader side by side, in one run.
+"""The built-in benchmark: this loader beside torch's DataLoader, in one run.
 
-Ratios, not absolute times, are what it reports: both loaders run in the same process,
-alternating, after a warm-up, and each figure is the median of the repeats.
+Every figure is a ratio of two systems measured in the same run: for each workload and
+worker count the peers are this loader, ``torch.utils.data.DataLoader`` on the *same*
+dataset object with the same settings, this loader with ``num_workers=0``, and the copy
+ceiling (as many processes as workers doing nothing but ``np.copyto`` of the same bytes
+into as many batch-sized buffers as the ring has slots). Each peer is warmed up first,
+then timed ``repeat`` times, the peers alternating inside each repeat; the report gives
+the median, the spread ((max - min) / median) and ratios paired within a repeat.
+
+Each timed repeat is bounded twice: ``batches`` batches or ``seconds`` seconds, whichever
+comes first, so a fast loader gets many batches and a slow one does not run for minutes.
+
+Time to first batch is measured separately on fresh (non-persistent) loaders, and peak
+consumer memory and the system's shared-memory use in a fresh subprocess per loader, so
+one loader's allocations never count against the other.
+
+Run it as ``shmloader bench`` (see ``shmloader bench --help``) or :func:`main`.
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
+import json
+import math
+import mmap
+import multiprocessing
+import os
+import platform
+import shlex
+import shutil
 import statistics
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+_CACHE_ITEMS = 16  # samples come from a cache this big, so the dataset's cost is ~0
+_WARMUP_BATCHES = 16
+_WARMUP_MAX_S = 1.0
+_PREFETCH = 2  # both loaders' default prefetch_factor
+_RING_RESERVE_SLOTS = 4  # the ring's slots beyond num_workers * prefetch (loader.py)
+_PROBE_TIMEOUT_S = 120.0
+_MEM_SAMPLE_INTERVAL_S = 0.005
 
-class ImageBatchDataset:
-    """Synthetic images: 3x224x224 uint8 samples and an int64 label, fetched from a small
-    cached array so the dataset's own cost is near zero and the transport is measured."""
+# ---------------------------------------------------------------------------------------
+# Datasets: module level, so they pickle under spawn and forkserver.
 
-    def __init__(self, length: int = 4096, shape: tuple[int, ...] = (3, 224, 224), dtype: str = "uint8"):
+
+class ImageDataset:
+    """3x224x224 images (uint8 or float32) and an int64 label: sample ``i`` is item
+    ``i % 16`` of a prebuilt cache, so fetching costs one list lookup."""
+
+    def __init__(self, length: int, dtype: str = "uint8", shape: tuple[int, ...] = (3, 224, 224)):
         rng = np.random.default_rng(0)
-        self.cache = rng.integers(0, 255, (16, *shape)).astype(dtype)
+        images = rng.integers(0, 255, (_CACHE_ITEMS, *shape)).astype(dtype)
+        labels = np.arange(_CACHE_ITEMS, dtype=np.int64)
+        self.samples = [(images[k], labels[k]) for k in range(_CACHE_ITEMS)]
         self.length = length
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        return self.cache[i % 16], i
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.int64]:
+        return self.samples[i % _CACHE_ITEMS]
+
+
+class RecordDataset:
+    """Small records ``{"x": float32[16], "y": int64}``, from a prebuilt 16-item cache."""
+
+    def __init__(self, length: int):
+        rng = np.random.default_rng(0)
+        x = rng.random((_CACHE_ITEMS, 16), dtype=np.float32)
+        y = np.arange(_CACHE_ITEMS, dtype=np.int64)
+        self.samples = [{"x": x[k], "y": y[k]} for k in range(_CACHE_ITEMS)]
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.samples[i % _CACHE_ITEMS]
+
+
+class ScalarDataset:
+    """One int64 scalar per sample, from a 16-item cache: measures per-batch overhead."""
+
+    def __init__(self, length: int):
+        values = np.arange(_CACHE_ITEMS, dtype=np.int64)
+        self.samples = [values[k] for k in range(_CACHE_ITEMS)]
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> np.int64:
+        return self.samples[i % _CACHE_ITEMS]
+
+
+class ComputeDataset:
+    """Each sample costs ~``sample_s`` of CPU (sorting a cached random array), then a
+    float32[64] vector and an int64 label: the loader should not matter at all here.
+
+    The sort size is calibrated once, in the process that builds the dataset, so both
+    loaders run exactly the same computation.
+    """
+
+    def __init__(self, length: int, sample_s: float = 1e-3):
+        rng = np.random.default_rng(0)
+        x = rng.random((_CACHE_ITEMS, 64), dtype=np.float32)
+        y = np.arange(_CACHE_ITEMS, dtype=np.int64)
+        self.samples = [(x[k], y[k]) for k in range(_CACHE_ITEMS)]
+        self.length = length
+        self.work = rng.random(16384)
+        for _ in range(3):  # scale the work to the target cost
+            cost = self.cost_s()
+            self.work = rng.random(max(1024, int(len(self.work) * sample_s / cost)))
+        self.sample_s = self.cost_s()
+
+    def cost_s(self) -> float:
+        """The median CPU seconds one sample's computation takes here."""
+        times = []
+        for _ in range(7):
+            c0 = time.thread_time()
+            np.sort(self.work)
+            times.append(time.thread_time() - c0)
+        return max(statistics.median(times), 1e-6)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.int64]:
+        np.sort(self.work)
+        return self.samples[i % _CACHE_ITEMS]
+
+
+# ---------------------------------------------------------------------------------------
+# Workloads and run configurations.
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    batch_size: int
+    default_batches: int  # per timed repeat (the time box usually ends it first for slow peers)
+    make: Callable[[int], Any]  # length -> dataset
+    time_scale: float = 1.0  # this workload's repeats run this many times --seconds
+
+
+def _make_w1(n: int) -> ImageDataset:
+    return ImageDataset(n, "uint8")
+
+
+def _make_w2(n: int) -> ImageDataset:
+    return ImageDataset(n, "float32")
+
+
+WORKLOADS: dict[str, Workload] = {
+    "W1": Workload("W1", "images uint8 3x224x224 + int64 label, batch 64", 64, 1000, _make_w1),
+    "W2": Workload("W2", "images float32 3x224x224 + int64 label, batch 64", 64, 200, _make_w2),
+    "W3": Workload("W3", 'records {"x": float32[16], "y": int64}, batch 256', 256, 5000, RecordDataset),
+    "W4": Workload("W4", "one int64 scalar, batch 1 (per-batch overhead)", 1, 40000, ScalarDataset),
+    "W5": Workload(
+        "W5",
+        "~1 ms of numpy CPU per sample, float32[64] + int64, batch 16",
+        16,
+        400,
+        ComputeDataset,
+        time_scale=2.0,  # slow batches: longer repeats, so +-5% is measurable
+    ),
+}
+
+# Variants: (suffix, in_order, persistent_workers)
+VARIANTS: dict[str, tuple[str, bool, bool]] = {
+    "W1-unordered": ("W1", False, True),
+    "W1-fresh": ("W1", True, False),  # persistent_workers=False: each epoch starts workers
+}
+ALL_NAMES = [*WORKLOADS, *VARIANTS]
+DEFAULT_NAMES = ["W1", "W4"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """One measured setting: a workload, a worker count, and the loader options."""
+
+    name: str  # "W1", "W1-unordered", ...
+    workload: str  # "W1"
+    workers: int
+    in_order: bool = True
+    persistent_workers: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} w{self.workers}"
+
+
+def make_configs(names: Sequence[str], workers: Sequence[int]) -> list[Config]:
+    """The configurations for ``names`` x ``workers``, in that order."""
+    configs = []
+    for w in workers:
+        for name in names:
+            base, in_order, persistent = VARIANTS.get(name, (name, True, True))
+            configs.append(Config(name, base, w, in_order, persistent))
+    return configs
+
+
+# ---------------------------------------------------------------------------------------
+# Results.
 
 
 @dataclass
-class Result:
-    """One loader's figures on one workload."""
+class Row:
+    """One peer's figures in one configuration."""
 
-    loader: str
-    batches_per_s: float
-    spread: float  # (max - min) / median of the repeats
-    gb_per_s: float
-    consumer_cpu_ms: float  # consumer CPU time per batch
+    loader: str  # "shmloader", "torch", "shmloader w0", "copy ceiling"
+    status: str = "ok"  # or "not installed", "failed: ..."
+    runs: list[float] = field(default_factory=list)  # batches/s of each repeat
+    cpu_ms_runs: list[float] = field(default_factory=list)  # consumer CPU ms per batch
+    batches_runs: list[int] = field(default_factory=list)
+    batches_per_s: float | None = None  # median
+    spread: float | None = None  # (max - min) / median
+    gb_per_s: float | None = None
+    consumer_cpu_ms: float | None = None  # median consumer CPU ms per batch
+    ratio_to_torch: float | None = None  # median of per-repeat ratios
+    ratio_range: tuple[float, float] | None = None
+    pct_of_ceiling: float | None = None  # median of per-repeat ratios, in %
 
 
-def _measure(make_iter: Callable[[], Any], batches: int, batch_bytes: int) -> tuple[float, float]:
-    """Batches/s and consumer CPU seconds per batch over ``batches`` batches."""
-    it = make_iter()
+@dataclass
+class ConfigResult:
+    config: Config
+    description: str
+    batch_size: int
+    batch_bytes: int
+    num_slots: int
+    rows: list[Row] = field(default_factory=list)
+    first_batch_s: dict[str, dict[str, Any]] = field(default_factory=dict)
+    memory: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ring: dict[str, int] | None = None  # the shmloader ring this configuration used
+    load_average: list[float] | None = None  # 1-minute load at the start and the end
+    notes: list[str] = field(default_factory=list)
+
+    def row(self, loader: str) -> Row | None:
+        return next((r for r in self.rows if r.loader == loader), None)
+
+
+def _median_spread(values: Sequence[float]) -> tuple[float, float]:
+    med = statistics.median(values)
+    return med, ((max(values) - min(values)) / med if med else 0.0)
+
+
+# ---------------------------------------------------------------------------------------
+# Progress: a bar on a terminal, plain lines otherwise.
+
+
+class Progress:
+    """Reports steps done out of ``total``: a one-line bar on a terminal (stderr), plain
+    lines on ``out`` otherwise (logs, CI, pipes)."""
+
+    def __init__(self, total: int, out: Callable[[str], None], enabled: bool = True):
+        self.total = max(total, 1)
+        self.done = 0
+        self.out = out
+        self.enabled = enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.t0
+        if self.tty:
+            width = 28
+            fill = int(width * self.done / self.total)
+            bar = "#" * fill + "-" * (width - fill)
+            cols = max(40, shutil.get_terminal_size((100, 20)).columns - 1)
+            line = f"[{bar}] {self.done}/{self.total} {elapsed:5.0f}s {text}"
+            sys.stderr.write("\r" + line[:cols].ljust(cols))
+            sys.stderr.flush()
+        else:
+            self.out(f"[{self.done}/{self.total} {elapsed:.0f}s] {text}")
+
+    def close(self) -> None:
+        if self.tty:
+            cols = max(40, shutil.get_terminal_size((100, 20)).columns - 1)
+            sys.stderr.write("\r" + " " * cols + "\r")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------------------
+# Peers.
+
+
+def _torch_dataloader() -> Any | None:
+    """torch.utils.data.DataLoader, or None when torch is not installed."""
+    try:
+        from torch.utils.data import DataLoader as TorchDataLoader
+    except ImportError:
+        return None
+    return TorchDataLoader
+
+
+def _close_loader(loader: Any) -> None:
+    """Stop a loader's persistent workers now (both kinds)."""
+    shutdown = getattr(loader, "shutdown", None)
+    if shutdown is not None:
+        shutdown()
+        return
+    it = getattr(loader, "_iterator", None)  # torch keeps its persistent iterator here
+    if it is not None:
+        stop = getattr(it, "_shutdown_workers", None)
+        if stop is not None:
+            stop()
+        loader._iterator = None
+
+
+def _close_iter(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+        return
+    stop = getattr(it, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+
+
+def _time_loader(
+    loader: Any, batches: int, max_s: float, from_first: bool = True
+) -> tuple[float, float, int]:
+    """Iterate up to ``batches`` batches or ``max_s`` seconds of a new epoch: batches/s,
+    consumer CPU seconds per batch and the batches timed.
+
+    ``from_first``: the clocks start once the first batch is in hand, so the figure is the
+    steady state (a new epoch's reset and pipeline fill are excluded, for every loader
+    alike); otherwise they start before ``iter()``, which then counts worker start-up.
+    """
+    gc.collect()
+    perf, cpu = time.perf_counter, time.process_time
+    t0, c0 = perf(), cpu()
+    it = iter(loader)
+    _batch = None
+    if from_first:
+        for _batch in it:
+            break
+        t0, c0 = perf(), cpu()
+    deadline = t0 + max_s
     n = 0
-    t0, c0 = time.perf_counter(), time.process_time()
     for _batch in it:
         n += 1
-        if n == batches:
+        if n >= batches or perf() >= deadline:
             break
-    wall = time.perf_counter() - t0
-    cpu = time.process_time() - c0
+    wall = perf() - t0
+    used = cpu() - c0
+    _batch = None
+    if not getattr(loader, "persistent_workers", False):
+        _close_iter(it)
     del it
-    return n / wall, cpu / max(n, 1)
+    return n / wall, used / max(n, 1), n
 
 
-def run(batches: int = 200, repeat: int = 3, workers: int = 2, out=print) -> list[Result]:
-    """Run the default workload (W1: 64x3x224x224 uint8 batches) and return the results."""
+class LoaderPeer:
+    """A DataLoader made once and timed over fresh epochs."""
+
+    def __init__(self, name: str, loader: Any, from_first: bool = True):
+        self.name = name
+        self.loader = loader
+        self.from_first = from_first
+
+    def warm_up(self) -> None:
+        _time_loader(self.loader, _WARMUP_BATCHES, _WARMUP_MAX_S, self.from_first)
+
+    def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
+        return _time_loader(self.loader, batches, max_s, self.from_first)
+
+    def close(self) -> None:
+        _close_loader(self.loader)
+
+
+def _ceiling_sources(dataset: Any, batch_size: int) -> list[np.ndarray]:
+    """Per leaf, the first ``k`` samples stacked, ``k`` dividing the batch size: copying
+    them ``batch_size / k`` times moves exactly a batch's bytes from the same cached
+    source the datasets read."""
+    k = math.gcd(batch_size, _CACHE_ITEMS)
+    samples = [dataset[i] for i in range(k)]
+
+    def leaves(s: Any) -> list[Any]:
+        if isinstance(s, dict):
+            return [v for key in s for v in leaves(s[key])]
+        if isinstance(s, (tuple, list)):
+            return [v for item in s for v in leaves(item)]
+        return [np.asarray(s)]
+
+    cols = list(zip(*(leaves(s) for s in samples), strict=True))
+    return [np.stack(col) for col in cols]
+
+
+def _ceiling_child(
+    sources: list[np.ndarray],
+    batch_size: int,
+    num_slots: int,
+    batches: int,
+    max_s: float,
+    shared: bool,
+    barrier: Any,
+    conn: Any,
+) -> None:
+    """One copying process: rotate over ``num_slots`` batch-sized buffers (private
+    memory, or ``shared`` memory: a shmem-backed mapping like the ring's)."""
+    try:
+        k = sources[0].shape[0]
+        slots = []
+        for _ in range(num_slots):
+            bufs = [_buffer((batch_size, *s.shape[1:]), s.dtype, shared) for s in sources]
+            slots.append([b.reshape(batch_size // k, *s.shape) for b, s in zip(bufs, sources, strict=True)])
+        copyto = np.copyto
+        for views in slots:  # warm-up: one pass over every buffer
+            for v, s in zip(views, sources, strict=True):
+                copyto(v, s)
+        barrier.wait(30)
+        perf = time.perf_counter
+        t0 = perf()
+        deadline = t0 + max_s
+        n = 0
+        while n < batches:
+            for v, s in zip(slots[n % num_slots], sources, strict=True):
+                copyto(v, s)
+            n += 1
+            if perf() >= deadline:
+                break
+        conn.send((n, perf() - t0))
+    except BaseException as exc:
+        conn.send(("error", repr(exc)))
+    finally:
+        conn.close()
+
+
+def _buffer(shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> np.ndarray:
+    """A touched buffer: private (numpy's allocator; huge pages where the kernel gives
+    them) or a MAP_SHARED anonymous mapping (shmem, like the ring's tmpfs pages)."""
+    if not shared:
+        return np.ones(shape, dtype)
+    nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    buf = np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
+    buf[:] = 1
+    return buf[:nbytes].view(dtype).reshape(shape)
+
+
+class CeilingPeer:
+    """``procs`` processes copying batch bytes into a ring-sized rotation of buffers.
+
+    The copy is one ``np.copyto`` per leaf per batch (from a cached block of samples, the
+    same bytes the datasets return): the most a process can move. ``shared`` puts the
+    buffers in shared memory, so the figure shows what the ring's pages themselves allow.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int, num_slots: int, procs: int, shared: bool = False):
+        self.name = "copy ceiling shm" if shared else "copy ceiling"
+        self.shared = shared
+        self.sources = _ceiling_sources(dataset, batch_size)
+        self.batch_size = batch_size
+        self.num_slots = num_slots
+        self.procs = procs
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        self.ctx = multiprocessing.get_context(method)
+
+    def warm_up(self) -> None:
+        self.run(4 * self.procs, 0.2)
+
+    def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
+        ctx = self.ctx
+        barrier = ctx.Barrier(self.procs)
+        per_proc = max(1, -(-batches // self.procs))
+        children = []
+        for _ in range(self.procs):
+            ours, theirs = ctx.Pipe(duplex=False)
+            p = ctx.Process(
+                target=_ceiling_child,
+                args=(
+                    self.sources,
+                    self.batch_size,
+                    self.num_slots,
+                    per_proc,
+                    max_s,
+                    self.shared,
+                    barrier,
+                    theirs,
+                ),
+                daemon=True,
+            )
+            p.start()
+            theirs.close()
+            children.append((p, ours))
+        rate, total = 0.0, 0
+        try:
+            for _p, conn in children:
+                if not conn.poll(max_s + 60):
+                    raise RuntimeError("a copy-ceiling process did not report in time")
+                msg = conn.recv()
+                if msg[0] == "error":
+                    raise RuntimeError(f"a copy-ceiling process failed: {msg[1]}")
+                n, wall = msg
+                rate += n / wall
+                total += n
+        finally:
+            for p, conn in children:
+                conn.close()
+                p.join(5)
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()
+        return rate, float("nan"), total
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------
+# Measurements of one configuration.
+
+
+def batch_bytes_of(dataset: Any, batch_size: int) -> int:
+    """Bytes of array data in one batch."""
+    return sum(int(s.nbytes) for s in _ceiling_sources(dataset, batch_size)) * (
+        batch_size // math.gcd(batch_size, _CACHE_ITEMS)
+    )
+
+
+def _make_loaders(
+    cfg: Config, dataset: Any, batch_size: int, torch_dl: Any | None
+) -> tuple[Any, Any | None, Any]:
     from shmloader import DataLoader
 
-    batch_size = 64
-    ds = ImageBatchDataset(length=batch_size * (batches + 8))
-    batch_bytes = batch_size * (3 * 224 * 224 + 8)
-    loaders: dict[str, Callable[[], Any]] = {}
-    shm = DataLoader(ds, batch_size=batch_size, num_workers=workers, persistent_workers=True)
-    loaders["shmloader"] = lambda: iter(shm)
-    try:
-        import torch.utils.data as tud
-
-        tl = tud.DataLoader(ds, batch_size=batch_size, num_workers=workers, persistent_workers=True)
-        loaders["torch"] = lambda: iter(tl)
-    except ImportError:
-        out("torch is not installed: its rows are skipped (pip install torch to compare).")
-    for make in loaders.values():  # warm-up: process start, page faults, ring sizing
-        _measure(make, 10, batch_bytes)
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in loaders}
-    for r in range(repeat):
-        for name, make in loaders.items():
-            samples[name].append(_measure(make, batches, batch_bytes))
-            out(f"  repeat {r + 1}/{repeat} {name}: {samples[name][-1][0]:.0f} batches/s")
-    results = []
-    for name, runs in samples.items():
-        rates = [s[0] for s in runs]
-        med = statistics.median(rates)
-        results.append(
-            Result(
-                loader=name,
-                batches_per_s=med,
-                spread=(max(rates) - min(rates)) / med,
-                gb_per_s=med * batch_bytes / 1e9,
-                consumer_cpu_ms=statistics.median(s[1] for s in runs) * 1e3,
-            )
-        )
-    shm.shutdown()
-    return results
+    common = dict(batch_size=batch_size, num_workers=cfg.workers, persistent_workers=cfg.persistent_workers)
+    shm = DataLoader(dataset, in_order=cfg.in_order, **common)
+    tl = torch_dl(dataset, in_order=cfg.in_order, **common) if torch_dl is not None else None
+    w0 = DataLoader(dataset, batch_size=batch_size, num_workers=0)
+    return shm, tl, w0
 
 
-def format_table(results: list[Result]) -> str:
-    """The results as a text table with the ratio to torch."""
-    torch_rate = next((r.batches_per_s for r in results if r.loader == "torch"), None)
-    lines = [
-        f"{'loader':<10} {'batches/s':>10} {'spread':>7} {'GB/s':>7} {'CPU ms/batch':>13} {'vs torch':>9}",
+def _first_batch_times(
+    cfg: Config,
+    dataset: Any,
+    batch_size: int,
+    torch_dl: Any | None,
+    repeat: int,
+    progress: Progress,
+) -> dict[str, dict[str, Any]]:
+    """Seconds from constructing a fresh loader to holding its first batch (fork)."""
+    from shmloader import DataLoader
+
+    makers: dict[str, Callable[[], Any]] = {
+        "shmloader": lambda: DataLoader(dataset, batch_size=batch_size, num_workers=cfg.workers),
+    }
+    if torch_dl is not None:
+        makers["torch"] = lambda: torch_dl(dataset, batch_size=batch_size, num_workers=cfg.workers)
+    times: dict[str, list[float]] = {k: [] for k in makers}
+    for r in range(repeat + 1):  # the first round is a warm-up
+        order = list(makers) if r % 2 == 0 else list(reversed(makers))
+        for name in order:
+            gc.collect()
+            t0 = time.perf_counter()
+            loader = makers[name]()
+            it = iter(loader)
+            batch = next(it)
+            dt = time.perf_counter() - t0
+            del batch
+            _close_iter(it)
+            del it, loader
+            if r:
+                times[name].append(dt)
+        progress.step(f"{cfg.label} time to first batch, round {r}/{repeat}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, ts in times.items():
+        med, spread = _median_spread(ts)
+        out[name] = {"median_s": med, "spread": spread, "runs_s": ts}
+    return out
+
+
+def measure_config(
+    cfg: Config,
+    *,
+    batches: int | None,
+    seconds: float,
+    repeat: int,
+    memory: bool,
+    torch_dl: Any | None,
+    progress: Progress,
+) -> ConfigResult:
+    """Time every peer of ``cfg``, then time to first batch and memory."""
+    wl = WORKLOADS[cfg.workload]
+    n_batches = batches or wl.default_batches
+    length = wl.batch_size * (n_batches + _WARMUP_BATCHES + 8)
+    dataset = wl.make(length)
+    num_slots = cfg.workers * _PREFETCH + _RING_RESERVE_SLOTS
+    load0 = _load1()
+    res = ConfigResult(cfg, wl.description, wl.batch_size, batch_bytes_of(dataset, wl.batch_size), num_slots)
+    if isinstance(dataset, ComputeDataset):
+        res.notes.append(f"W5 sample cost measured: {dataset.sample_s * 1e3:.2f} ms")
+    shm, tl, w0 = _make_loaders(cfg, dataset, wl.batch_size, torch_dl)
+    # Persistent workers: steady state, from the first batch; otherwise from iter(), so
+    # the worker start-up each epoch pays is what the variant shows.
+    steady = cfg.persistent_workers
+    peers: list[Any] = [LoaderPeer("shmloader", shm, steady)]
+    if tl is not None:
+        peers.append(LoaderPeer("torch", tl, steady))
+    peers += [
+        LoaderPeer("shmloader w0", w0),
+        CeilingPeer(dataset, wl.batch_size, num_slots, cfg.workers),
+        CeilingPeer(dataset, wl.batch_size, num_slots, cfg.workers, shared=True),
     ]
-    for r in results:
-        ratio = f"{r.batches_per_s / torch_rate:.1f}x" if torch_rate else "n/a"
+    rows = {p.name: Row(p.name) for p in peers}
+    have_torch = tl is not None
+    try:
+        for p in peers:
+            p.warm_up()
+            progress.step(f"{cfg.label} warm-up {p.name}")
+        for r in range(repeat):
+            order = peers if r % 2 == 0 else peers[::-1]
+            for p in order:
+                rate, cpu_s, n = p.run(n_batches, seconds * wl.time_scale)
+                row = rows[p.name]
+                row.runs.append(rate)
+                row.cpu_ms_runs.append(cpu_s * 1e3)
+                row.batches_runs.append(n)
+                progress.step(
+                    f"{cfg.label} repeat {r + 1}/{repeat} {p.name}: {rate:,.0f} batches/s ({n} batches)"
+                )
+        ring = getattr(shm, "ring", None)
+        if ring is not None:
+            res.ring = {
+                "num_slots": int(ring.num_slots),
+                "slot_bytes": int(ring.slot_bytes),
+                "total_bytes": int(getattr(ring, "total_bytes", 0)),
+            }
+            res.notes.append(
+                f"{cfg.label} ring: {ring.num_slots} slots x {ring.slot_bytes / 2**20:.2f} MiB"
+                f" = {res.ring['total_bytes'] / 2**20:.1f} MiB"
+            )
+    finally:
+        # Newest first: workers forked later inherit the earlier loaders' sockets, and a
+        # shmloader worker stops on EOF, which only comes once every copy is closed.
+        for p in reversed(peers):
+            p.close()
+        del shm, tl, w0, peers
+        gc.collect()
+    torch_runs = rows["torch"].runs if "torch" in rows else None
+    ceil_runs = rows["copy ceiling"].runs
+    for row in rows.values():
+        row.batches_per_s, row.spread = _median_spread(row.runs)
+        row.gb_per_s = row.batches_per_s * res.batch_bytes / 1e9
+        cpus = [c for c in row.cpu_ms_runs if not math.isnan(c)]
+        row.consumer_cpu_ms = statistics.median(cpus) if cpus else None
+        row.cpu_ms_runs = cpus
+        if torch_runs:
+            ratios = [a / b for a, b in zip(row.runs, torch_runs, strict=True)]
+            row.ratio_to_torch = statistics.median(ratios)
+            row.ratio_range = (min(ratios), max(ratios))
+        row.pct_of_ceiling = 100 * statistics.median(a / b for a, b in zip(row.runs, ceil_runs, strict=True))
+    res.rows = list(rows.values())
+    if not have_torch:
+        res.rows.insert(1, Row("torch", status="not installed"))
+    res.first_batch_s = _first_batch_times(cfg, dataset, wl.batch_size, torch_dl, repeat, progress)
+    if memory:
+        for name in ["shmloader", "torch"] if torch_dl is not None else ["shmloader"]:
+            res.memory[name] = _probe_memory(cfg, name)
+            progress.step(f"{cfg.label} memory probe {name}")
+    if load0 is not None:
+        res.load_average = [load0, _load1() or 0.0]
+    return res
+
+
+def _load1() -> float | None:
+    """The 1-minute load average (other work on the machine skews every figure)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Memory: peak consumer RSS and system shared memory, in a fresh process per loader.
+
+
+def _proc_kb(path: str, keys: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in keys:
+                    out[key] = int(rest.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def _shm_used_bytes() -> int | None:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+_STATUS_KEYS = ("VmRSS", "RssAnon", "RssShmem", "VmHWM")
+
+
+def _probe_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: run one loader over ``spec``'s workload, touching every page
+    of every batch like a real consumer, and sample this process's RSS and the system's
+    shared memory while it runs."""
+    cfg = Config(**spec["config"])
+    wl = WORKLOADS[cfg.workload]
+    batches = spec["batches"]
+    dataset = wl.make(wl.batch_size * (batches + 8))
+    if spec["loader"] == "torch":
+        from torch.utils.data import DataLoader as Loader
+    else:
+        from shmloader import DataLoader as Loader
+    gc.collect()
+    try:  # reset the kernel's peak-RSS mark (VmHWM) so it covers the loader only
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    base = _proc_kb("/proc/self/status", _STATUS_KEYS)
+    base_shmem = _proc_kb("/proc/meminfo", ("Shmem",)).get("Shmem")
+    base_devshm = _shm_used_bytes()
+    peaks = {"VmRSS": 0, "RssAnon": 0, "RssShmem": 0, "Shmem": 0, "devshm": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while True:
+            st = _proc_kb("/proc/self/status", _STATUS_KEYS)
+            mi = _proc_kb("/proc/meminfo", ("Shmem",))
+            for k in ("VmRSS", "RssAnon", "RssShmem"):
+                peaks[k] = max(peaks[k], st.get(k, 0))
+            peaks["Shmem"] = max(peaks["Shmem"], mi.get("Shmem", 0))
+            peaks["devshm"] = max(peaks["devshm"], _shm_used_bytes() or 0)
+            if stop.wait(_MEM_SAMPLE_INTERVAL_S):
+                return
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    loader = Loader(
+        dataset,
+        batch_size=wl.batch_size,
+        num_workers=cfg.workers,
+        persistent_workers=cfg.persistent_workers,
+        in_order=cfg.in_order,
+    )
+    n = 0
+    t0 = time.perf_counter()
+    for batch in loader:
+        for leaf in _leaves(batch):
+            arr = leaf.numpy() if hasattr(leaf, "numpy") else np.asarray(leaf)
+            flat = arr.reshape(-1).view(np.uint8)
+            int(flat[::4096].sum())  # touch every page, as a consumer reading it would
+        n += 1
+        if n >= batches or time.perf_counter() - t0 > spec["seconds"]:
+            break
+    del batch
+    stop.set()
+    thread.join()
+    end = _proc_kb("/proc/self/status", _STATUS_KEYS)
+    _close_loader(loader)
+    kib = 1024
+    return {
+        "batches": n,
+        "baseline_rss_mb": base.get("VmRSS", 0) * kib / 2**20,
+        "peak_rss_mb": max(end.get("VmHWM", 0), peaks["VmRSS"]) * kib / 2**20,
+        "peak_rss_anon_mb": peaks["RssAnon"] * kib / 2**20,
+        "peak_rss_shmem_mb": peaks["RssShmem"] * kib / 2**20,
+        "shmem_delta_mb": (peaks["Shmem"] - base_shmem) * kib / 2**20 if base_shmem is not None else None,
+        "dev_shm_delta_mb": (peaks["devshm"] - base_devshm) / 2**20 if base_devshm is not None else None,
+    }
+
+
+def _leaves(tree: Any) -> Iterator[Any]:
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _leaves(v)
+    elif isinstance(tree, (tuple, list)):
+        for v in tree:
+            yield from _leaves(v)
+    else:
+        yield tree
+
+
+def _probe_memory(cfg: Config, loader: str, batches: int = 60, seconds: float = 3.0) -> dict[str, Any]:
+    spec = {"config": asdict(cfg), "loader": loader, "batches": batches, "seconds": seconds}
+    cmd = [sys.executable, "-m", "shmloader.bench", "--probe", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the memory probe did not finish in {_PROBE_TIMEOUT_S:.0f} s"}
+    if proc.returncode != 0:
+        return {"error": f"the memory probe failed: {proc.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------
+# Machine information.
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit (with "+dirty" for local changes), when run from one; the
+    SHMLOADER_COMMIT environment variable names it for a tree exported without .git."""
+    if os.environ.get("SHMLOADER_COMMIT"):
+        return os.environ["SHMLOADER_COMMIT"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+            timeout=5,
+        )  # fmt: skip
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=here,
+            capture_output=True, text=True, timeout=5,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures depend on: CPU, cores, memory, versions, start method, load."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    try:
+        import torch
+
+        torch_version: str | None = torch.__version__
+    except ImportError:
+        torch_version = None
+    import shmloader
+
+    mem = _proc_kb("/proc/meminfo", ("MemTotal",)).get("MemTotal")
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {
+        "shmloader_commit": _git_commit(),
+        "cpu_model": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_gb": mem / 2**20 if mem else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": torch_version,
+        "shmloader": shmloader.__version__,
+        "start_method": multiprocessing.get_start_method(allow_none=True)
+        or multiprocessing.get_context().get_start_method(),
+        "load_average": load,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Targets (issue 4): judged on the 2-worker configurations.
+
+_RATIO_TARGETS = {"W1": 8.0, "W2": 6.0, "W3": 10.0, "W4": 20.0}
+
+
+def evaluate_targets(results: list[ConfigResult]) -> list[dict[str, Any]]:
+    """Each target that the results can judge: name, figure, goal and whether it is met."""
+    by = {(r.config.name, r.config.workers): r for r in results}
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, value: float | None, goal: str, met: bool | None) -> None:
+        out.append({"target": name, "value": value, "goal": goal, "met": met})
+
+    for wl, goal in _RATIO_TARGETS.items():
+        res = by.get((wl, 2))
+        if res is None:
+            continue
+        row = res.row("shmloader")
+        val = row.ratio_to_torch if row else None
+        add(f"{wl} w2 vs torch", val, f">= {goal:g}x", None if val is None else val >= goal)
+    res = by.get(("W5", 2))
+    if res is not None:
+        row = res.row("shmloader")
+        val = row.ratio_to_torch if row else None
+        add("W5 w2 vs torch", val, "0.95x - 1.05x", None if val is None else 0.95 <= val <= 1.05)
+    for wl in ("W1", "W2"):
+        res = by.get((wl, 2))
+        if res is not None:
+            val = res.row("shmloader").pct_of_ceiling  # type: ignore[union-attr]
+            add(f"{wl} w2 % of copy ceiling", val, ">= 50%", None if val is None else val >= 50)
+    res = by.get(("W1", 2))
+    if res is not None:
+        s, t = res.row("shmloader"), res.row("torch")
+        val = None
+        if s and t and t.consumer_cpu_ms and s.consumer_cpu_ms is not None:
+            val = s.consumer_cpu_ms / t.consumer_cpu_ms
+        add("W1 w2 consumer CPU/batch vs torch", val, "<= 0.1x", None if val is None else val <= 0.1)
+        fb = res.first_batch_s
+        val = None
+        if "torch" in fb and "shmloader" in fb:
+            val = fb["shmloader"]["median_s"] / fb["torch"]["median_s"]
+        add(
+            "W1 w2 time to first batch vs torch",
+            val,
+            "<= 1.0x",
+            None if val is None else val <= 1.0,
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Output.
+
+
+def _fmt(v: float | None, spec: str, missing: str = "-") -> str:
+    return missing if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+_COLUMNS = [
+    "workload",
+    "loader",
+    "batches/s",
+    "spread",
+    "GB/s",
+    "vs torch",
+    "% ceiling",
+    "CPU ms/batch",
+]
+
+
+def table_rows(results: list[ConfigResult]) -> list[list[str]]:
+    """The main table's cells, one list per peer."""
+    rows = []
+    for res in results:
+        for r in res.rows:
+            if r.status != "ok":
+                rows.append([res.config.label, r.loader, r.status, "", "", "", "", ""])
+                continue
+            rows.append(
+                [
+                    res.config.label,
+                    r.loader,
+                    _fmt(r.batches_per_s, ",.0f"),
+                    _fmt(r.spread, ".0%"),
+                    _fmt(r.gb_per_s, ".2f"),
+                    _fmt(r.ratio_to_torch, ".2f", "n/a") + ("x" if r.ratio_to_torch is not None else ""),
+                    _fmt(r.pct_of_ceiling, ".0f") + ("%" if r.pct_of_ceiling is not None else ""),
+                    _fmt(r.consumer_cpu_ms, ".3f"),
+                ]
+            )
+    return rows
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = [
+        "  ".join(
+            h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    ]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
         lines.append(
-            f"{r.loader:<10} {r.batches_per_s:>10.0f} {r.spread:>6.0%} {r.gb_per_s:>7.2f} "
-            f"{r.consumer_cpu_ms:>13.3f} {ratio:>9}"
+            "  ".join(
+                c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
         )
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``shmloader bench``: W1 through both loaders, printed as a table."""
-    import argparse
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in rows]
+    return "\n".join(lines)
 
-    parser = argparse.ArgumentParser(prog="shmloader bench", description=main.__doc__)
-    parser.add_argument("--batches", type=int, default=200, help="batches timed per repeat")
-    parser.add_argument("--repeat", type=int, default=3, help="repeats (the median is reported)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes per loader")
-    args = parser.parse_args(argv)
-    print(
-        f"W1: 64x3x224x224 uint8 batches, {args.workers} workers, {args.batches} batches x "
-        f"{args.repeat} repeats, python {sys.version.split()[0]}, numpy {np.__version__}",
-        flush=True,
+
+def _first_batch_rows(results: list[ConfigResult]) -> list[list[str]]:
+    rows = []
+    for res in results:
+        fb = res.first_batch_s
+        s, t = fb.get("shmloader"), fb.get("torch")
+        rows.append(
+            [
+                res.config.label,
+                f"{s['median_s'] * 1e3:.0f} ms ±{s['spread']:.0%}" if s else "-",
+                f"{t['median_s'] * 1e3:.0f} ms ±{t['spread']:.0%}" if t else "not installed",
+                f"{s['median_s'] / t['median_s']:.2f}x" if s and t else "n/a",
+            ]
+        )
+    return rows
+
+
+def _memory_rows(results: list[ConfigResult]) -> list[list[str]]:
+    rows = []
+    for res in results:
+        for name, m in res.memory.items():
+            if "error" in m:
+                rows.append([res.config.label, name, m["error"], "", "", "", ""])
+                continue
+            rows.append(
+                [
+                    res.config.label,
+                    name,
+                    f"{m['peak_rss_mb']:.0f}",
+                    f"{m['peak_rss_mb'] - m['baseline_rss_mb']:.0f}",
+                    f"{m['peak_rss_shmem_mb']:.0f}",
+                    _fmt(_nonneg(m["shmem_delta_mb"]), ".0f"),
+                    _fmt(_nonneg(m["dev_shm_delta_mb"]), ".0f"),
+                ]
+            )
+    return rows
+
+
+def _loads(v: Any) -> str:
+    return "unknown" if not v else " / ".join(f"{x:.1f}" for x in v)
+
+
+def _nonneg(v: float | None) -> float | None:
+    """A peak-over-baseline figure: below zero only when other processes freed memory."""
+    return None if v is None else max(0.0, v)
+
+
+_FB_HEADER = ["workload", "shmloader", "torch", "ratio"]
+_MEM_HEADER = [
+    "workload",
+    "loader",
+    "peak RSS MB",
+    "over baseline",
+    "of it shm MB",
+    "sys Shmem +MB",
+    "/dev/shm +MB",
+]
+
+
+def _target_rows(targets: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for t in targets:
+        v = t["value"]
+        shown = "-" if v is None else (f"{v:.1f}%" if "%" in t["goal"] else f"{v:.3g}x")
+        met = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        rows.append([t["target"], shown, t["goal"], met])
+    return rows
+
+
+def format_report(results: list[ConfigResult], targets: list[dict[str, Any]]) -> str:
+    """Every table of a run, as text."""
+    parts = [_text_table(_COLUMNS, table_rows(results))]
+    notes = [n for r in results for n in r.notes]
+    if notes:
+        parts.append("\n".join(sorted(set(notes))))
+    parts.append(
+        "Time to first batch (fresh loader, fork):\n" + _text_table(_FB_HEADER, _first_batch_rows(results))
     )
-    results = run(args.batches, args.repeat, args.workers, out=lambda s: print(s, flush=True))
-    print(format_table(results))
+    mem = _memory_rows(results)
+    if mem:
+        parts.append(
+            "Memory (fresh process per loader, every page of every batch read):\n"
+            + _text_table(_MEM_HEADER, mem)
+        )
+    if targets:
+        parts.append(
+            "Targets (2 workers):\n"
+            + _text_table(["target", "figure", "goal", "status"], _target_rows(targets))
+        )
+    return "\n\n".join(parts)
+
+
+_LEGEND = [
+    "- shmloader / torch: the same dataset object, batch size, num_workers, prefetch_factor 2, "
+    "default collate, numpy samples; persistent_workers=True and timed from the first batch of "
+    "each epoch (steady state), except W1-fresh (persistent_workers=False, timed from iter(), "
+    "so each epoch's worker start-up counts). W1-unordered: in_order=False.",
+    "- shmloader w0: this loader with num_workers=0 (fetch and collate in the consumer).",
+    "- copy ceiling: as many processes as workers, each doing one np.copyto per leaf per batch "
+    "of the same bytes from the same cached samples, rotating over as many batch-sized "
+    "buffers as the ring has slots (private memory: numpy's allocator, huge pages where the "
+    "kernel gives them). copy ceiling shm: the same into shared memory (4 KiB shmem pages, "
+    "like the ring's).",
+    "- CPU ms/batch: the consumer process's CPU time (user + system) per batch.",
+]
+
+
+def format_markdown(
+    results: list[ConfigResult], targets: list[dict[str, Any]], info: dict[str, Any], command: str
+) -> str:
+    """A RESULTS.md: machine, command, and every table."""
+    lines = [
+        "# shmloader vs torch DataLoader",
+        "",
+        f"Reproduce with: `{command}`",
+        "",
+        f"shmloader {info.get('shmloader_commit') or info['shmloader']}. "
+        f"Machine: {info['cpu_model']}, {info['usable_cores']} usable cores of {info['cores']}, "
+        f"{_fmt(info['memory_gb'], '.0f')} GB; python {info['python']}, numpy {info['numpy']}, "
+        f"torch {info['torch'] or 'not installed'}, start method {info['start_method']}; "
+        f"{info['date']}; "
+        f"load average (1, 5, 15 min) at start {_loads(info.get('load_average'))}, at end "
+        f"{_loads(info.get('load_average_end'))}: other work on the machine skews every "
+        "figure, which is why each ratio pairs two loaders measured back to back.",
+        "",
+        "batches/s and consumer CPU are medians of the repeats; spread = (max - min) / median; "
+        "'vs torch' and '% ceiling' are medians of ratios paired within a repeat.",
+        "",
+        *_LEGEND,
+        "",
+        _md_table(_COLUMNS, table_rows(results)),
+        "",
+    ]
+    notes = sorted({n for r in results for n in r.notes})
+    lines += [*notes, ""] if notes else []
+    lines += [
+        "## Time to first batch (fresh loader, fork)",
+        "",
+        _md_table(_FB_HEADER, _first_batch_rows(results)),
+        "",
+    ]
+    mem = _memory_rows(results)
+    if mem:
+        lines += [
+            "## Memory (fresh process per loader, every page of every batch read)",
+            "",
+            _md_table(_MEM_HEADER, mem),
+            "",
+        ]
+    if targets:
+        lines += [
+            "## Targets (2 workers)",
+            "",
+            _md_table(["target", "figure", "goal", "status"], _target_rows(targets)),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def results_json(
+    results: list[ConfigResult],
+    targets: list[dict[str, Any]],
+    info: dict[str, Any],
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """The machine-readable form of a run."""
+    configs = []
+    for res in results:
+        d = asdict(res)
+        d["label"] = res.config.label
+        configs.append(d)
+    return {"machine": info, "settings": settings, "configs": configs, "targets": targets}
+
+
+def write_plot(path: str, results: list[ConfigResult]) -> str:
+    """A PNG bar chart of each peer's ratio to torch; returns a message for the user."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"--plot {path}: matplotlib is not installed, so no chart was drawn (pip install matplotlib)."
+    labels = [r.config.label for r in results]
+    peers = ["shmloader", "shmloader w0", "copy ceiling shm", "copy ceiling"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(labels)), 4.5))
+    width = 0.8 / len(peers)
+    for j, peer in enumerate(peers):
+        vals = []
+        for res in results:
+            row = res.row(peer)
+            vals.append(row.ratio_to_torch if row and row.ratio_to_torch else 0.0)
+        ax.bar([i + (j - 1.5) * width for i in range(len(labels))], vals, width, label=peer)
+    ax.axhline(1.0, color="black", linewidth=0.8, label="torch DataLoader")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right")
+    ax.set_ylabel("batches/s relative to torch DataLoader (log)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"chart written to {path}"
+
+
+# ---------------------------------------------------------------------------------------
+# Command line.
+
+
+def _parse_list(text: str, allowed: Sequence[str] | None = None) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if allowed is not None:
+        if items == ["all"]:
+            return list(allowed)
+        lookup = {a.lower(): a for a in allowed}
+        bad = [i for i in items if i.lower() not in lookup]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown workload(s) {bad}; choose from {', '.join(allowed)} or 'all'"
+            )
+        items = [lookup[i.lower()] for i in items]
+    return items
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shmloader bench",
+        description="Compare shmloader with torch.utils.data.DataLoader (and with its own "
+        "num_workers=0 path and the memory-copy ceiling) on synthetic workloads, in one run.",
+        epilog="Workloads: "
+        + "; ".join(f"{w.name}: {w.description}" for w in WORKLOADS.values())
+        + "; W1-unordered: W1 with in_order=False; W1-fresh: W1 with persistent_workers=False. "
+        "With no options: W1 and W4 with 2 workers, about a minute.",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=lambda s: _parse_list(s, ALL_NAMES),
+        default=DEFAULT_NAMES,
+        help=f"comma-separated, or 'all' (default: {','.join(DEFAULT_NAMES)})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=lambda s: [int(x) for x in _parse_list(s)],
+        default=[2],
+        help="comma-separated worker counts, e.g. 2,1 (default: 2)",
+    )
+    parser.add_argument(
+        "--batches", type=int, default=None, help="batches per timed repeat (default: per workload)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=2.0, help="time box of one timed repeat (default: 2)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="timed repeats; the median is reported (default: 3)"
+    )
+    parser.add_argument(
+        "--no-memory", action="store_true", help="skip the memory probes (a subprocess per loader)"
+    )
+    parser.add_argument("--json", metavar="PATH", help="write machine-readable results here")
+    parser.add_argument("--markdown", metavar="PATH", help="write the tables as markdown here")
+    parser.add_argument(
+        "--plot", metavar="PATH", help="write a PNG bar chart of the ratios (needs matplotlib)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    return parser
+
+
+def run(
+    configs: list[Config],
+    *,
+    batches: int | None = None,
+    seconds: float = 2.0,
+    repeat: int = 3,
+    memory: bool = True,
+    out: Callable[[str], None] = print,
+    quiet: bool = False,
+) -> list[ConfigResult]:
+    """Measure ``configs``; torch's rows say "not installed" when torch is missing."""
+    torch_dl = _torch_dataloader()
+    if torch_dl is None:
+        out("torch is not installed: its rows say so and the rest runs (pip install torch to compare).")
+    peers = 5 if torch_dl is not None else 4
+    mem_steps = (2 if torch_dl is not None else 1) if memory else 0
+    total = len(configs) * (peers + peers * repeat + repeat + 1 + mem_steps)
+    progress = Progress(total, out, enabled=not quiet)
+    results = []
+    try:
+        for cfg in configs:
+            results.append(
+                measure_config(
+                    cfg,
+                    batches=batches,
+                    seconds=seconds,
+                    repeat=repeat,
+                    memory=memory,
+                    torch_dl=torch_dl,
+                    progress=progress,
+                )
+            )
+    finally:
+        progress.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``shmloader bench``: run the benchmark and print the tables."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.probe:
+        print(json.dumps(_probe_main(json.loads(args.probe))))
+        return 0
+    if args.repeat < 1 or (args.batches is not None and args.batches < 1) or args.seconds <= 0:
+        parser.error("--repeat and --batches must be positive, and --seconds above zero")
+    if any(w < 1 for w in args.workers):
+        parser.error("--workers must be positive: the num_workers=0 path is measured in every configuration")
+
+    def out(s: str) -> None:
+        print(s, flush=True)
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            out(
+                "note: --plot needs matplotlib, which is not installed: the run goes on "
+                "without a chart (pip install matplotlib)."
+            )
+    configs = make_configs(args.workloads, args.workers)
+    info = machine_info()
+    out(
+        f"shmloader bench: {', '.join(c.label for c in configs)}; up to "
+        f"{args.batches or 'default'} batches or {args.seconds:g} s per repeat, "
+        f"{args.repeat} repeats; {info['cpu_model']}, {info['usable_cores']} cores, "
+        f"python {info['python']}, numpy {info['numpy']}, torch {info['torch'] or 'not installed'}"
+    )
+    t0 = time.perf_counter()
+    results = run(
+        configs,
+        batches=args.batches,
+        seconds=args.seconds,
+        repeat=args.repeat,
+        memory=not args.no_memory,
+        out=out,
+        quiet=args.quiet,
+    )
+    targets = evaluate_targets(results)
+    out("")
+    out(format_report(results, targets))
+    out(f"\n{len(configs)} configuration(s) in {time.perf_counter() - t0:.0f} s.")
+    command = "shmloader bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    settings = {
+        "workloads": args.workloads,
+        "workers": args.workers,
+        "batches": args.batches,
+        "seconds": args.seconds,
+        "repeat": args.repeat,
+        "memory": not args.no_memory,
+        "command": command.strip(),
+    }
+    info["load_average_end"] = machine_info()["load_average"]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results_json(results, targets, info, settings), f, indent=1, default=str)
+        out(f"results written to {args.json}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(format_markdown(results, targets, info, command.strip()))
+        out(f"markdown written to {args.markdown}")
+    if args.plot:
+        out(write_plot(args.plot, results))
     return 0
+
+
+if __name__ == "__main__":
+    # Run the package module's main, so datasets pickle as shmloader.bench.* (not __main__.*).
+    from shmloader.bench import main as _main
+
+    sys.exit(_main())
