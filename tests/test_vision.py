@@ -17,7 +17,7 @@ pytest.importorskip("simplejpeg")
 
 from PIL import Image
 
-from shmloader import DataLoader, worker
+from shmloader import DataLoader
 from shmloader.vision import (
     CenterCrop,
     ImageDecodeError,
@@ -331,7 +331,6 @@ def test_same_seed_same_crops_for_any_number_of_workers(folder):
     assert not np.array_equal(first, second)
 
 
-@pytest.mark.skipif(not hasattr(worker, "get_epoch_seed"), reason="needs the core's get_epoch_seed() hook")
 def test_the_main_process_gives_the_same_crops_as_workers(folder):
     ds = ImageFolder(folder, RRC)
     kw = {"batch_size": 6, "shuffle": True, "seed": 9, "multiprocessing_context": "fork"}

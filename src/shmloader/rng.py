@@ -78,9 +78,3 @@ def sample_rng(index: Any) -> np.random.Generator:
     if base is None:
         return np.random.default_rng(int(np.random.randint(0, 2**63 - 1, dtype=np.int64)))
     return np.random.default_rng([base & _MASK64, int(index) & _MASK64])
-
-
-def set_main_epoch_seed(seed: int | None) -> None:
-    """Record the epoch seed of the epoch a ``num_workers=0`` loader is producing."""
-    global _main_epoch_seed
-    _main_epoch_seed = seed

@@ -95,14 +95,6 @@ def get_worker_info() -> WorkerInfo | None:
     return _worker_info
 
 
-def get_epoch_seed() -> int | None:
-    """The current epoch's seed, in a worker or in the main process while a
-    ``num_workers=0`` loader loads; see :func:`shmloader.rng.epoch_seed`."""
-    from shmloader.rng import epoch_seed
-
-    return epoch_seed()
-
-
 @dataclass
 class WorkerFailure:
     """An exception raised in a worker, in a form that always crosses processes."""

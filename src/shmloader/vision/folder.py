@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from shmloader import worker as _worker
+from shmloader.rng import epoch_seed, sample_rng  # noqa: F401 - re-exported by shmloader.vision
 from shmloader.vision.decode import Decoder, ImageDecodeError, dct_factor
 from shmloader.vision.resample import flip_inplace, resample_into, resolve_backend
 from shmloader.vision.transforms import Compose, Plan, Transform
@@ -21,38 +20,6 @@ ON_ERROR = ("raise", "skip")
 _MAX_SKIPS_IN_A_ROW = 32  # on_error="skip": give up after this many unreadable files in a row
 
 
-try:  # the core's reproducible randomness (same formula as the fallback below)
-    from shmloader.rng import epoch_seed, sample_rng
-except ImportError:  # a core without shmloader.rng
-
-    def epoch_seed() -> int | None:
-        """The seed of the current epoch, the same in every worker (None if unknown):
-        in a shmloader worker its seed minus its id (worker ``k`` gets the epoch seed
-        plus ``k``), in the main process the core's ``get_epoch_seed()`` when it has
-        one, in a torch DataLoader worker torch's base seed."""
-        info = _worker.get_worker_info()
-        if info is not None:
-            return int(info.seed) - int(info.id)
-        hook = getattr(_worker, "get_epoch_seed", None)
-        if hook is not None:
-            seed = hook()
-            if seed is not None:
-                return int(seed)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            tinfo = torch.utils.data.get_worker_info()
-            if tinfo is not None:
-                return int(tinfo.seed) - int(tinfo.id)
-        return None
-
-    def sample_rng(index: Any) -> np.random.Generator:
-        """The generator of sample ``index`` this epoch, from (epoch seed, index) only: a
-        seeded loader gives the same crops whichever worker loads the sample. Without an
-        epoch seed: drawn from numpy's global RNG (``np.random.seed`` reproduces it)."""
-        base = epoch_seed()
-        if base is None:
-            return np.random.default_rng(int(np.random.randint(0, 2**63 - 1, dtype=np.int64)))
-        return np.random.default_rng([base & (2**64 - 1), int(index) & (2**64 - 1)])
 
 
 def find_classes(root: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
