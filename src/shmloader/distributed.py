@@ -144,9 +144,3 @@ def get_shard_info() -> ShardInfo:
         return _main_shard
     rank, world = detect("auto", None, None)
     return ShardInfo(rank, world, 0, 1)
-
-
-def set_main_shard(info: ShardInfo | None) -> None:
-    """Record the shard a ``num_workers=0`` loader is loading in this process."""
-    global _main_shard
-    _main_shard = info

@@ -452,12 +452,12 @@ class _SingleProcessIter:
         # What sample_rng() and get_shard_info() see in this process while we load.
         _rngmod._main_epoch_seed = epoch_seed
         _dist._main_shard = self._shard
-        post = []
+        # Applied to each batch, in order.
+        self._post: list[Callable[[Any], Any]] = []
         if loader.output == "torch":
-            post.append(_pinning.to_torch)
+            self._post.append(_pinning.to_torch)
         if loader._pinner is not None:
-            post.append(_pinning.pin_tree)  # no ring here: pinned per batch, as torch does
-        self._post = None if not post else post[0] if len(post) == 1 else (lambda b: post[1](post[0](b)))
+            self._post.append(_pinning.pin_tree)  # no ring here: pinned per batch, as torch does
         if loader.iterable:
             self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan is not None else None)
         else:
@@ -483,7 +483,9 @@ class _SingleProcessIter:
         stats = self._loader._stats
         stats["batches"] += 1
         stats["batches_copied"] += 1  # built in this process's memory, not in a ring
-        return batch if self._post is None else self._post(batch)
+        for convert in self._post:
+            batch = convert(batch)
+        return batch
 
     def _batches_handed_out(self) -> int:
         """Batches handed out (or raised) this iteration, for state_dict()."""
