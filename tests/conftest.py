@@ -39,6 +39,7 @@ def no_leaks():
     children, shm, fds = _children(), _shm_entries(), _fds()
     yield
     gc.collect()
+
     def left_running() -> set[int]:
         # multiprocessing's own helpers (forkserver, resource tracker) live for the session.
         return {pid for pid in _children() - children if not _is_mp_helper(pid)}

@@ -60,7 +60,9 @@ def test_invalid_combinations_raise_value_error(kwargs, message):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"shuffle": True}, {"sampler": [0]}, {"batch_sampler": [[0]]}], ids=["shuffle", "sampler", "batch_sampler"]
+    "kwargs",
+    [{"shuffle": True}, {"sampler": [0]}, {"batch_sampler": [[0]]}],
+    ids=["shuffle", "sampler", "batch_sampler"],
 )
 def test_iterable_dataset_rejects_sampling_options(kwargs):
     with pytest.raises(ValueError, match="IterableDataset"):
@@ -77,8 +79,12 @@ def test_len_follows_torch():
 
 def test_torch_generator_is_accepted():
     torch = pytest.importorskip("torch")
-    a = labels(DataLoader(D.Squares(20), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3)))
-    b = labels(DataLoader(D.Squares(20), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3)))
+    a = labels(
+        DataLoader(D.Squares(20), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3))
+    )
+    b = labels(
+        DataLoader(D.Squares(20), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3))
+    )
     assert a == b and sorted(a) == list(range(20)) and a != list(range(20))
 
 
@@ -89,7 +95,9 @@ def test_sequential_batches_and_drop_last(method):
     dl = DataLoader(D.Squares(23), batch_size=5, num_workers=2, multiprocessing_context=method)
     batches = [b[1].tolist() for b in dl]
     assert batches == [list(range(i, min(i + 5, 23))) for i in range(0, 23, 5)]
-    dl = DataLoader(D.Squares(23), batch_size=5, drop_last=True, num_workers=2, multiprocessing_context=method)
+    dl = DataLoader(
+        D.Squares(23), batch_size=5, drop_last=True, num_workers=2, multiprocessing_context=method
+    )
     assert labels(dl) == list(range(20))
 
 
@@ -109,7 +117,9 @@ def test_custom_sampler_and_batch_sampler(method):
     order = [5, 3, 9, 0, 1]
     dl = DataLoader(D.Squares(), batch_size=2, sampler=order, num_workers=2, multiprocessing_context=method)
     assert [b[1].tolist() for b in dl] == [[5, 3], [9, 0], [1]]
-    dl = DataLoader(D.Squares(), batch_sampler=[[1, 2, 3], [7], [4, 4]], num_workers=2, multiprocessing_context=method)
+    dl = DataLoader(
+        D.Squares(), batch_sampler=[[1, 2, 3], [7], [4, 4]], num_workers=2, multiprocessing_context=method
+    )
     assert [b[1].tolist() for b in dl] == [[1, 2, 3], [7], [4, 4]]
 
 
@@ -183,13 +193,23 @@ def test_worker_seeds_are_base_plus_id_and_fresh_each_epoch(method):
     assert epoch_seeds[0] != epoch_seeds[1]
     again = DataLoader(D.RandomDraws(), batch_size=4, num_workers=2, multiprocessing_context=method, seed=11)
     b1 = [b["numpy"].tolist() for b in again]
-    b2 = [b["numpy"].tolist() for b in DataLoader(D.RandomDraws(), batch_size=4, num_workers=2, multiprocessing_context=method, seed=11)]
+    b2 = [
+        b["numpy"].tolist()
+        for b in DataLoader(
+            D.RandomDraws(), batch_size=4, num_workers=2, multiprocessing_context=method, seed=11
+        )
+    ]
     assert b1 == b2, "same seed, same random draws in the workers"
 
 
 def test_worker_init_fn_runs_after_seeding(method):
     dl = DataLoader(
-        D.InitEcho(), batch_size=1, num_workers=2, multiprocessing_context=method, worker_init_fn=D.record_init, seed=3
+        D.InitEcho(),
+        batch_size=1,
+        num_workers=2,
+        multiprocessing_context=method,
+        worker_init_fn=D.record_init,
+        seed=3,
     )
     echoes = {e[0] for e in dl}
     assert {e.split(":")[0] for e in echoes} == {"0", "1"}
@@ -204,7 +224,9 @@ def test_worker_init_fn_runs_after_seeding(method):
 
 
 def test_persistent_workers_keep_processes_and_ring(method):
-    dl = DataLoader(D.Pid(), batch_size=2, num_workers=2, multiprocessing_context=method, persistent_workers=True)
+    dl = DataLoader(
+        D.Pid(), batch_size=2, num_workers=2, multiprocessing_context=method, persistent_workers=True
+    )
     pids1 = {int(p) for b in dl for p in b}
     ring = dl.ring
     pids2 = {int(p) for b in dl for p in b}
@@ -213,7 +235,9 @@ def test_persistent_workers_keep_processes_and_ring(method):
 
 
 def test_persistent_workers_reset_after_break(method):
-    dl = DataLoader(D.Squares(40), batch_size=4, num_workers=2, multiprocessing_context=method, persistent_workers=True)
+    dl = DataLoader(
+        D.Squares(40), batch_size=4, num_workers=2, multiprocessing_context=method, persistent_workers=True
+    )
     for n, _ in enumerate(dl):
         if n == 2:
             break
@@ -273,7 +297,7 @@ def test_batches_view_the_ring_without_copies(method):
 def test_a_slot_is_not_reused_while_a_view_lives(method):
     dl = DataLoader(D.Squares(400), batch_size=4, num_workers=2, multiprocessing_context=method)
     kept = None
-    for n, (x, y) in enumerate(dl):
+    for n, (x, _) in enumerate(dl):
         if n == 5:
             kept = x[1:3, 0]  # a slice: the batch itself is dropped
             assert dl.ring.contains(kept)
@@ -291,7 +315,9 @@ def test_consumer_keeping_every_batch_grows_the_ring(method):
 
 
 def test_user_collate_fn_output_goes_into_the_slot(method):
-    dl = DataLoader(D.Squares(12), batch_size=4, num_workers=2, multiprocessing_context=method, collate_fn=D.stack_collate)
+    dl = DataLoader(
+        D.Squares(12), batch_size=4, num_workers=2, multiprocessing_context=method, collate_fn=D.stack_collate
+    )
     out = list(dl)
     assert [b["labels"].tolist() for b in out] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert out[2]["sum"][0, 0] == 8 + 9 + 10 + 11
@@ -357,7 +383,9 @@ def test_worker_exception_is_reraised_with_context_and_iteration_goes_on(method)
     assert good == [i for i in range(40) if i // 4 not in (1, 4)]
     exc = errors[0]
     assert exc.indices == [4, 5, 6, 7] and exc.worker_id in (0, 1)
-    assert "sample 5 is broken" in str(exc) and "Traceback" in str(exc) and "__getitem__" in exc.worker_traceback
+    assert (
+        "sample 5 is broken" in str(exc) and "Traceback" in str(exc) and "__getitem__" in exc.worker_traceback
+    )
 
 
 def test_worker_death_is_reported_at_once(method):

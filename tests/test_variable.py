@@ -20,7 +20,9 @@ def method(request):
 
 
 def test_images_of_random_sizes_as_lists_of_views(method):
-    dl = DataLoader(D.RandomSizeImages(), batch_size=8, num_workers=2, multiprocessing_context=method, collate="list")
+    dl = DataLoader(
+        D.RandomSizeImages(), batch_size=8, num_workers=2, multiprocessing_context=method, collate="list"
+    )
     batches = list(dl)
     for b, batch in enumerate(batches):
         assert batch["label"].tolist() == list(range(8 * b, 8 * b + 8))
@@ -32,7 +34,12 @@ def test_images_of_random_sizes_as_lists_of_views(method):
 
 def test_images_of_random_sizes_padded(method):
     dl = DataLoader(
-        D.RandomSizeImages(), batch_size=8, num_workers=2, multiprocessing_context=method, collate="pad", pad_value=7
+        D.RandomSizeImages(),
+        batch_size=8,
+        num_workers=2,
+        multiprocessing_context=method,
+        collate="pad",
+        pad_value=7,
     )
     for batch in dl:
         padded = batch["image"]
@@ -104,12 +111,17 @@ def test_batches_that_grow_tenfold_are_delivered(method):
 
 def test_fixed_slot_bytes_turns_growth_off(method):
     dl = DataLoader(
-        D.Squares(40), batch_sampler=[[0], [1, 2, 3, 4, 5, 6, 7, 8]], num_workers=2,
-        multiprocessing_context=method, slot_bytes=256,
+        D.Squares(40),
+        batch_sampler=[[0], [1, 2, 3, 4, 5, 6, 7, 8]],
+        num_workers=2,
+        multiprocessing_context=method,
+        slot_bytes=256,
     )
     it = iter(dl)
     assert next(it)[1].tolist() == [0]
-    with pytest.raises(BatchLayoutError, match=r"needs \d+ bytes but slots hold 256 \(slot_bytes was fixed\)"):
+    with pytest.raises(
+        BatchLayoutError, match=r"needs \d+ bytes but slots hold 256 \(slot_bytes was fixed\)"
+    ):
         next(it)
 
 
@@ -117,7 +129,9 @@ def test_fixed_slot_bytes_turns_growth_off(method):
 def test_keeping_5000_batches_grows_then_hits_the_limit(method):
     fds_before = len(os.listdir("/proc/self/fd"))
     limit = 24 * 2**20
-    dl = DataLoader(D.Wide(), batch_size=2, num_workers=2, multiprocessing_context=method, max_shm_bytes=limit)
+    dl = DataLoader(
+        D.Wide(), batch_size=2, num_workers=2, multiprocessing_context=method, max_shm_bytes=limit
+    )
     kept = []
     with pytest.raises(RingLimitError) as info:
         for batch in dl:

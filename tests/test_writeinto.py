@@ -41,6 +41,8 @@ def test_a_bad_spec_is_a_clear_error():
         def sample_spec(self):
             return {"image": (4, 5, 3)}
 
-    with pytest.raises(BatchLayoutError, match=r"returned int at \['image'\]\[0\]; every leaf must be a shmloader.ArraySpec"):
+    with pytest.raises(
+        BatchLayoutError, match=r"returned int at \['image'\]\[0\]; every leaf must be a shmloader.ArraySpec"
+    ):
         list(DataLoader(Bad(), batch_size=2))
     assert ArraySpec([2, 3], "f4") == ArraySpec((2, 3), np.float32)

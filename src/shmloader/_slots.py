@@ -92,4 +92,3 @@ def set_parent_death_signal(signum: int = signal.SIGKILL) -> None:
     err = lib.sl_set_pdeathsig(signum)
     if err:
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
-

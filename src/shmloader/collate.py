@@ -11,8 +11,8 @@ allocated arrays when loading in the main process. Both paths share this code, s
 from __future__ import annotations
 
 import sys
-from math import prod
 from collections.abc import Callable, Mapping, Sequence
+from math import prod
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -146,7 +146,7 @@ def gather(
             try:
                 arr = np.asarray(values)
             except (ValueError, TypeError) as exc:
-                raise _mismatch(context, path, sample_name(0), first, "another sample", exc)
+                raise _mismatch(context, path, sample_name(0), first, "another sample", exc) from None
             if arr.dtype.hasobject or arr.ndim != 1:
                 bad = next(i for i, v in enumerate(values) if type(v) is not type(first))
                 raise _mismatch(context, path, sample_name(0), first, sample_name(bad), values[bad])
@@ -344,7 +344,7 @@ def build_arrays(treedef: Any, leaves: list[Leaf]) -> Any:
 
 
 class _LazyContext:
-    """"cannot collate batch N (sample indices ...)", formatted only for an error message
+    """ "cannot collate batch N (sample indices ...)", formatted only for an error message
     (gather runs once per batch; the text is needed once per bad batch)."""
 
     __slots__ = ("batch_no", "indices")
@@ -388,4 +388,3 @@ def _structure_error(context, path, name_a, a, name_b, b) -> BatchLayoutError:
         f"{context}: the samples' structure differs at {_path_text(path)}: {name_a} is "
         f"{kind(a)}, {name_b} is {kind(b)}. Return the same structure from every sample."
     )
-

@@ -19,14 +19,13 @@ import sys
 import threading
 import time
 import weakref
-from multiprocessing import reduction
 from collections.abc import Callable, Iterable, Iterator
+from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
 
-from shmloader import _slots, fdguard, protocol
-from shmloader import writeinto
+from shmloader import _slots, fdguard, protocol, writeinto
 from shmloader import distributed as _dist
 from shmloader import pinning as _pinning
 from shmloader import rng as _rngmod
@@ -130,7 +129,9 @@ class DataLoader:
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         if seed is not None and generator is not None:
-            raise ValueError("pass either seed or generator, not both: seed is an int shortcut for generator.")
+            raise ValueError(
+                "pass either seed or generator, not both: seed is an int shortcut for generator."
+            )
         if num_slots is not None and (not isinstance(num_slots, int) or num_slots < 1):
             raise ValueError(f"num_slots should be a positive integer (got {num_slots!r}).")
         if slot_bytes is not None and (not isinstance(slot_bytes, int) or slot_bytes < 1):
@@ -152,11 +153,13 @@ class DataLoader:
         if self.iterable:
             if shuffle not in (False, None):
                 raise ValueError(
-                    f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
+                    "DataLoader with IterableDataset: expected unspecified shuffle option, "
+                    f"but got shuffle={shuffle}"
                 )
             if sampler is not None:
                 raise ValueError(
-                    f"DataLoader with IterableDataset: expected unspecified sampler option, but got sampler={sampler}"
+                    "DataLoader with IterableDataset: expected unspecified sampler option, "
+                    f"but got sampler={sampler}"
                 )
             if batch_sampler is not None:
                 raise ValueError(
@@ -174,7 +177,8 @@ class DataLoader:
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError(
-                    "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                    "sampler, and drop_last"
                 )
             batch_size = None
             drop_last = False
@@ -385,8 +389,7 @@ def _limit_error(loader: DataLoader, need: int, pinned: int, held: int, old: Rin
         f"the loader's shared memory would pass max_shm_bytes={loader.max_shm_bytes} bytes: "
         f"{held_text}pin {pinned} bytes of rings, and the next ring needs {need} more. "
         "Drop batches you no longer need, keep .copy() of the ones you keep (or iterate with "
-        "copy=True), or pass a larger max_shm_bytes."
-        + _shm_size_hint(need)
+        "copy=True), or pass a larger max_shm_bytes." + _shm_size_hint(need)
     )
 
 
@@ -462,10 +465,12 @@ class _SingleProcessIter:
             self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan is not None else None)
         else:
             self._source = loader._index_sequence()
-        self._spec = None
-        if not loader.iterable and loader._auto_collation and loader.collate_fn is None:
-            if writeinto.supports(loader.dataset):
-                self._spec = writeinto.parse_spec(loader.dataset.sample_spec())
+        self._spec = writeinto.spec_for(
+            loader.dataset,
+            iterable=loader.iterable,
+            auto_collation=loader._auto_collation,
+            collate_fn=loader.collate_fn,
+        )
 
     def __iter__(self) -> _SingleProcessIter:
         return self
@@ -858,7 +863,7 @@ class _MultiProcessIter:
             if self._fd_owner.pop(fd, None) is not None:
                 self._poller.unregister(fd)
             return False
-        kind, slot, seq = protocol.HEADER.unpack_from(msg)
+        kind, _slot, seq = protocol.HEADER.unpack_from(msg)
         if kind >= protocol.RES_INIT_ERROR:  # rare kinds, behind one comparison
             if kind == protocol.RES_SHARD_STATE:
                 return self._shard_state(worker, seq, msg[protocol.HEADER_BYTES :])
@@ -1119,7 +1124,9 @@ class _MultiProcessIter:
                 task.ring.states.store(task.slot, _slots.FREE)
         self._begin_epoch(epoch_seed)
         for w in self._workers:
-            msg = protocol.pack(protocol.TASK_EPOCH, payload=np.array([epoch_seed + w.id], np.int64).tobytes())
+            msg = protocol.pack(
+                protocol.TASK_EPOCH, payload=np.array([epoch_seed + w.id], np.int64).tobytes()
+            )
             try:
                 w.conn.send_bytes(msg)
             except OSError:
@@ -1223,4 +1230,3 @@ def _unpicklable_error(exc: BaseException, method: str) -> BaseException:
         "so define them at module level (no lambdas or local classes), or use "
         "multiprocessing_context='fork'."
     )
-

@@ -62,7 +62,9 @@ def _control_bytes(num_slots: int) -> int:
 
 def ring_bytes(num_slots: int, slot_bytes: int) -> int:
     """Size of the segment of a ring of ``num_slots`` slots of ``slot_bytes``."""
-    return _round_up(_control_bytes(num_slots) + num_slots * _round_up(slot_bytes, SLOT_ALIGN_BYTES), PAGE_BYTES)
+    return _round_up(
+        _control_bytes(num_slots) + num_slots * _round_up(slot_bytes, SLOT_ALIGN_BYTES), PAGE_BYTES
+    )
 
 
 class Ring:

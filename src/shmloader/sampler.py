@@ -50,7 +50,9 @@ class RandomSampler(Sampler):
         if not isinstance(replacement, bool):
             raise TypeError(f"replacement should be a boolean value, but got replacement={replacement!r}")
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples <= 0):
-            raise ValueError(f"num_samples should be a positive integer value, but got num_samples={num_samples!r}")
+            raise ValueError(
+                f"num_samples should be a positive integer value, but got num_samples={num_samples!r}"
+            )
         self.data_source = data_source
         self.replacement = replacement
         self._num_samples = num_samples
@@ -80,7 +82,9 @@ class BatchSampler(Sampler):
 
     def __init__(self, sampler: Iterable[Any], batch_size: int, drop_last: bool) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}")
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size!r}"
+            )
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last!r}")
         self.sampler = sampler
@@ -128,7 +132,9 @@ class BucketBatchSampler(Sampler):
         if self.lengths.ndim != 1 or len(self.lengths) == 0:
             raise ValueError("lengths should be a non-empty sequence of one length per sample")
         if not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}")
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size!r}"
+            )
         if bucket_width is not None and num_buckets is not None:
             raise ValueError("pass bucket_width or num_buckets, not both")
         if bucket_width is not None and bucket_width <= 0:

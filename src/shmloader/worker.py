@@ -217,15 +217,12 @@ class _Worker:
         self.stats_sent: dict[str, int] = dict(self.stats_fn()) if self.stats_fn else {}
         self.iterator: Any = None
         self.exhausted = False
-        # The write-into protocol applies to map-style datasets with the default collate.
-        self.spec = None
-        if (
-            not config.iterable
-            and config.auto_collation
-            and config.collate_fn is None
-            and writeinto.supports(config.dataset)
-        ):
-            self.spec = writeinto.parse_spec(config.dataset.sample_spec())
+        self.spec = writeinto.spec_for(
+            config.dataset,
+            iterable=config.iterable,
+            auto_collation=config.auto_collation,
+            collate_fn=config.collate_fn,
+        )
 
     def start_epoch(self, seed: int) -> None:
         """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
@@ -381,7 +378,14 @@ class _Worker:
         dst[data_bytes:end] = np.frombuffer(encoded, np.uint8)
         if objects_bytes:
             dst[end : end + len(objects_bytes)] = np.frombuffer(objects_bytes, np.uint8)
-        ring.headers[slot, :_HEADER_USED] = (data_bytes, data_bytes, len(encoded), end, len(objects_bytes), seq)
+        ring.headers[slot, :_HEADER_USED] = (
+            data_bytes,
+            data_bytes,
+            len(encoded),
+            end,
+            len(objects_bytes),
+            seq,
+        )
         # Release: the batch bytes and the header above are visible to the consumer
         # before it can observe READY.
         ring.states.store(slot, _slots.READY)

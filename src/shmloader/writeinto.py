@@ -46,7 +46,17 @@ class ArraySpec:
 
 def supports(dataset: Any) -> bool:
     """Whether ``dataset`` implements the write-into protocol."""
-    return callable(getattr(dataset, "write_sample", None)) and callable(getattr(dataset, "sample_spec", None))
+    return callable(getattr(dataset, "write_sample", None)) and callable(
+        getattr(dataset, "sample_spec", None)
+    )
+
+
+def spec_for(dataset: Any, *, iterable: bool, auto_collation: bool, collate_fn: Any) -> Any:
+    """The parsed spec when the protocol applies (a map-style dataset that implements it,
+    batched with the default collate), else None. Workers and the main process ask this."""
+    if iterable or not auto_collation or collate_fn is not None or not supports(dataset):
+        return None
+    return parse_spec(dataset.sample_spec())
 
 
 def parse_spec(spec: Any) -> tuple[Any, list[ArraySpec]]:
@@ -81,9 +91,7 @@ def plan_leaves(treedef: Any, specs: list[ArraySpec], batch: int) -> list[Leaf]:
     return [Leaf((i,), None, "stack", (batch, *s.shape), s.dtype) for i, s in enumerate(specs)]
 
 
-def writer(
-    dataset: Any, treedef: Any, indices: Sequence[Any]
-) -> Callable[[list[np.ndarray | None]], None]:
+def writer(dataset: Any, treedef: Any, indices: Sequence[Any]) -> Callable[[list[np.ndarray | None]], None]:
     """A filler that asks ``dataset`` to write each sample into its row of the views."""
     write_sample = dataset.write_sample
 

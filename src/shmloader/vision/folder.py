@@ -20,8 +20,6 @@ ON_ERROR = ("raise", "skip")
 _MAX_SKIPS_IN_A_ROW = 32  # on_error="skip": give up after this many unreadable files in a row
 
 
-
-
 def find_classes(root: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
     """Sorted class folder names under ``root`` and their indices (torchvision's rule)."""
     try:
