@@ -1,7 +1,9 @@
 """shmloader: a drop-in DataLoader whose workers write batches straight into one
 shared-memory ring, so the consumer gets zero-copy numpy views."""
 
+from shmloader.collate import Padded
 from shmloader.dataset import Dataset, IterableDataset
+from shmloader.distributed import ShardInfo, get_shard_info
 from shmloader.errors import (
     BatchLayoutError,
     LoaderTimeoutError,
@@ -12,12 +14,10 @@ from shmloader.errors import (
     WorkerError,
 )
 from shmloader.loader import DataLoader
-from shmloader.collate import Padded
+from shmloader.rng import sample_rng
 from shmloader.sampler import BatchSampler, BucketBatchSampler, RandomSampler, Sampler, SequentialSampler
 from shmloader.worker import WorkerInfo, get_worker_info
 from shmloader.writeinto import ArraySpec
-from shmloader.distributed import ShardInfo, get_shard_info
-from shmloader.rng import sample_rng
 
 __all__ = [
     "ArraySpec",

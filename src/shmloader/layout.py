@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import functools
 import pickle
-from math import prod
 from collections.abc import Callable, Iterator
+from math import prod
 from typing import Any, NamedTuple
 
 import numpy as np
