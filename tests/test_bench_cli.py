@@ -1,4 +1,5 @@
-"""`shmloader bench` and `shmloader doctor`, run for real on tiny settings.
+"""`shmloader bench`, `shmloader doctor` and `shmloader make-images`, run for real on
+tiny settings.
 
 Everything that starts worker processes runs the CLI in a subprocess with a deadline.
 """
@@ -188,8 +189,8 @@ def test_datasets_pickle_and_match_workloads():
     import pickle
 
     for name, wl in bench.WORKLOADS.items():
-        if name == "W5":
-            continue  # calibrates ~1 ms of work: covered by the bench runs
+        if name == "W5" or wl.make is None:
+            continue  # W5 calibrates ~1 ms of work (covered by the bench runs); W6 has no dataset here
         ds = wl.make(32)
         clone = pickle.loads(pickle.dumps(ds))
         assert type(clone) is type(ds) and len(clone) == 32
@@ -220,3 +221,109 @@ def test_probe_is_module_level():
     )
     proc = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--workloads" in proc.stdout
+
+
+def test_make_images_writes_a_folder(tmp_path):
+    root = tmp_path / "imgs"
+    proc = _cli(
+        "make-images", str(root), "--count", "6", "--classes", "2", "--min-size", "24", "--max-size", "40"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 6 JPEGs in 2 classes" in proc.stdout
+    files = sorted(root.glob("class_*/*.jpg"))
+    assert len(files) == 6 and {f.parent.name for f in files} == {"class_00", "class_01"}
+    assert all(f.read_bytes()[:2] == b"\xff\xd8" for f in files)  # JPEG start-of-image
+    assert "make-images" in _cli().stdout
+    assert _cli("make-images", str(root), "--count", "0").returncode == 2
+
+
+def test_make_images_without_pillow_says_so(tmp_path):
+    proc = _cli(
+        "make-images", str(tmp_path / "x"), "--count", "2", prelude="import sys; sys.modules['PIL'] = None"
+    )
+    assert proc.returncode == 2 and "needs Pillow" in proc.stderr and "pip install pillow" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_bench_w7_bucketed_padding(tmp_path):
+    out = tmp_path / "r.json"
+    proc = _cli(
+        "bench", "--workloads", "W7", "--batches", "20", "--repeat", "1", "--seconds", "0.2", "--no-memory",
+        "--json", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "W7 padding waste" in proc.stdout and "n/a (ragged batches)" in proc.stdout
+    (config,) = json.loads(out.read_text())["configs"]
+    rows = {r["loader"]: r for r in config["rows"]}
+    assert rows["shmloader"]["batches_per_s"] > 0 and rows["shmloader w0"]["batches_per_s"] > 0
+    assert rows["copy ceiling"]["status"].startswith("n/a") and rows["shmloader"]["pct_of_ceiling"] is None
+    pad = config["extra"]["padding"]
+    assert 0 < pad["bucketed"]["waste"] < 0.2 < pad["unbucketed"]["waste"] < 0.7
+    if _torch_installed():
+        assert rows["torch"]["batches_per_s"] > 0 and rows["shmloader"]["ratio_to_torch"] > 0
+        assert set(config["first_batch_s"]) == {"shmloader", "torch"}
+    (target,) = json.loads(out.read_text())["targets"]
+    assert target["target"] == "W7 w2 vs torch" and target["goal"] == ">= 5x"
+
+
+def test_w7_collate_and_waste_offline():
+    import numpy as np
+
+    padded, lengths = bench.pad_collate([np.arange(1, 3, dtype=np.int32), np.arange(1, 5, dtype=np.int32)])
+    assert padded.dtype == np.int32 and padded.tolist() == [[1, 2, 0, 0], [1, 2, 3, 4]]
+    assert lengths.tolist() == [2, 4]
+    waste = bench.padding_waste([2, 4, 3, 3], [[0, 1], [2, 3]])
+    assert waste["waste"] == pytest.approx(2 / 14) and waste["elements_per_batch"] == 7
+    ds = bench.TokenDataset(500)
+    assert (
+        all(16 <= n <= 2048 for n in ds.lengths) and ds[3].dtype == np.int32 and len(ds[3]) == ds.lengths[3]
+    )
+    assert ds.lengths == bench.TokenDataset(500).lengths  # seeded
+
+
+def test_w6_rows_and_targets_offline(monkeypatch):
+    from shmloader.vision import benchmark as vb
+
+    def fake_run(root, *, batch_size, workers, repeat, log):
+        for _ in range(len(vb.PEERS) * (1 + repeat)):
+            log("step")
+        rates = {"torch+conventional": [500.0, 600.0], "torch+ImageFolder": [900.0, 1000.0],
+                 "shmloader+ImageFolder": [1500.0, 1500.0]}  # fmt: skip
+        results = [vb.PeerResult(p, sorted(r)[0], 2.0, 1.0, 0.1, r) for p, r in rates.items()]
+        return {"workload": "W6", "folder": str(root), "load": (0.0, 0.0), "cores": 2, "backend": "torch",
+                "results": results, "ratios": {}, "targets": {}}  # fmt: skip
+
+    monkeypatch.setattr(vb, "run", fake_run)
+    monkeypatch.setattr(vb, "ensure_images", lambda root, count=vb.W6_COUNT: root)
+    monkeypatch.setattr(vb, "format_table", lambda report: "W6 table")
+    monkeypatch.setattr(bench, "_w6_missing", lambda torch_dl: None)
+    (cfg,) = bench.make_configs(["W6"], [2])
+    lines: list[str] = []
+    progress = bench.Progress(bench._config_steps(cfg, 2, True, True), lines.append)
+    progress.tty = False
+    res = bench.measure_config(
+        cfg, batches=None, seconds=1.0, repeat=2, memory=True, torch_dl=object(), progress=progress
+    )
+    assert progress.done == progress.total
+    rows = {r.loader: r for r in res.rows}
+    assert set(rows) == set(vb.PEERS)
+    assert rows["shmloader+ImageFolder"].batches_per_s == pytest.approx(1500 / 64)
+    assert rows["shmloader+ImageFolder"].ratio_to_torch == pytest.approx((3.0 + 2.5) / 2)
+    assert rows["torch+conventional"].ratio_to_torch == pytest.approx(1.0)
+    targets = {t["target"]: t for t in bench.evaluate_targets([res])}
+    assert targets["W6 w2 shmloader+ImageFolder vs torch+conventional"]["met"] is True
+    assert targets["W6 w2 shmloader+ImageFolder vs torch+ImageFolder"]["value"] == pytest.approx(
+        (1500 / 900 + 1500 / 1000) / 2
+    )
+    report = bench.format_report([res], list(targets.values()))
+    assert "W6 w2 in detail:\nW6 table" in report and "W6 w2  " not in report.split("Time to first")[1]
+
+
+def test_w6_skipped_without_pillow():
+    proc = _cli(
+        "bench", "--workloads", "W6", "--repeat", "1", prelude="import sys; sys.modules['PIL'] = None"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "needs Pillow and simplejpeg" in proc.stdout
+    w6 = [ln for ln in proc.stdout.splitlines() if ln.startswith("W6 w2  ")]
+    assert len(w6) == 3 and all("skipped" in ln for ln in w6)

@@ -140,6 +140,64 @@ class ComputeDataset:
         return self.samples[i % _CACHE_ITEMS]
 
 
+class TokenDataset:
+    """Variable-length int32 token sequences (W7): sample ``i`` has ``lengths[i]`` tokens,
+    drawn uniformly in ``[min_len, max_len]`` from a seeded RNG, and is a prefix of row
+    ``i % 16`` of a cached pool (a view: fetching costs one slice)."""
+
+    def __init__(self, length: int, min_len: int = 16, max_len: int = 2048, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.lengths = rng.integers(min_len, max_len + 1, length).tolist()
+        self.pool = rng.integers(1, 32_000, (_CACHE_ITEMS, max_len), dtype=np.int32)
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.pool[i % _CACHE_ITEMS, : self.lengths[i]]
+
+
+def pad_collate(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """torch's side of W7: pad 1-d samples to the batch's longest with zeros (numpy);
+    returns ``(padded, lengths)``, as shmloader's ``collate="pad"`` does."""
+    lengths = np.fromiter((len(x) for x in samples), np.int64, len(samples))
+    out = np.zeros((len(samples), int(lengths.max())), samples[0].dtype)
+    for row, x in zip(out, samples, strict=True):
+        row[: len(x)] = x
+    return out, lengths
+
+
+def _bucket_sampler(dataset: TokenDataset, batch_size: int) -> Any:
+    from shmloader import BucketBatchSampler
+
+    return BucketBatchSampler(dataset.lengths, batch_size, num_buckets=16, seed=0)
+
+
+def padding_waste(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> dict[str, float]:
+    """Padding of ``batches`` padded to each batch's longest sample: the share of padded
+    elements in all elements, and the mean elements per batch."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    total = real = 0
+    for b in batches:
+        bl = lens[np.asarray(b, dtype=np.int64)]
+        total += len(bl) * int(bl.max())
+        real += int(bl.sum())
+    return {"waste": (total - real) / total, "elements_per_batch": total / max(len(batches), 1)}
+
+
+def w7_padding(dataset: TokenDataset, batch_size: int) -> dict[str, dict[str, float]]:
+    """One epoch's padding waste with the bucketed sampler and with plain batching over a
+    shuffled order (what ``BatchSampler(RandomSampler(...))`` gives), from the lengths."""
+    n = len(dataset)
+    order = np.random.default_rng(0).permutation(n)
+    plain = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    return {
+        "bucketed": padding_waste(dataset.lengths, list(_bucket_sampler(dataset, batch_size))),
+        "unbucketed": padding_waste(dataset.lengths, plain),
+    }
+
+
 # ---------------------------------------------------------------------------------------
 # Workloads and run configurations.
 
@@ -150,8 +208,9 @@ class Workload:
     description: str
     batch_size: int
     default_batches: int  # per timed repeat (the time box usually ends it first for slow peers)
-    make: Callable[[int], Any]  # length -> dataset
+    make: Callable[[int], Any] | None  # length -> dataset (None: W6 brings its own run)
     time_scale: float = 1.0  # this workload's repeats run this many times --seconds
+    ragged: bool = False  # W7: bucketed batches padded per batch; no copy ceiling
 
 
 def _make_w1(n: int) -> ImageDataset:
@@ -175,7 +234,24 @@ WORKLOADS: dict[str, Workload] = {
         ComputeDataset,
         time_scale=2.0,  # slow batches: longer repeats, so +-5% is measurable
     ),
+    "W6": Workload(
+        "W6",
+        "2,000 synthetic JPEGs ~400 px -> RandomResizedCrop 224 + flip -> batch 64 uint8 HWC "
+        "(shmloader.vision.benchmark; epochs, not a time box)",
+        64,
+        0,
+        None,
+    ),
+    "W7": Workload(
+        "W7",
+        "int32 token sequences of 16..2048, BucketBatchSampler(64, 16 buckets), padded per batch",
+        64,
+        4000,
+        TokenDataset,
+        ragged=True,
+    ),
 }
+W6_PEERS = ("torch+conventional", "torch+ImageFolder", "shmloader+ImageFolder")
 
 # Variants: (suffix, in_order, persistent_workers)
 VARIANTS: dict[str, tuple[str, bool, bool]] = {
@@ -246,6 +322,7 @@ class ConfigResult:
     ring: dict[str, int] | None = None  # the shmloader ring this configuration used
     load_average: list[float] | None = None  # 1-minute load at the start and the end
     notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # W6's report, W7's padding waste
 
     def row(self, loader: str) -> Row | None:
         return next((r for r in self.rows if r.loader == loader), None)
@@ -533,22 +610,38 @@ def batch_bytes_of(dataset: Any, batch_size: int) -> int:
     )
 
 
+def _loader_options(wl: Workload, dataset: Any, peer: str) -> dict[str, Any]:
+    """How ``peer`` ("shmloader" or "torch") batches ``wl``: its batch size, or for W7 a
+    bucketed batch sampler (a fresh one per loader, same seed) and padding (shmloader's
+    ``collate="pad"``, torch's :func:`pad_collate`)."""
+    if not wl.ragged:
+        return {"batch_size": wl.batch_size}
+    opts: dict[str, Any] = {"batch_sampler": _bucket_sampler(dataset, wl.batch_size)}
+    if peer == "torch":
+        opts["collate_fn"] = pad_collate
+    else:
+        opts["collate"] = "pad"
+    return opts
+
+
 def _make_loaders(
-    cfg: Config, dataset: Any, batch_size: int, torch_dl: Any | None
+    cfg: Config, dataset: Any, wl: Workload, torch_dl: Any | None
 ) -> tuple[Any, Any | None, Any]:
     from shmloader import DataLoader
 
-    common = dict(batch_size=batch_size, num_workers=cfg.workers, persistent_workers=cfg.persistent_workers)
-    shm = DataLoader(dataset, in_order=cfg.in_order, **common)
-    tl = torch_dl(dataset, in_order=cfg.in_order, **common) if torch_dl is not None else None
-    w0 = DataLoader(dataset, batch_size=batch_size, num_workers=0)
+    common = dict(num_workers=cfg.workers, persistent_workers=cfg.persistent_workers, in_order=cfg.in_order)
+    shm = DataLoader(dataset, **common, **_loader_options(wl, dataset, "shmloader"))
+    tl = (
+        torch_dl(dataset, **common, **_loader_options(wl, dataset, "torch")) if torch_dl is not None else None
+    )
+    w0 = DataLoader(dataset, num_workers=0, **_loader_options(wl, dataset, "shmloader"))
     return shm, tl, w0
 
 
 def _first_batch_times(
     cfg: Config,
     dataset: Any,
-    batch_size: int,
+    wl: Workload,
     torch_dl: Any | None,
     repeat: int,
     progress: Progress,
@@ -557,10 +650,14 @@ def _first_batch_times(
     from shmloader import DataLoader
 
     makers: dict[str, Callable[[], Any]] = {
-        "shmloader": lambda: DataLoader(dataset, batch_size=batch_size, num_workers=cfg.workers),
+        "shmloader": lambda: DataLoader(
+            dataset, num_workers=cfg.workers, **_loader_options(wl, dataset, "shmloader")
+        ),
     }
     if torch_dl is not None:
-        makers["torch"] = lambda: torch_dl(dataset, batch_size=batch_size, num_workers=cfg.workers)
+        makers["torch"] = lambda: torch_dl(
+            dataset, num_workers=cfg.workers, **_loader_options(wl, dataset, "torch")
+        )
     times: dict[str, list[float]] = {k: [] for k in makers}
     for r in range(repeat + 1):  # the first round is a warm-up
         order = list(makers) if r % 2 == 0 else list(reversed(makers))
@@ -596,26 +693,41 @@ def measure_config(
 ) -> ConfigResult:
     """Time every peer of ``cfg``, then time to first batch and memory."""
     wl = WORKLOADS[cfg.workload]
+    if wl.make is None:
+        return measure_w6(cfg, repeat=repeat, torch_dl=torch_dl, progress=progress)
     n_batches = batches or wl.default_batches
     length = wl.batch_size * (n_batches + _WARMUP_BATCHES + 8)
     dataset = wl.make(length)
     num_slots = cfg.workers * _PREFETCH + _RING_RESERVE_SLOTS
     load0 = _load1()
-    res = ConfigResult(cfg, wl.description, wl.batch_size, batch_bytes_of(dataset, wl.batch_size), num_slots)
+    extra: dict[str, Any] = {}
+    if wl.ragged:
+        extra["padding"] = w7_padding(dataset, wl.batch_size)
+        batch_bytes = int(extra["padding"]["bucketed"]["elements_per_batch"] * 4 + wl.batch_size * 8)
+    else:
+        batch_bytes = batch_bytes_of(dataset, wl.batch_size)
+    res = ConfigResult(cfg, wl.description, wl.batch_size, batch_bytes, num_slots, extra=extra)
     if isinstance(dataset, ComputeDataset):
         res.notes.append(f"W5 sample cost measured: {dataset.sample_s * 1e3:.2f} ms")
-    shm, tl, w0 = _make_loaders(cfg, dataset, wl.batch_size, torch_dl)
+    if wl.ragged:
+        pad = extra["padding"]
+        res.notes.append(
+            f"W7 GB/s counts the mean bucketed batch ({batch_bytes / 2**20:.2f} MiB; "
+            f"padding waste {pad['bucketed']['waste']:.1%}, {pad['unbucketed']['waste']:.1%} unbucketed)"
+        )
+    shm, tl, w0 = _make_loaders(cfg, dataset, wl, torch_dl)
     # Persistent workers: steady state, from the first batch; otherwise from iter(), so
     # the worker start-up each epoch pays is what the variant shows.
     steady = cfg.persistent_workers
     peers: list[Any] = [LoaderPeer("shmloader", shm, steady)]
     if tl is not None:
         peers.append(LoaderPeer("torch", tl, steady))
-    peers += [
-        LoaderPeer("shmloader w0", w0),
-        CeilingPeer(dataset, wl.batch_size, num_slots, cfg.workers),
-        CeilingPeer(dataset, wl.batch_size, num_slots, cfg.workers, shared=True),
-    ]
+    peers.append(LoaderPeer("shmloader w0", w0))
+    if not wl.ragged:  # ragged batches: no fixed bytes per batch to copy
+        peers += [
+            CeilingPeer(dataset, wl.batch_size, num_slots, cfg.workers),
+            CeilingPeer(dataset, wl.batch_size, num_slots, cfg.workers, shared=True),
+        ]
     rows = {p.name: Row(p.name) for p in peers}
     have_torch = tl is not None
     try:
@@ -652,7 +764,7 @@ def measure_config(
         del shm, tl, w0, peers
         gc.collect()
     torch_runs = rows["torch"].runs if "torch" in rows else None
-    ceil_runs = rows["copy ceiling"].runs
+    ceil_runs = rows["copy ceiling"].runs if "copy ceiling" in rows else None
     for row in rows.values():
         row.batches_per_s, row.spread = _median_spread(row.runs)
         row.gb_per_s = row.batches_per_s * res.batch_bytes / 1e9
@@ -663,15 +775,105 @@ def measure_config(
             ratios = [a / b for a, b in zip(row.runs, torch_runs, strict=True)]
             row.ratio_to_torch = statistics.median(ratios)
             row.ratio_range = (min(ratios), max(ratios))
-        row.pct_of_ceiling = 100 * statistics.median(a / b for a, b in zip(row.runs, ceil_runs, strict=True))
+        if ceil_runs:
+            row.pct_of_ceiling = 100 * statistics.median(
+                a / b for a, b in zip(row.runs, ceil_runs, strict=True)
+            )
     res.rows = list(rows.values())
     if not have_torch:
         res.rows.insert(1, Row("torch", status="not installed"))
-    res.first_batch_s = _first_batch_times(cfg, dataset, wl.batch_size, torch_dl, repeat, progress)
+    if wl.ragged:
+        res.rows += [
+            Row(name, status="n/a (ragged batches)") for name in ("copy ceiling", "copy ceiling shm")
+        ]
+    res.first_batch_s = _first_batch_times(cfg, dataset, wl, torch_dl, repeat, progress)
     if memory:
         for name in ["shmloader", "torch"] if torch_dl is not None else ["shmloader"]:
             res.memory[name] = _probe_memory(cfg, name)
             progress.step(f"{cfg.label} memory probe {name}")
+    if load0 is not None:
+        res.load_average = [load0, _load1() or 0.0]
+    return res
+
+
+def _w6_missing(torch_dl: Any | None) -> str | None:
+    """Why W6 cannot run here, or None."""
+    import importlib.util
+
+    missing = [
+        name for mod, name in (("PIL", "Pillow"), ("simplejpeg", "simplejpeg")) if not _importable(mod)
+    ]
+    if missing:
+        return f'needs Pillow and simplejpeg ({", ".join(missing)} missing: pip install "shmloader[vision]")'
+    if torch_dl is None or importlib.util.find_spec("torch") is None:
+        return "needs torch (its peers are torch DataLoaders)"
+    return None
+
+
+def _importable(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _w6_steps(repeat: int) -> int:
+    return 1 + len(W6_PEERS) * (1 + repeat)  # dataset, warm-up epochs, timed epochs
+
+
+def measure_w6(cfg: Config, *, repeat: int, torch_dl: Any | None, progress: Progress) -> ConfigResult:
+    """W6, through :func:`shmloader.vision.benchmark.run`: three peers, ``repeat`` timed
+    epochs each after a warm-up epoch; rows in batches of 64 and ratios to
+    torch+conventional, the full report in ``extra["w6"]``."""
+    wl = WORKLOADS["W6"]
+    size = 224 * 224 * 3
+    res = ConfigResult(cfg, wl.description, wl.batch_size, wl.batch_size * (size + 8), 0)
+    why = _w6_missing(torch_dl)
+    if why is not None:
+        res.rows = [Row(name, status=f"skipped: {why}") for name in W6_PEERS]
+        res.notes.append(f"{cfg.label} skipped: {why}")
+        for _ in range(_w6_steps(repeat)):
+            progress.step(f"{cfg.label} skipped")
+        return res
+    from shmloader.vision import benchmark as vb
+
+    folder = vb.default_cache_dir() / f"w6-jpeg-{vb.W6_COUNT}"
+    if not (folder / ".complete").exists():
+        progress.out(f"{cfg.label}: writing {vb.W6_COUNT} synthetic JPEGs to {folder} (once, about a minute)")
+    vb.ensure_images(folder)
+    progress.step(f"{cfg.label} dataset ready: {folder}")
+    load0 = _load1()
+    report = vb.run(
+        folder,
+        batch_size=wl.batch_size,
+        workers=cfg.workers,
+        repeat=repeat,
+        log=lambda text: progress.step(f"{cfg.label} {text.strip()}"),
+    )
+    base = {r.peer: r.runs for r in report["results"]}["torch+conventional"]
+    for r in report["results"]:
+        runs = [x / wl.batch_size for x in r.runs]
+        ratios = [a / b for a, b in zip(r.runs, base, strict=True)]
+        med, spread = _median_spread(runs)
+        res.rows.append(
+            Row(
+                r.peer,
+                runs=runs,
+                batches_per_s=med,
+                spread=spread,
+                gb_per_s=med * res.batch_bytes / 1e9,
+                consumer_cpu_ms=r.consumer_cpu_ms_per_batch,
+                ratio_to_torch=statistics.median(ratios),
+                ratio_range=(min(ratios), max(ratios)),
+            )
+        )
+    res.extra["w6"] = {**report, "results": [asdict(r) for r in report["results"]]}
+    res.extra["w6_table"] = vb.format_table(report)
+    res.notes.append(
+        f"{cfg.label}: batches/s = images/s / 64 over whole epochs of {vb.W6_COUNT} images (the last "
+        f"batch short); 'vs torch' = vs torch+conventional; resample backend {report['backend']}"
+    )
     if load0 is not None:
         res.load_average = [load0, _load1() or 0.0]
     return res
@@ -752,10 +954,10 @@ def _probe_main(spec: dict[str, Any]) -> dict[str, Any]:
     thread.start()
     loader = Loader(
         dataset,
-        batch_size=wl.batch_size,
         num_workers=cfg.workers,
         persistent_workers=cfg.persistent_workers,
         in_order=cfg.in_order,
+        **_loader_options(wl, dataset, spec["loader"]),
     )
     n = 0
     t0 = time.perf_counter()
@@ -883,6 +1085,8 @@ def machine_info() -> dict[str, Any]:
 # Targets (issue 4): judged on the 2-worker configurations.
 
 _RATIO_TARGETS = {"W1": 8.0, "W2": 6.0, "W3": 10.0, "W4": 20.0}
+_W7_TARGET = 5.0
+_W6_TARGETS = {"torch+conventional": 2.0, "torch+ImageFolder": 1.15}
 
 
 def evaluate_targets(results: list[ConfigResult]) -> list[dict[str, Any]]:
@@ -905,6 +1109,25 @@ def evaluate_targets(results: list[ConfigResult]) -> list[dict[str, Any]]:
         row = res.row("shmloader")
         val = row.ratio_to_torch if row else None
         add("W5 w2 vs torch", val, "0.95x - 1.05x", None if val is None else 0.95 <= val <= 1.05)
+    res = by.get(("W6", 2))
+    if res is not None:
+        ours = res.row("shmloader+ImageFolder")
+        for peer, goal in _W6_TARGETS.items():
+            theirs = res.row(peer)
+            val = None
+            if ours and theirs and ours.runs and theirs.runs:
+                val = statistics.median(a / b for a, b in zip(ours.runs, theirs.runs, strict=True))
+            add(
+                f"W6 w2 shmloader+ImageFolder vs {peer}",
+                val,
+                f">= {goal:g}x",
+                None if val is None else val >= goal,
+            )
+    res = by.get(("W7", 2))
+    if res is not None:
+        row = res.row("shmloader")
+        val = row.ratio_to_torch if row else None
+        add("W7 w2 vs torch", val, f">= {_W7_TARGET:g}x", None if val is None else val >= _W7_TARGET)
     for wl in ("W1", "W2"):
         res = by.get((wl, 2))
         if res is not None:
@@ -1000,6 +1223,8 @@ def _first_batch_rows(results: list[ConfigResult]) -> list[list[str]]:
     rows = []
     for res in results:
         fb = res.first_batch_s
+        if not fb:
+            continue  # W6: not measured
         s, t = fb.get("shmloader"), fb.get("torch")
         rows.append(
             [
@@ -1064,12 +1289,42 @@ def _target_rows(targets: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+_WASTE_HEADER = ["workload", "bucketed waste", "unbucketed waste", "elements/batch bucketed", "unbucketed"]
+
+
+def _waste_rows(results: list[ConfigResult]) -> list[list[str]]:
+    rows = []
+    for res in results:
+        pad = res.extra.get("padding")
+        if pad:
+            b, u = pad["bucketed"], pad["unbucketed"]
+            rows.append(
+                [
+                    res.config.label,
+                    f"{b['waste']:.1%}",
+                    f"{u['waste']:.1%}",
+                    f"{b['elements_per_batch']:,.0f}",
+                    f"{u['elements_per_batch']:,.0f}",
+                ]
+            )
+    return rows
+
+
+_WASTE_TITLE = "W7 padding waste (padded / all elements of one epoch's batches, from the sampler and lengths)"
+
+
 def format_report(results: list[ConfigResult], targets: list[dict[str, Any]]) -> str:
     """Every table of a run, as text."""
     parts = [_text_table(_COLUMNS, table_rows(results))]
     notes = [n for r in results for n in r.notes]
     if notes:
         parts.append("\n".join(sorted(set(notes))))
+    for res in results:
+        if "w6_table" in res.extra:
+            parts.append(f"{res.config.label} in detail:\n" + res.extra["w6_table"])
+    waste = _waste_rows(results)
+    if waste:
+        parts.append(f"{_WASTE_TITLE}:\n" + _text_table(_WASTE_HEADER, waste))
     parts.append(
         "Time to first batch (fresh loader, fork):\n" + _text_table(_FB_HEADER, _first_batch_rows(results))
     )
@@ -1099,6 +1354,14 @@ _LEGEND = [
     "kernel gives them). copy ceiling shm: the same into shared memory (4 KiB shmem pages, "
     "like the ring's).",
     "- CPU ms/batch: the consumer process's CPU time (user + system) per batch.",
+    "- W6 (shmloader.vision.benchmark): torch+conventional is torch's DataLoader over the "
+    "dataset people write (Pillow open, convert, torchvision's RandomResizedCrop algorithm, "
+    "flip, np.array); torch+ImageFolder is torch's DataLoader over shmloader.vision.ImageFolder; "
+    "shmloader+ImageFolder is this loader over the same ImageFolder. Shuffled, persistent "
+    "workers, one warm-up epoch, then whole epochs timed; 'vs torch' is vs torch+conventional.",
+    "- W7: both loaders (and w0) get the same BucketBatchSampler(lengths, 64, num_buckets=16, "
+    "seed=0); shmloader pads with collate='pad', torch with a numpy collate_fn "
+    "(shmloader.bench.pad_collate) returning (padded, lengths). No copy ceiling: batch sizes vary.",
 ]
 
 
@@ -1130,6 +1393,12 @@ def format_markdown(
     ]
     notes = sorted({n for r in results for n in r.notes})
     lines += [*notes, ""] if notes else []
+    for res in results:
+        if "w6_table" in res.extra:
+            lines += [f"## {res.config.label} in detail", "", "```", res.extra["w6_table"], "```", ""]
+    waste = _waste_rows(results)
+    if waste:
+        lines += [f"## {_WASTE_TITLE}", "", _md_table(_WASTE_HEADER, waste), ""]
     lines += [
         "## Time to first batch (fresh loader, fork)",
         "",
@@ -1185,7 +1454,7 @@ def write_plot(path: str, results: list[ConfigResult]) -> str:
     for j, peer in enumerate(peers):
         vals = []
         for res in results:
-            row = res.row(peer)
+            row = res.row(peer) or (res.row("shmloader+ImageFolder") if peer == "shmloader" else None)
             vals.append(row.ratio_to_torch if row and row.ratio_to_torch else 0.0)
         ax.bar([i + (j - 1.5) * width for i in range(len(labels))], vals, width, label=peer)
     ax.axhline(1.0, color="black", linewidth=0.8, label="torch DataLoader")
@@ -1227,6 +1496,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Workloads: "
         + "; ".join(f"{w.name}: {w.description}" for w in WORKLOADS.values())
         + "; W1-unordered: W1 with in_order=False; W1-fresh: W1 with persistent_workers=False. "
+        "W6 needs Pillow and simplejpeg, and writes its images once under $SHMLOADER_CACHE "
+        "(default ~/.cache/shmloader; about a minute). "
         "With no options: W1 and W4 with 2 workers, about a minute.",
     )
     parser.add_argument(
@@ -1263,6 +1534,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config_steps(cfg: Config, repeat: int, memory: bool, have_torch: bool) -> int:
+    """Progress steps of one configuration (see measure_config)."""
+    wl = WORKLOADS[cfg.workload]
+    if wl.make is None:
+        return _w6_steps(repeat)
+    peers = (2 if have_torch else 1) + 1 + (0 if wl.ragged else 2)
+    mem_steps = (2 if have_torch else 1) if memory else 0
+    return peers + peers * repeat + repeat + 1 + mem_steps
+
+
 def run(
     configs: list[Config],
     *,
@@ -1277,9 +1558,7 @@ def run(
     torch_dl = _torch_dataloader()
     if torch_dl is None:
         out("torch is not installed: its rows say so and the rest runs (pip install torch to compare).")
-    peers = 5 if torch_dl is not None else 4
-    mem_steps = (2 if torch_dl is not None else 1) if memory else 0
-    total = len(configs) * (peers + peers * repeat + repeat + 1 + mem_steps)
+    total = sum(_config_steps(cfg, repeat, memory, torch_dl is not None) for cfg in configs)
     progress = Progress(total, out, enabled=not quiet)
     results = []
     try:

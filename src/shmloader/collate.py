@@ -127,14 +127,21 @@ def gather(
                 # any other shape or dtype, and explain_stack_failure names the culprit.
                 leaves.append(Leaf(path, values, "stack", (len(values), *shape), dtype, namer=sample_name))
                 return LEAF
-            for i, v in enumerate(values):
-                if not isinstance(v, np.ndarray) or v.ndim != first.ndim or v.dtype != dtype:
-                    raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
-            shapes = [v.shape for v in values]
+            # One pass each for shapes and dtypes (not a loop of checks per sample): an
+            # array of the shapes is (batch, ndim) only when every sample has that ndim.
+            try:
+                shapes = [v.shape for v in values]
+                lengths = np.array(shapes, dtype=np.int64)
+                same = lengths.shape == (len(values), first.ndim) and {v.dtype for v in values} == {dtype}
+            except (AttributeError, ValueError):  # not an array, or another ndim
+                same = False
+            if not same:
+                for i, v in enumerate(values):
+                    if not isinstance(v, np.ndarray) or v.ndim != first.ndim or v.dtype != dtype:
+                        raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
             if mode == "list":
                 leaves.append(Leaf(path, values, "list", None, dtype, shapes=shapes))
                 return LEAF
-            lengths = np.array(shapes, dtype=np.int64)
             top = tuple(lengths.max(axis=0).tolist())
             leaves.append(Leaf(path, values, "pad", (len(values), *top), dtype, pad_value=pad_value))
             lengths = lengths[:, 0] if first.ndim == 1 else lengths
@@ -273,12 +280,20 @@ def write_leaf(leaf: Leaf, dst: Any) -> None:
     elif kind == "copy":
         np.copyto(dst, leaf.values, casting="no")
     elif kind == "pad":
-        for row, value in zip(dst, leaf.values):
-            if value.shape == row.shape:
-                row[...] = value
-            else:
-                row.fill(leaf.pad_value)
-                row[tuple(slice(0, n) for n in value.shape)] = value
+        pad = leaf.pad_value
+        if dst.ndim == 2:
+            # Sequences: one fill of the whole leaf (a memset-speed pass), then one slice
+            # assignment per row; two per row (prefix, then tail) cost twice the Python.
+            dst.fill(pad)
+            for row, value in zip(dst, leaf.values):
+                row[: len(value)] = value
+        else:
+            for row, value in zip(dst, leaf.values):
+                if value.shape == row.shape:
+                    row[...] = value
+                else:
+                    row.fill(pad)
+                    row[tuple(map(slice, value.shape))] = value
     else:  # list
         for row, value in zip(dst, leaf.values):
             row[...] = value
