@@ -781,11 +781,12 @@ def case_security(method: str) -> dict[str, Any]:
         with open(squatted, "rb") as f:
             squat_content = f.read()
         del it, dl, ring
+        squat_still_there = os.path.exists(squatted)
     finally:
         secrets.token_hex = real_token_hex
         ring_mod.posix_ipc = posix_ipc
-    squat_still_there = os.path.exists(squatted)
-    os.unlink(squatted)
+        if os.path.exists(squatted):  # the test's own file: never left in /dev/shm
+            os.unlink(squatted)
     # Every name taken: a clear error, nothing created.
     secrets.token_hex = lambda n=None: "22" * 8
     taken = f"/dev/shm/shmloader-{os.getpid()}-{'22' * 8}"
