@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
-
 HEADER = struct.Struct("<Bxxxiq")  # kind, slot (-1: none), batch sequence number
 HEADER_BYTES = HEADER.size
 
@@ -41,8 +39,3 @@ NO_SLOT = -1
 def pack(kind: int, slot: int = NO_SLOT, seq: int = 0, payload: bytes = b"") -> bytes:
     """One frame: header then payload."""
     return HEADER.pack(kind, slot, seq) + payload
-
-
-def pack_indices(kind: int, slot: int, seq: int, indices: np.ndarray) -> bytes:
-    """A TASK_INDICES frame for int64 ``indices``."""
-    return HEADER.pack(kind, slot, seq) + indices.tobytes()
