@@ -184,3 +184,17 @@ def test_stats_sum_the_datasets_own_counters_over_workers(method):
     main = DataLoader(D.Counted(), batch_size=5)
     list(main)
     assert main.stats()["dataset"] == {"odd_ones": 8}
+
+
+def test_ragged_layout_caches_stay_bounded():
+    from shmloader import loader as loader_module
+
+    dl = DataLoader(D.Tokens(), batch_size=1, num_workers=1, collate="pad", multiprocessing_context="fork")
+    old = loader_module._LAYOUT_CACHE_SIZE
+    loader_module._LAYOUT_CACHE_SIZE = 8
+    try:
+        it = iter(dl)
+        for _ in it:  # 200 batches of distinct lengths: distinct layouts
+            assert len(it._readers) <= 8
+    finally:
+        loader_module._LAYOUT_CACHE_SIZE = old

@@ -54,6 +54,7 @@ _HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the curre
 _SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
 _DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where /dev/shm's free space cannot be read
 _STOP_FRAME = protocol.pack(protocol.TASK_STOP)
+_LAYOUT_CACHE_SIZE = 1024  # decoded layouts kept; ragged batches make one per distinct shape
 
 
 class DataLoader:
@@ -1021,6 +1022,8 @@ class _MultiProcessIter:
             key = root[lo : lo + int(header[H_LAYOUT_LEN])].tobytes()
             reader = self._readers.get(key)
             if reader is None:
+                if len(self._readers) >= _LAYOUT_CACHE_SIZE:
+                    self._readers.clear()  # ragged batches: a new layout per shape; stay bounded
                 layout = decode(key)
                 if self._loader.output == "torch":
                     layout = _pinning.torch_layout(layout)

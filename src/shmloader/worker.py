@@ -43,7 +43,7 @@ from shmloader.ring import (
 # The header words deliver() writes, in one assignment, in this order.
 assert tuple(range(6)) == (H_DATA_END, H_LAYOUT_OFF, H_LAYOUT_LEN, H_OBJECTS_OFF, H_OBJECTS_LEN, H_SEQ)
 _HEADER_USED = 6
-_VIEW_CACHE_SIZE = 1024  # (slot, layout) entries; ragged batches make a new layout each
+_VIEW_CACHE_SIZE = 1024  # entries of the layout and view caches; ragged batches make a new layout each
 
 
 class WorkerInfo:
@@ -347,6 +347,8 @@ class _Worker:
         layout, data_bytes, objects = plan(treedef, leaves)
         encoded = self.layout_cache.get(layout)
         if encoded is None:
+            if len(self.layout_cache) >= _VIEW_CACHE_SIZE:
+                self.layout_cache.clear()  # ragged batches: one layout per shape; stay bounded
             encoded = self.layout_cache[layout] = encode(layout)
         objects_bytes = pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL) if objects else b""
         ring = self.ring
