@@ -12,6 +12,12 @@ import pytest
 START_METHODS = ["fork", "spawn"]
 
 
+@pytest.fixture(params=START_METHODS)
+def method(request):
+    """The start method of the test's workers: every such test runs under both."""
+    return request.param
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 

@@ -21,12 +21,6 @@ from shmloader import (
 )
 
 from . import datasets as D
-from .conftest import START_METHODS
-
-
-@pytest.fixture(params=START_METHODS)
-def method(request):
-    return request.param
 
 
 def labels(loader, key=1):

@@ -30,6 +30,8 @@ import pytest
 
 from shmloader.ring import ring_bytes
 
+from .faultcases import alive, wait_gone
+
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_CODE = "from tests.faultcases import main; main()"
 ALL_METHODS = ["fork", "spawn", "forkserver"]
@@ -83,22 +85,6 @@ def run_case(
     )
     exited_at = time.monotonic()
     return _parse(proc.returncode, proc.stdout, proc.stderr, exited_at - t0, exited_at)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def wait_gone(pids: list[int], within: float) -> list[int]:
-    deadline = time.monotonic() + within
-    left = [p for p in pids if alive(p)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.02)
-        left = [p for p in left if alive(p)]
-    return left
 
 
 def assert_clean(child: Child, pids: list[int] = ()) -> dict[str, Any]:

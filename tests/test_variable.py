@@ -11,12 +11,6 @@ import pytest
 from shmloader import BatchLayoutError, BucketBatchSampler, DataLoader, Padded, RingLimitError
 
 from . import datasets as D
-from .conftest import START_METHODS
-
-
-@pytest.fixture(params=START_METHODS)
-def method(request):
-    return request.param
 
 
 def test_images_of_random_sizes_as_lists_of_views(method):
