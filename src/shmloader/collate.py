@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
 from math import prod
 from typing import Any, NamedTuple
 
@@ -131,9 +132,8 @@ def gather(
             # array of the shapes is (batch, ndim) only when every sample has that ndim.
             try:
                 shapes = [v.shape for v in values]
-                lengths = np.array(shapes, dtype=np.int64)
-                same = lengths.shape == (len(values), first.ndim) and {v.dtype for v in values} == {dtype}
-            except (AttributeError, ValueError):  # not an array, or another ndim
+                same = {v.dtype for v in values} == {dtype} and {len(s) for s in shapes} == {first.ndim}
+            except AttributeError:  # not an array
                 same = False
             if not same:
                 for i, v in enumerate(values):
@@ -142,6 +142,8 @@ def gather(
             if mode == "list":
                 leaves.append(Leaf(path, values, "list", None, dtype, shapes=shapes))
                 return LEAF
+            count = len(values) * first.ndim
+            lengths = np.fromiter(chain.from_iterable(shapes), np.int64, count).reshape(len(values), -1)
             top = tuple(lengths.max(axis=0).tolist())
             leaves.append(Leaf(path, values, "pad", (len(values), *top), dtype, pad_value=pad_value))
             lengths = lengths[:, 0] if first.ndim == 1 else lengths
@@ -281,12 +283,16 @@ def write_leaf(leaf: Leaf, dst: Any) -> None:
         np.copyto(dst, leaf.values, casting="no")
     elif kind == "pad":
         pad = leaf.pad_value
-        if dst.ndim == 2:
+        if dst.ndim == 2 and dst.flags.c_contiguous:
             # Sequences: one fill of the whole leaf (a memset-speed pass), then one slice
             # assignment per row; two per row (prefix, then tail) cost twice the Python.
             dst.fill(pad)
-            for row, value in zip(dst, leaf.values):
-                row[: len(value)] = value
+            flat = dst.reshape(-1)  # slices of the flat view: no row view per sample
+            width = dst.shape[1]
+            start = 0
+            for value in leaf.values:
+                flat[start : start + len(value)] = value
+                start += width
         else:
             for row, value in zip(dst, leaf.values):
                 if value.shape == row.shape:

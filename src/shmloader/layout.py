@@ -92,6 +92,29 @@ def unflatten(treedef: Any, leaves: Iterator[Any]) -> Any:
     return cls(*(unflatten(c, leaves) for c in children))
 
 
+def builder(treedef: Any) -> Callable[[list[Any]], Any]:
+    """A function ``leaves -> tree`` equal to ``unflatten(treedef, iter(leaves))``, made
+    once per layout: for a flat tree (every child a leaf, the common case) it is one call,
+    without unflatten's walk. ``leaves`` must be a fresh list (a flat list tree is it)."""
+    if treedef is LEAF:
+        return lambda leaves: leaves[0]
+    flat = all(child is LEAF for child in treedef[-1])
+    if not flat:
+        return lambda leaves: unflatten(treedef, iter(leaves))
+    tag = treedef[0]
+    if tag == "l":
+        return lambda leaves: leaves
+    if tag == "t":
+        return tuple
+    if tag == "n":
+        cls = treedef[1]
+        return lambda leaves: cls(*leaves)
+    _, cls, keys, _ = treedef
+    if cls is dict:
+        return lambda leaves: dict(zip(keys, leaves))
+    return lambda leaves: _make_mapping(cls, dict(zip(keys, leaves)))
+
+
 def _make_mapping(cls: type, items: dict) -> Any:
     try:
         return cls(items)
@@ -122,7 +145,7 @@ def make_reader(layout: Layout) -> Callable[[np.ndarray, list[Any] | None], Any]
             plans.append((_RAGGED, np.dtype(leaf.dtype), parts, 0, (), leaf.torch))
         else:
             plans.append((_OBJECT, None, leaf.index, 0, (), False))
-    treedef = layout.treedef
+    build = builder(layout.treedef)
     frombuffer = np.frombuffer
 
     def read(root: np.ndarray, objects: list[Any] | None) -> Any:
@@ -138,7 +161,7 @@ def make_reader(layout: Layout) -> Callable[[np.ndarray, list[Any] | None], Any]
                 out.append([torch.from_numpy(v) for v in views] if as_torch else views)
             else:
                 out.append(objects[count])  # type: ignore[index]
-        return unflatten(treedef, iter(out))
+        return build(out)
 
     return read
 

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing import reduction
 from typing import Any
@@ -33,17 +34,7 @@ from shmloader import state as _state
 from shmloader.collate import COLLATE_MODES, build_arrays, build_in_memory, flatten_tree, gather, plan
 from shmloader.errors import LoaderTimeoutError, RingLimitError, WorkerDiedError, WorkerError
 from shmloader.layout import decode, make_reader
-from shmloader.ring import (
-    H_DATA_END,
-    H_LAYOUT_LEN,
-    H_LAYOUT_OFF,
-    H_OBJECTS_LEN,
-    H_OBJECTS_OFF,
-    H_SEQ,
-    Ring,
-    ring_bytes,
-    shm_free_bytes,
-)
+from shmloader.ring import Ring, ring_bytes, shm_free_bytes
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
 from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
@@ -536,12 +527,14 @@ class _SingleProcessIter:
 
 
 class _WorkerHandle:
-    __slots__ = ("active", "conn", "id", "outstanding", "proc")
+    __slots__ = ("active", "conn", "fd", "id", "outstanding", "proc", "reader")
 
     def __init__(self, wid: int, proc: Any, conn: Any) -> None:
         self.id = wid
         self.proc = proc
         self.conn = conn
+        self.fd = conn.fileno()
+        self.reader = protocol.FrameReader(self.fd)
         self.outstanding = 0
         self.active = True  # False once an iterable worker is exhausted
 
@@ -593,7 +586,13 @@ class _MultiProcessIter:
         self._pid = os.getpid()
         self.closed = False
         self._workers: list[_WorkerHandle] = []
-        self._poller = select.poll()
+        self._poller = select.poll()  # every worker's socket and exit sentinel
+        # The same sentinels, and only the socket of the worker whose batch is due next
+        # (in-order loading): a result that arrives early from another worker does not wake
+        # this process (on a small machine a wake-up costs as much CPU as a small batch);
+        # it is read when that worker's batch is due.
+        self._focus_poller = select.poll()
+        self._focused: _WorkerHandle | None = None
         self._fd_owner: dict[int, tuple[_WorkerHandle, bool]] = {}
         self._readers: dict[bytes, Callable[[np.ndarray, Any], Any]] = {}
         self._ring_wanted = 0  # bytes a batch sent by copy needs in a slot: a ring to make
@@ -689,6 +688,7 @@ class _MultiProcessIter:
                 self._fd_owner[proc.sentinel] = (handle, True)
                 self._poller.register(ours.fileno(), select.POLLIN)
                 self._poller.register(proc.sentinel, select.POLLIN)
+                self._focus_poller.register(proc.sentinel, select.POLLIN)
         finally:
             if main_thread:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -720,11 +720,7 @@ class _MultiProcessIter:
                 except StopIteration:
                     self._source_done = True
                     return
-                arr = np.asarray(indices) if len(indices) else np.empty(0, np.int64)
-                if arr.ndim == 1 and arr.dtype.kind in "iu":
-                    kind, payload = protocol.TASK_INDICES, arr.astype(np.int64, copy=False).tobytes()
-                else:
-                    kind, payload = protocol.TASK_KEYS, pickle.dumps(list(indices))
+                kind, payload = _task_payload(indices)
             slot = self._claim_slot()
             seq = self._send_seq
             self._send_seq += 1
@@ -732,7 +728,7 @@ class _MultiProcessIter:
             self._tasks[seq] = task
             worker.outstanding += 1
             try:
-                worker.conn.send_bytes(protocol.pack(kind, slot, seq, payload))
+                protocol.send_frame(worker.fd, protocol.frame(protocol.pack(kind, slot, seq, payload)))
             except OSError:
                 pass  # the worker died; its sentinel reports it in _wait
             if not any(w.active for w in workers):
@@ -831,9 +827,10 @@ class _MultiProcessIter:
         """Block until at least one worker message or exit, and handle it."""
         timeout = self._loader.timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
+        poller = self._poller_for_next()
         while True:
             wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            events = self._poller.poll(wait_ms)
+            events = poller.poll(wait_ms)
             if events:
                 break
             if deadline is not None and time.monotonic() >= deadline:
@@ -853,30 +850,68 @@ class _MultiProcessIter:
                 raise self._death_error(worker)
             self._unregister(worker)
 
-    def _receive(self, worker: _WorkerHandle) -> bool:
-        """Read one message from ``worker``; False at EOF (the worker is gone)."""
+    def _poller_for_next(self) -> Any:
+        """The poller to wait on: in order, the due batch's worker and every sentinel;
+        otherwise every socket and sentinel."""
+        task = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
+        if task is None or task.worker.fd not in self._fd_owner:
+            return self._poller
+        worker = task.worker
+        if self._focused is not worker:
+            if self._focused is not None:
+                self._unpoll(self._focus_poller, self._focused.fd)
+            self._focus_poller.register(worker.fd, select.POLLIN)
+            self._focused = worker
+        return self._focus_poller
+
+    @staticmethod
+    def _unpoll(poller: Any, fd: int) -> None:
         try:
-            msg = worker.conn.recv_bytes()
-        except (EOFError, OSError):
+            poller.unregister(fd)
+        except KeyError:
+            pass
+
+    def _forget_fd(self, fd: int) -> None:
+        """Stop watching ``fd`` (a socket at EOF, or an exited worker's sentinel)."""
+        if self._fd_owner.pop(fd, None) is not None:
+            self._unpoll(self._poller, fd)
+            self._unpoll(self._focus_poller, fd)
+        if self._focused is not None and self._focused.fd == fd:
+            self._focused = None
+
+    def _receive(self, worker: _WorkerHandle) -> bool:
+        """Read what ``worker`` sent (blocking for at least one message) and handle every
+        message; False at EOF (the worker is gone)."""
+        try:
+            messages = worker.reader.read()
+        except OSError:
+            messages = None
+        if messages is None:
             # EOF can be seen twice (its poll event, then _drain when the sentinel
-            # fires in the same round): unregister once.
-            fd = worker.conn.fileno()
-            if self._fd_owner.pop(fd, None) is not None:
-                self._poller.unregister(fd)
+            # fires in the same round): _forget_fd is idempotent.
+            self._forget_fd(worker.fd)
             return False
+        for msg in messages:
+            self._handle(worker, msg)
+        return True
+
+    def _handle(self, worker: _WorkerHandle, msg: bytes) -> None:
+        """Act on one message from ``worker``."""
         kind, _slot, seq = protocol.HEADER.unpack_from(msg)
         if kind >= protocol.RES_INIT_ERROR:  # rare kinds, behind one comparison
             if kind == protocol.RES_SHARD_STATE:
-                return self._shard_state(worker, seq, msg[protocol.HEADER_BYTES :])
+                self._shard_state(worker, seq, msg[protocol.HEADER_BYTES :])
+                return
             if kind == protocol.RES_STATS:
                 counts = self._loader._stats["dataset"]
                 for name, gained in pickle.loads(msg[protocol.HEADER_BYTES :]).items():
                     counts[name] = counts.get(name, 0) + gained
-                return True
-            return self._init_failed(worker, msg[protocol.HEADER_BYTES :])
+                return
+            self._init_failed(worker, msg[protocol.HEADER_BYTES :])
+            return
         task = self._tasks.pop(seq, None)
         if task is None:
-            return True  # a result from before a reset; already discarded
+            return  # a result from before a reset; already discarded
         worker.outstanding -= 1
         if kind == protocol.RES_READY:
             payload = b""
@@ -892,7 +927,7 @@ class _MultiProcessIter:
             elif kind == protocol.RES_INIT_ERROR:
                 worker.active = False
                 self._results[seq] = (kind, task, payload)
-                return True
+                return
             elif kind == protocol.RES_PICKLED:
                 needed = int(np.frombuffer(payload, np.int64, 1)[0])
                 ring = self._ring
@@ -902,9 +937,8 @@ class _MultiProcessIter:
                     # is handed out (reserving a ring takes tens of ms).
                     self._ring_wanted = max(self._ring_wanted, needed)
         self._results[seq] = (kind, task, payload)
-        return True
 
-    def _init_failed(self, worker: _WorkerHandle, payload: bytes) -> bool:
+    def _init_failed(self, worker: _WorkerHandle, payload: bytes) -> None:
         """worker_init_fn raised: the worker sent that before reading any task (its
         header carries no batch number) and exits. It answers for every task it was
         given: the error takes the place of the first one, the others are dropped, and
@@ -920,18 +954,15 @@ class _MultiProcessIter:
         seq = mine[0] if mine else self._rcvd_seq
         task = tasks[0] if tasks else _Task(seq, worker, protocol.NO_SLOT, None, None)
         self._results[seq] = (protocol.RES_INIT_ERROR, task, payload)
-        return True
 
     def _drain(self, worker: _WorkerHandle) -> None:
-        conn = worker.conn
-        while True:
-            try:
-                if not conn.poll(0):
-                    return
-            except (EOFError, OSError):
-                return
-            if not self._receive(worker):
-                return
+        """Handle everything ``worker`` sent before it exited."""
+        if worker.conn.closed:
+            return
+        poller = select.poll()
+        poller.register(worker.fd, select.POLLIN)
+        while poller.poll(0) and self._receive(worker):
+            pass
 
     def _make_wanted_ring(self) -> None:
         """Make the ring a batch sent by copy asked for (the first one, or one with larger
@@ -959,14 +990,13 @@ class _MultiProcessIter:
 
     # --- position, for DataLoader.state_dict() -------------------------------------------
 
-    def _shard_state(self, worker: _WorkerHandle, seq: int, blob: bytes) -> bool:
+    def _shard_state(self, worker: _WorkerHandle, seq: int, blob: bytes) -> None:
         """A worker's dataset state after batch ``seq``; keep the newest handed-out one
         and those still to hand out (at most prefetch_factor + 1 per worker)."""
         states = self._shard_blobs.setdefault(worker.id, [])
         states.append((seq, blob))
         while len(states) > 1 and states[1][0] < self._rcvd_seq:
             del states[0]
-        return True
 
     def _batches_handed_out(self) -> int:
         """Results handed out (or raised) this epoch, iterable workers' ends included."""
@@ -1014,12 +1044,11 @@ class _MultiProcessIter:
             slot = task.slot
             states = ring.states  # type: ignore[union-attr]
             states.store(slot, _slots.HELD)
-            header = ring.headers[slot]  # type: ignore[union-attr]
-            if int(header[H_SEQ]) != task.seq:
-                raise RuntimeError(f"slot {slot} holds batch {int(header[H_SEQ])}, expected {task.seq}")
+            data_end, lo, llen, ooff, olen, seq = ring.header(slot)  # type: ignore[union-attr]
+            if seq != task.seq:
+                raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
             root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
-            lo = int(header[H_LAYOUT_OFF])
-            key = root[lo : lo + int(header[H_LAYOUT_LEN])].tobytes()
+            key = root[lo : lo + llen].tobytes()
             reader = self._readers.get(key)
             if reader is None:
                 if len(self._readers) >= _LAYOUT_CACHE_SIZE:
@@ -1028,17 +1057,13 @@ class _MultiProcessIter:
                 if self._loader.output == "torch":
                     layout = _pinning.torch_layout(layout)
                 reader = self._readers[key] = make_reader(layout)
-            objects = None
-            olen = int(header[H_OBJECTS_LEN])
-            if olen:
-                ooff = int(header[H_OBJECTS_OFF])
-                objects = pickle.loads(root[ooff : ooff + olen].tobytes())
+            objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
             stats = self._loader._stats
             stats["batches"] += 1
             if self._copy:
                 # Batches that own their memory: one copy of the slot's data, and the
                 # slot is free again at once.
-                batch = reader(root[: int(header[H_DATA_END])].copy(), objects)
+                batch = reader(root[:data_end].copy(), objects)
                 states.store(slot, _slots.FREE)
                 stats["batches_copied"] += 1
                 return batch
@@ -1098,6 +1123,11 @@ class _MultiProcessIter:
         )
 
     def _timeout_error(self, timeout: float) -> LoaderTimeoutError:
+        # Results that arrived unread while waiting on one worker: those workers are not busy.
+        for fd, _ in self._poller.poll(0):
+            worker, is_sentinel = self._fd_owner.get(fd, (None, True))
+            if worker is not None and not is_sentinel:
+                self._receive(worker)
         waiting = min(self._tasks) if self._tasks else self._rcvd_seq
         busy = sorted({f"{t.worker.id} (pid {t.worker.proc.pid})" for t in self._tasks.values()})
         task = self._tasks.get(waiting)
@@ -1137,12 +1167,8 @@ class _MultiProcessIter:
         self._dispatch()
 
     def _unregister(self, worker: _WorkerHandle) -> None:
-        for fd in (worker.conn.fileno(), worker.proc.sentinel):
-            if self._fd_owner.pop(fd, None) is not None:
-                try:
-                    self._poller.unregister(fd)
-                except KeyError:
-                    pass
+        for fd in (worker.fd, worker.proc.sentinel):
+            self._forget_fd(fd)
 
     def close(self, graceful: bool = True) -> None:
         """Stop and reap every worker, return unused slots; idempotent. ``graceful``:
@@ -1195,6 +1221,20 @@ class _MultiProcessIter:
             self.close()
         except Exception:
             pass
+
+
+def _task_payload(indices: Any) -> tuple[int, bytes]:
+    """A batch's sample indices as a task: int64 bytes when they are integers, else the
+    pickled list of keys."""
+    if type(indices) is list and set(map(type, indices)) == _INT_ONLY:  # a batch sampler's list
+        return protocol.TASK_INDICES, array("q", indices).tobytes()
+    arr = np.asarray(indices) if len(indices) else np.empty(0, np.int64)
+    if arr.ndim == 1 and arr.dtype.kind in "iu":
+        return protocol.TASK_INDICES, arr.astype(np.int64, copy=False).tobytes()
+    return protocol.TASK_KEYS, pickle.dumps(list(indices))
+
+
+_INT_ONLY = {int}
 
 
 def _short(indices: Any) -> str:

@@ -1,14 +1,21 @@
 """The messages between the consumer and a worker: a fixed header and a small payload.
 
 Each worker has one socket pair with the consumer. Tasks go one way, results the other;
-both are ``Connection.send_bytes`` frames, never pickles in the common case: a task is
-the slot number, the batch's sequence number and its sample indices as int64 bytes; a
-result is the slot number. The same socket is the worker's lifeline: when the consumer
-dies the kernel closes its end, and the worker's blocking read returns EOF.
+both are framed as ``multiprocessing.Connection`` frames them (a 4-byte big-endian length,
+then the message), never pickles in the common case: a task is the slot number, the
+batch's sequence number and its sample indices as int64 bytes; a result is the slot
+number. The same socket is the worker's lifeline: when the consumer dies the kernel closes
+its end, and the worker's blocking read returns EOF.
+
+The per-batch messages bypass ``Connection``'s Python framing: :func:`send_frame` writes a
+framed message with one system call, and :class:`FrameReader` reads whatever has arrived in
+one call and splits it into messages (two results that arrived together cost one read).
+Rare messages still use ``Connection.send_bytes``, whose frames are the same.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 
 HEADER = struct.Struct("<Bxxxiq")  # kind, slot (-1: none), batch sequence number
@@ -39,3 +46,94 @@ NO_SLOT = -1
 def pack(kind: int, slot: int = NO_SLOT, seq: int = 0, payload: bytes = b"") -> bytes:
     """One frame: header then payload."""
     return HEADER.pack(kind, slot, seq) + payload
+
+
+_LEN = struct.Struct("!i")  # Connection's frame length; -1: an 8-byte length follows
+_LEN64 = struct.Struct("!Q")
+_READ_CHUNK = 1 << 16
+
+
+def frame(message: bytes) -> bytes:
+    """``message`` framed as ``Connection.send_bytes`` frames it."""
+    n = len(message)
+    if n > 0x7FFFFFFF:
+        return _LEN.pack(-1) + _LEN64.pack(n) + message
+    return _LEN.pack(n) + message
+
+
+def send_frame(fd: int, framed: bytes) -> None:
+    """Write ``framed`` (see :func:`frame`) to ``fd`` completely (blocking)."""
+    sent = os.write(fd, framed)
+    if sent < len(framed):  # a large frame, or a signal arrived mid-write
+        view = memoryview(framed)
+        while sent < len(framed):
+            sent += os.write(fd, view[sent:])
+
+
+class FrameReader:
+    """Messages from one stream socket whose peer writes whole frames (see :func:`frame`).
+
+    :meth:`read` blocks for one read of whatever has arrived, completes a message cut off
+    at the end of it (its rest is on its way: the peer writes frames whole), and returns
+    every message it holds. Never used on a socket that also carries descriptors (a plain
+    read would discard them): the consumer only sends descriptors, it never receives any.
+    """
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def read(self) -> list[bytes] | None:
+        """The messages now available (at least one); None at EOF, or when the peer died
+        part way through a message."""
+        fd = self.fd
+        data = os.read(fd, _READ_CHUNK)
+        if not data:
+            return None
+        try:
+            return _split(fd, data)
+        except EOFError:
+            return None
+
+
+def _split(fd: int, data: bytes) -> list[bytes]:
+    """The messages in ``data``, the last one completed from ``fd`` if it is cut off."""
+    messages: list[bytes] = []
+    pos, end = 0, len(data)
+    while pos < end:
+        if end - pos < 4:  # the length itself is cut off
+            data, pos, end = data[pos:] + _read_exact(fd, 4 - (end - pos)), 0, 4
+        size = _LEN.unpack_from(data, pos)[0]
+        start = pos + 4
+        if size == -1:  # an 8-byte length follows
+            if end - start < 8:
+                data, start, end = data[start:] + _read_exact(fd, 8 - (end - start)), 0, 8
+            size = _LEN64.unpack_from(data, start)[0]
+            start += 8
+        have = end - start
+        if have < size:  # the rest of this message is still arriving: wait for it
+            message = bytearray(size)
+            message[:have] = data[start:end]
+            _read_into(fd, memoryview(message)[have:])
+            messages.append(message)  # type: ignore[arg-type]  # bytes-like; not copied again
+            return messages
+        pos = start + size
+        messages.append(data[start:pos])
+    return messages
+
+
+def _read_into(fd: int, view: memoryview) -> None:
+    """Fill ``view`` from ``fd`` (blocking); EOFError if the peer closes first."""
+    got, want = 0, len(view)
+    while got < want:
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            raise EOFError("the peer closed the socket part way through a message")
+        got += n
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    buf = bytearray(n)
+    _read_into(fd, memoryview(buf))
+    return bytes(buf)

@@ -31,13 +31,15 @@ PAGE_BYTES = 4096
 SLOT_ALIGN_BYTES = 64  # slots start on cache lines: no false sharing between workers,
 # and a ring of tiny batches does not spend a page on each
 HEADER_WORDS = 8
-# Header words of a slot, written by the worker before it publishes the slot READY.
-H_DATA_END = 0  # bytes of array data (from the slot start)
-H_LAYOUT_OFF = 1  # where the encoded layout starts
-H_LAYOUT_LEN = 2
-H_OBJECTS_OFF = 3  # pickled non-array leaves (str, objects), when the batch has any
-H_OBJECTS_LEN = 4
-H_SEQ = 5  # the batch's sequence number, checked against the message that names the slot
+# The header words of a slot (int64, the first HEADER_USED of HEADER_WORDS), written by
+# the worker before it publishes the slot READY, in this order:
+#   data_end      bytes of array data (from the slot start)
+#   layout_off    where the encoded layout starts
+#   layout_len
+#   objects_off   pickled non-array leaves (str, objects), when the batch has any
+#   objects_len
+#   seq           the batch's sequence number, checked against the message naming the slot
+HEADER_USED = 6
 
 _NAME_ATTEMPTS = 16
 _SHM_DIR = "/dev/shm"
@@ -120,6 +122,14 @@ class Ring:
     def slot_offset(self, index: int) -> int:
         """Byte offset of slot ``index``'s data in the segment."""
         return self.control_bytes + index * self.slot_stride
+
+    def write_header(self, index: int, words: tuple[int, int, int, int, int, int]) -> None:
+        """Write slot ``index``'s header words (see HEADER_USED for their order)."""
+        self.headers[index, :HEADER_USED] = words
+
+    def header(self, index: int) -> list[int]:
+        """Slot ``index``'s header words, as written by :meth:`write_header`."""
+        return self.headers[index, :HEADER_USED].tolist()
 
     def slot_buffer(self, index: int) -> Any:
         """The (cached) buffer object over slot ``index``'s data."""

@@ -29,20 +29,8 @@ from shmloader import _slots, protocol, writeinto
 from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
 from shmloader.errors import BatchLayoutError
 from shmloader.layout import encode
-from shmloader.ring import (
-    H_DATA_END,
-    H_LAYOUT_LEN,
-    H_LAYOUT_OFF,
-    H_OBJECTS_LEN,
-    H_OBJECTS_OFF,
-    H_SEQ,
-    Ring,
-    attach_fd,
-)
+from shmloader.ring import Ring, attach_fd
 
-# The header words deliver() writes, in one assignment, in this order.
-assert tuple(range(6)) == (H_DATA_END, H_LAYOUT_OFF, H_LAYOUT_LEN, H_OBJECTS_OFF, H_OBJECTS_LEN, H_SEQ)
-_HEADER_USED = 6
 _VIEW_CACHE_SIZE = 1024  # entries of the layout and view caches; ragged batches make a new layout each
 
 
@@ -206,6 +194,7 @@ class _Worker:
     def __init__(self, config: WorkerConfig, conn: Any) -> None:
         self.cfg = config
         self.conn = conn
+        self.fd = conn.fileno()
         self.ring = config.ring
         self.layout_cache: dict[Any, bytes] = {}
         self.views: dict[tuple[int, Any], list] = {}  # (slot, layout) -> views of the slot
@@ -380,14 +369,7 @@ class _Worker:
         dst[data_bytes:end] = np.frombuffer(encoded, np.uint8)
         if objects_bytes:
             dst[end : end + len(objects_bytes)] = np.frombuffer(objects_bytes, np.uint8)
-        ring.headers[slot, :_HEADER_USED] = (
-            data_bytes,
-            data_bytes,
-            len(encoded),
-            end,
-            len(objects_bytes),
-            seq,
-        )
+        ring.write_header(slot, (data_bytes, data_bytes, len(encoded), end, len(objects_bytes), seq))
         # Release: the batch bytes and the header above are visible to the consumer
         # before it can observe READY.
         ring.states.store(slot, _slots.READY)
@@ -395,4 +377,4 @@ class _Worker:
             # After the samples were made, before the result: the consumer may end the
             # epoch as soon as it has the last result.
             self.report_stats()
-        self.conn.send_bytes(protocol.pack(protocol.RES_READY, slot, seq))
+        protocol.send_frame(self.fd, protocol.frame(protocol.pack(protocol.RES_READY, slot, seq)))
