@@ -2,8 +2,11 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <errno.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 /* Acquire: everything the writer did before its release store is visible after this. */
 uint32_t sl_load(uint32_t *states, size_t index) {
@@ -57,4 +60,45 @@ void *sl_map(int fd, size_t size, int populate) {
 /* Returns 0, or the errno of the failure. */
 int sl_unmap(void *addr, size_t size) {
     return munmap(addr, size) == 0 ? 0 : errno;
+}
+
+/* One sendmsg of `len` bytes with `fd` attached. The receiver gets the descriptor with
+ * the first of these bytes it reads (the kernel never merges it into an earlier read). */
+long sl_send_fd(int sock, const void *buf, size_t len, int fd) {
+    char control[CMSG_SPACE(sizeof(int))];
+    memset(control, 0, sizeof control);
+    struct iovec iov = {(void *)buf, len};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    return n < 0 ? -errno : (long)n;
+}
+
+/* One recvmsg of up to `len` bytes. A descriptor that came with them is stored in
+ * *fd_out (close-on-exec), else -1. The kernel ends a read right after bytes that carry
+ * descriptors, so one read never brings two. */
+long sl_recv(int sock, void *buf, size_t len, int *fd_out) {
+    char control[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {buf, len};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    *fd_out = -1;
+    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0)
+        return -errno;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            memcpy(fd_out, CMSG_DATA(c), sizeof(int));
+    return (long)n;
 }

@@ -12,3 +12,10 @@ int sl_find_and_claim(uint32_t *states, size_t count, size_t start, uint32_t exp
 int sl_set_pdeathsig(int signum);
 void *sl_map(int fd, size_t size, int populate);
 int sl_unmap(void *addr, size_t size);
+
+/* Stream-socket I/O that carries a descriptor beside the bytes (SCM_RIGHTS). Python's
+ * os.read/os.write cannot, and a socket object would own (and one day close) a descriptor
+ * that a Connection owns. Both return bytes moved, 0 at EOF, or -errno (EINTR included:
+ * the caller retries after Python has run its signal handlers). */
+long sl_send_fd(int sock, const void *buf, size_t len, int fd);
+long sl_recv(int sock, void *buf, size_t len, int *fd_out);

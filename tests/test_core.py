@@ -354,8 +354,12 @@ def test_one_descriptor_per_ring_and_nothing_in_dev_shm(method):
     assert len(kept) == 200 and dl.ring.num_slots == 256
     # One descriptor (the current ring's), however many batches and retired rings live.
     assert len(os.listdir("/proc/self/fd")) == fds_before + 1
-    rings = {line.split()[-2] for line in open("/proc/self/maps") if "/dev/shm/shmloader" in line}
+    mapped = {line.split()[-2] for line in open("/proc/self/maps") if "/dev/shm/shmloader" in line}
+    rings = {name for name in mapped if name.startswith(f"/dev/shm/shmloader-{os.getpid()}-")}
     assert len(rings) == 3, rings  # the retired rings stay mapped while their batches live
+    # Each worker's first batch came in a segment of its own (made by the worker): it
+    # stays mapped while that batch lives.
+    assert len(mapped - rings) == 2, mapped
     del dl, kept, batch
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds_before

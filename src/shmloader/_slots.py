@@ -6,6 +6,7 @@ functions here, which check every return code and turn failures into exceptions.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from typing import Any
@@ -85,6 +86,52 @@ class StateArray:
     def claim(self, start: int, expected: int, desired: int) -> int:
         """Claim the first slot at or after ``start`` in state ``expected``; -1 if none is."""
         return lib.sl_find_and_claim(self._ptr, self._count, start, expected, desired)
+
+
+def send_with_fd(sock: int, data: bytes, fd: int) -> None:
+    """Write all of ``data`` to the stream socket ``sock``, ``fd`` attached to its start."""
+    while True:
+        n = lib.sl_send_fd(sock, data, len(data), fd)
+        if n != -errno.EINTR:
+            break
+    if n < 0:
+        raise OSError(-n, f"sending a descriptor failed: {os.strerror(-n)}")
+    if n < len(data):  # the descriptor went with the first part
+        view = memoryview(data)
+        while n < len(data):
+            n += os.write(sock, view[n:])
+
+
+class Receiver:
+    """Reads from a stream socket, collecting any descriptor sent with the bytes (see
+    :func:`send_with_fd`)."""
+
+    __slots__ = ("_buf", "_fdp", "_size")
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._buf = ffi.new("char[]", size)  # reused by every recv()
+        self._fdp = ffi.new("int *")
+
+    def recv(self, sock: int) -> tuple[bytes, int]:
+        """Block for one read of up to the buffer's size; returns the bytes (empty at EOF)
+        and the descriptor that came with them, or -1."""
+        n = self._call(sock, self._buf, self._size)
+        return ffi.buffer(self._buf, n)[:], self._fdp[0]
+
+    def recv_into(self, sock: int, view: memoryview) -> tuple[int, int]:
+        """Block for one read into the writable ``view``; returns the byte count (0 at EOF)
+        and the descriptor that came with the bytes, or -1."""
+        return self._call(sock, ffi.from_buffer(view, require_writable=True), len(view)), self._fdp[0]
+
+    def _call(self, sock: int, buf: Any, size: int) -> int:
+        while True:
+            n = lib.sl_recv(sock, buf, size, self._fdp)
+            if n != -errno.EINTR:  # EINTR: Python's signal handlers run, then read again
+                break
+        if n < 0:
+            raise OSError(-n, f"reading a socket failed: {os.strerror(-n)}")
+        return n
 
 
 def set_parent_death_signal(signum: int = signal.SIGKILL) -> None:

@@ -21,7 +21,6 @@ import time
 import weakref
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ from shmloader import state as _state
 from shmloader.collate import COLLATE_MODES, build_arrays, build_in_memory, flatten_tree, gather, plan
 from shmloader.errors import LoaderTimeoutError, RingLimitError, WorkerDiedError, WorkerError
 from shmloader.layout import decode, make_reader
-from shmloader.ring import Ring, ring_bytes, shm_free_bytes
+from shmloader.ring import Ring, attach_fd, ring_bytes, shm_free_bytes
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
 from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
@@ -910,8 +909,10 @@ class _MultiProcessIter:
             self._init_failed(worker, msg[protocol.HEADER_BYTES :])
             return
         task = self._tasks.pop(seq, None)
-        if task is None:
-            return  # a result from before a reset; already discarded
+        if task is None:  # a result from before a reset; already discarded
+            if kind == protocol.RES_SEGMENT:
+                os.close(worker.reader.take_fd())
+            return
         worker.outstanding -= 1
         if kind == protocol.RES_READY:
             payload = b""
@@ -920,7 +921,20 @@ class _MultiProcessIter:
             if task.slot >= 0:
                 task.ring.states.store(task.slot, _slots.FREE)
                 task.slot = protocol.NO_SLOT
-            if kind == protocol.RES_ITER_END:
+            if kind == protocol.RES_SEGMENT or kind == protocol.RES_PICKLED:
+                needed = int(np.frombuffer(payload, np.int64, 1)[0])
+                if kind == protocol.RES_SEGMENT:
+                    # The batch's own segment, mapped here (not pre-faulted: only what the
+                    # consumer reads comes in); its descriptor is closed at once.
+                    task.ring = attach_fd(worker.reader.take_fd(), 1, needed, populate=False)
+                    task.slot = 0
+                ring = self._ring
+                if ring is None or (needed > ring.slot_bytes and self._loader.slot_bytes is None):
+                    # The first batch sizes the ring; a batch that outgrew its slot makes
+                    # a ring of larger slots. Made at the next __next__, after this batch
+                    # is handed out (reserving a ring takes tens of ms).
+                    self._ring_wanted = max(self._ring_wanted, needed)
+            elif kind == protocol.RES_ITER_END:
                 if worker.active:  # its first: tasks sent from now on skip it (state_dict)
                     self._iter_ends.append((self._send_seq, worker.id, seq))
                 worker.active = False
@@ -928,14 +942,6 @@ class _MultiProcessIter:
                 worker.active = False
                 self._results[seq] = (kind, task, payload)
                 return
-            elif kind == protocol.RES_PICKLED:
-                needed = int(np.frombuffer(payload, np.int64, 1)[0])
-                ring = self._ring
-                if ring is None or (needed > ring.slot_bytes and self._loader.slot_bytes is None):
-                    # The first batch sizes the ring; a batch that outgrew its slot makes
-                    # a ring of larger slots. Made at the next __next__, after this batch
-                    # is handed out (reserving a ring takes tens of ms).
-                    self._ring_wanted = max(self._ring_wanted, needed)
         self._results[seq] = (kind, task, payload)
 
     def _init_failed(self, worker: _WorkerHandle, payload: bytes) -> None:
@@ -983,8 +989,8 @@ class _MultiProcessIter:
             if not w.proc.is_alive():
                 continue
             try:
-                w.conn.send_bytes(protocol.pack(protocol.TASK_RING, payload=info))
-                reduction.send_handle(w.conn, ring.fd, w.proc.pid)
+                message = protocol.frame(protocol.pack(protocol.TASK_RING, payload=info))
+                protocol.send_frame_with_fd(w.fd, message, ring.fd)
             except OSError:
                 pass  # a dead worker is reported by its sentinel
 
@@ -1040,39 +1046,12 @@ class _MultiProcessIter:
 
     def _materialize(self, kind: int, task: _Task, payload: bytes) -> Any:
         if kind == protocol.RES_READY:
-            ring = task.ring
-            slot = task.slot
-            states = ring.states  # type: ignore[union-attr]
-            states.store(slot, _slots.HELD)
-            data_end, lo, llen, ooff, olen, seq = ring.header(slot)  # type: ignore[union-attr]
-            if seq != task.seq:
-                raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
-            root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
-            key = root[lo : lo + llen].tobytes()
-            reader = self._readers.get(key)
-            if reader is None:
-                if len(self._readers) >= _LAYOUT_CACHE_SIZE:
-                    self._readers.clear()  # ragged batches: a new layout per shape; stay bounded
-                layout = decode(key)
-                if self._loader.output == "torch":
-                    layout = _pinning.torch_layout(layout)
-                reader = self._readers[key] = make_reader(layout)
-            objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
-            stats = self._loader._stats
-            stats["batches"] += 1
-            if self._copy:
-                # Batches that own their memory: one copy of the slot's data, and the
-                # slot is free again at once.
-                batch = reader(root[:data_end].copy(), objects)
-                states.store(slot, _slots.FREE)
-                stats["batches_copied"] += 1
-                return batch
-            batch = reader(root, objects)
-            # The slot returns to FREE when the root dies, i.e. when the last view of it does.
-            if self._loader._pinner is None:
-                weakref.finalize(root, states.store, slot, _slots.FREE).atexit = False
-            else:  # pinned: once device copies issued from the slot have completed too
-                weakref.finalize(root, self._loader._pinner.release, states, slot).atexit = False
+            return self._from_slot(task)
+        if kind == protocol.RES_SEGMENT:
+            batch = self._from_slot(task, segment=True)
+            task.ring = None  # the segment lives as long as the batch's views, no longer
+            if self._loader._pinner is not None:
+                batch = _pinning.pin_tree(batch)  # not in a registered ring: pinned by copy
             return batch
         if kind == protocol.RES_PICKLED:
             self._loader._stats["batches"] += 1
@@ -1087,6 +1066,47 @@ class _MultiProcessIter:
         if kind == protocol.RES_INIT_ERROR:
             self.close()
         raise _rebuild(failure, task.seq)
+
+    def _from_slot(self, task: _Task, segment: bool = False) -> Any:
+        """The batch in ``task``'s slot, as views of it (or a copy, with copy=True);
+        ``segment``: the slot is a one-off segment's, not the ring's."""
+        ring = task.ring
+        slot = task.slot
+        states = ring.states  # type: ignore[union-attr]
+        states.store(slot, _slots.HELD)
+        data_end, lo, llen, ooff, olen, seq = ring.header(slot)  # type: ignore[union-attr]
+        if seq != task.seq:
+            raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
+        root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
+        key = root[lo : lo + llen].tobytes()
+        reader = self._readers.get(key)
+        if reader is None:
+            if len(self._readers) >= _LAYOUT_CACHE_SIZE:
+                self._readers.clear()  # ragged batches: a new layout per shape; stay bounded
+            layout = decode(key)
+            if self._loader.output == "torch":
+                layout = _pinning.torch_layout(layout)
+            reader = self._readers[key] = make_reader(layout)
+        objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
+        stats = self._loader._stats
+        stats["batches"] += 1
+        if segment:
+            stats["batches_copied"] += 1  # not in the ring (in its own segment)
+        if self._copy:
+            # Batches that own their memory: one copy of the slot's data, and the
+            # slot is free again at once.
+            batch = reader(root[:data_end].copy(), objects)
+            states.store(slot, _slots.FREE)
+            stats["batches_copied"] += not segment
+            return batch
+        batch = reader(root, objects)
+        # The slot returns to FREE when the root dies, i.e. when the last view of it does.
+        # The finalizer also keeps the mapping alive (through ``states``) while any view is.
+        if self._loader._pinner is None or segment:
+            weakref.finalize(root, states.store, slot, _slots.FREE).atexit = False
+        else:  # pinned: once device copies issued from the slot have completed too
+            weakref.finalize(root, self._loader._pinner.release, states, slot).atexit = False
+        return batch
 
     # --- errors -------------------------------------------------------------------------
 
@@ -1188,8 +1208,9 @@ class _MultiProcessIter:
                     w.conn.send_bytes(_STOP_FRAME)
                 except OSError:
                     pass
-            fdguard.unregister(w.conn.fileno())
+            fdguard.unregister(w.fd)
             w.conn.close()
+            w.reader.close()
         deadline = time.monotonic() + (_JOIN_TIMEOUT_S if graceful else 0.0)
         for w in self._workers:
             w.proc.join(max(0.0, deadline - time.monotonic()))

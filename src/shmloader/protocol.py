@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import os
 import struct
+from collections import deque
+
+from shmloader import _slots
 
 HEADER = struct.Struct("<Bxxxiq")  # kind, slot (-1: none), batch sequence number
 HEADER_BYTES = HEADER.size
@@ -27,11 +30,15 @@ TASK_KEYS = 2  # payload: pickled list of sample keys (a sampler yielding non-in
 TASK_ITER = 3  # iterable dataset: produce the next batch; no payload
 TASK_EPOCH = 4  # persistent workers, new epoch: payload int64 [base_seed]
 TASK_STOP = 5
-TASK_RING = 6  # payload: int64 [num_slots, slot_bytes]; the descriptor follows (SCM_RIGHTS)
+TASK_RING = 6  # payload: int64 [num_slots, slot_bytes]; the ring's descriptor comes with it
 
 # worker -> consumer
+RES_SEGMENT = 10  # payload: int64 [slot_bytes]; the batch is in slot 0 of a one-off segment
+# (a 1-slot ring) whose descriptor comes with this frame: a batch that had no slot (the
+# first, which sizes the ring) or outgrew it, delivered without a copy.
 RES_READY = 11  # the batch is in the slot
 RES_PICKLED = 12  # payload: int64 bytes the batch needs in a slot, then the pickled batch
+# (only when a one-off segment cannot be made, e.g. /dev/shm is full)
 RES_ERROR = 13  # payload: pickled WorkerFailure
 RES_ITER_END = 14  # iterable dataset exhausted in this worker
 RES_INIT_ERROR = 15  # payload: pickled WorkerFailure; the worker exits after sending it
@@ -71,69 +78,90 @@ def send_frame(fd: int, framed: bytes) -> None:
 
 
 class FrameReader:
-    """Messages from one stream socket whose peer writes whole frames (see :func:`frame`).
+    """Messages from one stream socket whose peer writes whole frames (see :func:`frame`),
+    and the descriptors sent with them (see :func:`send_frame_with_fd`).
 
     :meth:`read` blocks for one read of whatever has arrived, completes a message cut off
     at the end of it (its rest is on its way: the peer writes frames whole), and returns
-    every message it holds. Never used on a socket that also carries descriptors (a plain
-    read would discard them): the consumer only sends descriptors, it never receives any.
+    every message it holds. A descriptor arrives with the first bytes of its frame, so it
+    is in :meth:`take_fd`'s queue by the time its frame is returned; descriptors queue in
+    the order of their frames.
     """
 
-    __slots__ = ("fd",)
+    __slots__ = ("_fds", "_receiver", "fd")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self._receiver = _slots.Receiver(_READ_CHUNK)
+        self._fds: deque[int] = deque()
 
     def read(self) -> list[bytes] | None:
         """The messages now available (at least one); None at EOF, or when the peer died
         part way through a message."""
-        fd = self.fd
-        data = os.read(fd, _READ_CHUNK)
+        data, fd = self._receiver.recv(self.fd)
+        if fd >= 0:
+            self._fds.append(fd)
         if not data:
             return None
         try:
-            return _split(fd, data)
+            return self._split(data)
         except EOFError:
             return None
 
+    def take_fd(self) -> int:
+        """The oldest descriptor received and not yet taken (the caller owns it now)."""
+        if not self._fds:
+            raise OSError("a message said a descriptor came with it, but none did")
+        return self._fds.popleft()
 
-def _split(fd: int, data: bytes) -> list[bytes]:
-    """The messages in ``data``, the last one completed from ``fd`` if it is cut off."""
-    messages: list[bytes] = []
-    pos, end = 0, len(data)
-    while pos < end:
-        if end - pos < 4:  # the length itself is cut off
-            data, pos, end = data[pos:] + _read_exact(fd, 4 - (end - pos)), 0, 4
-        size = _LEN.unpack_from(data, pos)[0]
-        start = pos + 4
-        if size == -1:  # an 8-byte length follows
-            if end - start < 8:
-                data, start, end = data[start:] + _read_exact(fd, 8 - (end - start)), 0, 8
-            size = _LEN64.unpack_from(data, start)[0]
-            start += 8
-        have = end - start
-        if have < size:  # the rest of this message is still arriving: wait for it
-            message = bytearray(size)
-            message[:have] = data[start:end]
-            _read_into(fd, memoryview(message)[have:])
-            messages.append(message)  # type: ignore[arg-type]  # bytes-like; not copied again
-            return messages
-        pos = start + size
-        messages.append(data[start:pos])
-    return messages
+    def close(self) -> None:
+        """Close descriptors received and never taken."""
+        while self._fds:
+            os.close(self._fds.popleft())
+
+    def _split(self, data: bytes) -> list[bytes]:
+        """The messages in ``data``, the last one completed from the socket if cut off."""
+        messages: list[bytes] = []
+        pos, end = 0, len(data)
+        while pos < end:
+            if end - pos < 4:  # the length itself is cut off
+                data, pos, end = data[pos:] + self._read_exact(4 - (end - pos)), 0, 4
+            size = _LEN.unpack_from(data, pos)[0]
+            start = pos + 4
+            if size == -1:  # an 8-byte length follows
+                if end - start < 8:
+                    data, start, end = data[start:] + self._read_exact(8 - (end - start)), 0, 8
+                size = _LEN64.unpack_from(data, start)[0]
+                start += 8
+            have = end - start
+            if have < size:  # the rest of this message is still arriving: wait for it
+                message = bytearray(size)
+                message[:have] = data[start:end]
+                self._read_into(memoryview(message)[have:])
+                messages.append(message)  # type: ignore[arg-type]  # bytes-like; not copied again
+                return messages
+            pos = start + size
+            messages.append(data[start:pos])
+        return messages
+
+    def _read_into(self, view: memoryview) -> None:
+        """Fill ``view`` (blocking); EOFError if the peer closes first."""
+        got, want = 0, len(view)
+        while got < want:
+            n, fd = self._receiver.recv_into(self.fd, view[got:])
+            if fd >= 0:
+                self._fds.append(fd)
+            if n == 0:
+                raise EOFError("the peer closed the socket part way through a message")
+            got += n
+
+    def _read_exact(self, n: int) -> bytes:
+        buf = bytearray(n)
+        self._read_into(memoryview(buf))
+        return bytes(buf)
 
 
-def _read_into(fd: int, view: memoryview) -> None:
-    """Fill ``view`` from ``fd`` (blocking); EOFError if the peer closes first."""
-    got, want = 0, len(view)
-    while got < want:
-        n = os.readv(fd, [view[got:]])
-        if n == 0:
-            raise EOFError("the peer closed the socket part way through a message")
-        got += n
-
-
-def _read_exact(fd: int, n: int) -> bytes:
-    buf = bytearray(n)
-    _read_into(fd, memoryview(buf))
-    return bytes(buf)
+def send_frame_with_fd(sock: int, framed: bytes, fd: int) -> None:
+    """Write ``framed`` (see :func:`frame`) to ``sock`` with the descriptor ``fd`` (a
+    duplicate of it goes to the peer; ``fd`` stays open here)."""
+    _slots.send_with_fd(sock, framed, fd)

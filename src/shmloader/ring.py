@@ -97,8 +97,9 @@ class Ring:
         self._slot_arrays: list[np.ndarray | None] = [None] * num_slots
 
     @classmethod
-    def create(cls, num_slots: int, slot_bytes: int) -> Ring:
-        """Create, reserve, unlink and map a new ring.
+    def create(cls, num_slots: int, slot_bytes: int, *, populate: bool = False) -> Ring:
+        """Create, reserve, unlink and map a new ring; ``populate`` pre-faults the mapping
+        (for a writer about to fill it).
 
         Raises :class:`ShmSpaceError` when /dev/shm cannot hold it.
         """
@@ -112,7 +113,7 @@ class Ring:
             _reserve(fd, total, num_slots, slot_bytes)
             # The consumer only reads slots: its pages fault in on first use, and pre-faulting
             # them all here would delay the batch that sized the ring (66 ms for 92 MiB).
-            ring = cls(fd, num_slots, slot_bytes, populate=False)
+            ring = cls(fd, num_slots, slot_bytes, populate=populate)
         except BaseException:
             os.close(fd)
             raise
@@ -179,10 +180,15 @@ def _attach(dup: Any, num_slots: int, slot_bytes: int) -> Ring:
     return attach_fd(dup.detach(), num_slots, slot_bytes)
 
 
-def attach_fd(fd: int, num_slots: int, slot_bytes: int) -> Ring:
-    """Map a ring from a descriptor this process received, and close the descriptor."""
-    ring = Ring(fd, num_slots, slot_bytes, populate=True)  # writers: no faults on the hot path
-    ring.close_fd()  # the mapping is all a worker needs
+def attach_fd(fd: int, num_slots: int, slot_bytes: int, *, populate: bool = True) -> Ring:
+    """Map a ring from a descriptor this process received, and close the descriptor.
+    ``populate`` (for writers) pre-faults the mapping: no faults on the hot path."""
+    try:
+        ring = Ring(fd, num_slots, slot_bytes, populate=populate)
+    except BaseException:
+        os.close(fd)
+        raise
+    ring.close_fd()  # the mapping is all this process needs
     return ring
 
 

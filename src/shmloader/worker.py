@@ -20,14 +20,13 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
 
 from shmloader import _slots, protocol, writeinto
 from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
-from shmloader.errors import BatchLayoutError
+from shmloader.errors import BatchLayoutError, ShmLoaderError
 from shmloader.layout import encode
 from shmloader.ring import Ring, attach_fd
 
@@ -195,6 +194,7 @@ class _Worker:
         self.cfg = config
         self.conn = conn
         self.fd = conn.fileno()
+        self.reader = protocol.FrameReader(self.fd)
         self.ring = config.ring
         self.layout_cache: dict[Any, bytes] = {}
         self.views: dict[tuple[int, Any], list] = {}  # (slot, layout) -> views of the slot
@@ -232,22 +232,31 @@ class _Worker:
                 failure = WorkerFailure.capture(exc, cfg.worker_id, "running worker_init_fn", None)
                 self.conn.send_bytes(protocol.pack(protocol.RES_INIT_ERROR, payload=pickle.dumps(failure)))
                 return
-        recv = self.conn.recv_bytes
+        try:
+            self.serve()
+        finally:
+            self.reader.close()
+
+    def serve(self) -> None:
+        """Handle tasks until a stop message or EOF."""
+        read = self.reader.read
         header = protocol.HEADER
         while True:
-            msg = recv()
-            kind, slot, seq = header.unpack_from(msg)
-            if kind == protocol.TASK_STOP:
-                return
-            if kind == protocol.TASK_RING:
-                num_slots, slot_bytes = np.frombuffer(msg, np.int64, 2, protocol.HEADER_BYTES).tolist()
-                self.ring = attach_fd(reduction.recv_handle(self.conn), num_slots, slot_bytes)
-                self.views.clear()
-                continue
-            if kind == protocol.TASK_EPOCH:
-                self.start_epoch(int(np.frombuffer(msg, np.int64, 1, protocol.HEADER_BYTES)[0]))
-                continue
-            self.do_task(kind, slot, seq, msg)
+            messages = read()
+            if messages is None:
+                raise EOFError
+            for msg in messages:
+                kind, slot, seq = header.unpack_from(msg)
+                if kind == protocol.TASK_STOP:
+                    return
+                if kind == protocol.TASK_RING:
+                    num_slots, slot_bytes = np.frombuffer(msg, np.int64, 2, protocol.HEADER_BYTES).tolist()
+                    self.ring = attach_fd(self.reader.take_fd(), num_slots, slot_bytes)
+                    self.views.clear()
+                elif kind == protocol.TASK_EPOCH:
+                    self.start_epoch(int(np.frombuffer(msg, np.int64, 1, protocol.HEADER_BYTES)[0]))
+                else:
+                    self.do_task(kind, slot, seq, msg)
 
     def do_task(self, kind: int, slot: int, seq: int, msg: bytes) -> None:
         cfg = self.cfg
@@ -349,13 +358,8 @@ class _Worker:
                     f"(slot_bytes was fixed). Pass a larger slot_bytes (at least {total}), "
                     "a smaller batch_size, or leave slot_bytes unset so the loader sizes it."
                 )
-            batch = build_in_memory(layout, data_bytes, objects, fill)
-            payload = np.int64(total).tobytes() + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-            if self.stats_fn is not None:
-                self.report_stats()
-            self.conn.send_bytes(protocol.pack(protocol.RES_PICKLED, slot, seq, payload))
+            self.deliver_apart(slot, seq, layout, data_bytes, encoded, objects, objects_bytes, fill)
             return
-        dst = ring.slot_array(slot)
         # Views of a slot for a layout are made once: the steady state (same layout, the
         # ring's few slots) allocates no arrays here.
         key = (slot, layout)
@@ -363,8 +367,58 @@ class _Worker:
         if views is None:
             if len(self.views) > _VIEW_CACHE_SIZE:
                 self.views.clear()
-            views = self.views[key] = array_views(layout, dst)
+            views = self.views[key] = array_views(layout, ring.slot_array(slot))
         fill(views)
+        self.publish(ring, slot, seq, data_bytes, encoded, objects_bytes)
+        if self.stats_fn is not None:
+            # After the samples were made, before the result: the consumer may end the
+            # epoch as soon as it has the last result.
+            self.report_stats()
+        protocol.send_frame(self.fd, protocol.frame(protocol.pack(protocol.RES_READY, slot, seq)))
+
+    def deliver_apart(
+        self,
+        slot: int,
+        seq: int,
+        layout: Any,
+        data_bytes: int,
+        encoded: bytes,
+        objects: list,
+        objects_bytes: bytes,
+        fill: Any,
+    ) -> None:
+        """Deliver a batch that has no slot in the ring (the first, which sizes the ring, or
+        one that outgrew its slot): in a one-off segment of its own whose descriptor goes
+        with the result, so it is not copied on the way; pickled when no segment can be
+        made (e.g. /dev/shm is full: the consumer's error then says so when it sizes the
+        ring)."""
+        total = data_bytes + len(encoded) + len(objects_bytes)
+        try:
+            segment = Ring.create(1, total, populate=True)
+        except (OSError, ShmLoaderError):
+            batch = build_in_memory(layout, data_bytes, objects, fill)
+            payload = np.int64(total).tobytes() + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+            if self.stats_fn is not None:
+                self.report_stats()
+            self.conn.send_bytes(protocol.pack(protocol.RES_PICKLED, slot, seq, payload))
+            return
+        try:
+            fill(array_views(layout, segment.slot_array(0)))
+            self.publish(segment, 0, seq, data_bytes, encoded, objects_bytes)
+            if self.stats_fn is not None:
+                self.report_stats()
+            message = protocol.pack(protocol.RES_SEGMENT, slot, seq, np.int64(total).tobytes())
+            protocol.send_frame_with_fd(self.fd, protocol.frame(message), segment.fd)
+        finally:
+            segment.close_fd()  # the consumer holds its own descriptor now; ours goes
+
+    @staticmethod
+    def publish(
+        ring: Ring, slot: int, seq: int, data_bytes: int, encoded: bytes, objects_bytes: bytes
+    ) -> None:
+        """Write the layout, the object leaves and the header after the arrays that are
+        already in ``slot``, then mark it READY."""
+        dst = ring.slot_array(slot)
         end = data_bytes + len(encoded)
         dst[data_bytes:end] = np.frombuffer(encoded, np.uint8)
         if objects_bytes:
@@ -373,8 +427,3 @@ class _Worker:
         # Release: the batch bytes and the header above are visible to the consumer
         # before it can observe READY.
         ring.states.store(slot, _slots.READY)
-        if self.stats_fn is not None:
-            # After the samples were made, before the result: the consumer may end the
-            # epoch as soon as it has the last result.
-            self.report_stats()
-        protocol.send_frame(self.fd, protocol.frame(protocol.pack(protocol.RES_READY, slot, seq)))
