@@ -178,10 +178,12 @@ class Arange:
         slow_at: int | None = None,
         slow_s: float = 0.0,
         dtype: str = "int64",
+        bad_message_bytes: int = 0,
     ) -> None:
         self.n, self.shape, self.sleep = n, tuple(shape), sleep
         self.crash_at, self.crash, self.stamp, self.arm = crash_at, crash, stamp, arm
         self.bad, self.slow_at, self.slow_s, self.dtype = set(bad), slow_at, slow_s, dtype
+        self.bad_message_bytes = bad_message_bytes  # pads the ValueError's message
 
     def __len__(self) -> int:
         return self.n
@@ -196,7 +198,7 @@ class Arange:
         if i == self.crash_at and (self.arm is None or os.path.exists(self.arm)):
             crash(self.crash, self.stamp)  # type: ignore[arg-type]
         if i in self.bad:
-            raise ValueError(f"bad sample {i}")
+            raise ValueError(f"bad sample {i}" + "!" * self.bad_message_bytes)
         return np.full(self.shape, i, self.dtype)
 
 
@@ -612,17 +614,18 @@ def case_interrupted(method: str) -> dict[str, Any]:
 
 def case_victim(method: str, mode: str) -> dict[str, Any]:
     """The consumer the test SIGKILLs: 'busy' workers sleep in __getitem__ over a 64 MiB
-    ring; 'blocked' workers are stuck sending a 16 MiB pickled first batch."""
+    ring; 'blocked' workers are stuck sending a 16 MiB error (its message is that long)."""
     if mode == "busy":
         dl = _loader(Arange(n=100, sleep=1.5), method, slot_bytes=8 * 2**20, num_slots=8)
     else:
-        dl = _loader(Arange(n=100, shape=(2**20,)), method, batch_size=2)
+        dataset = Arange(n=100, bad=tuple(range(100)), bad_message_bytes=16 * 2**20)
+        dl = _loader(dataset, method, batch_size=2)
     it = iter(dl)
     pids = worker_pids(it)
     if mode == "busy":
         next(it)
     else:
-        # Wait until each worker has started sending its 16 MiB batch: it is then
+        # Wait until each worker has started sending its 16 MiB error: it is then
         # blocked writing (the socket buffer holds far less), whatever the machine's load.
         for w in it._workers:
             w.conn.poll(60)

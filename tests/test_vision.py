@@ -86,13 +86,52 @@ def test_class_per_subfolder_layout_and_flat_lists(folder):
         ImageFolder.from_files(["a.jpg"], [])
 
 
-def test_whole_image_decodes_straight_into_the_output_like_libjpeg(folder):
+@pytest.mark.parametrize("fast", [True, False])
+def test_whole_image_decodes_straight_into_the_output_like_libjpeg(folder, fast):
     import simplejpeg
 
-    ds = ImageFolder(folder)  # no transform: the whole image
+    ds = ImageFolder(folder, fast_decode=fast)  # no transform: the whole image
     path = ds.samples[3][0]
     assert not supports(ds)  # no fixed size: torch-style __getitem__ only
-    assert np.array_equal(ds[3][0], simplejpeg.decode_jpeg(Path(path).read_bytes(), "RGB"))
+    ref = simplejpeg.decode_jpeg(Path(path).read_bytes(), "RGB", fastdct=fast)
+    assert np.array_equal(ds[3][0], ref)
+
+
+def _jpeg_errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """Mean absolute difference and the share of values more than 8 levels off."""
+    err = np.abs(got.astype(int) - ref.astype(int))
+    return float(err.mean()), float((err > 8).mean())
+
+
+@pytest.mark.parametrize("quality", [75, 90])
+def test_fast_decode_equals_pillow_s_reference_decode_within_jpeg_tolerance(tmp_path, quality):
+    rng = np.random.default_rng(quality)
+    root = tmp_path / "q"
+    (root / "c").mkdir(parents=True)
+    for k in range(4):
+        (root / "c" / f"{k}.jpg").write_bytes(encode_jpeg(synth_image(rng, 120 + 16 * k, 160), quality))
+    accurate = ImageFolder(root, fast_decode=False)
+    fast = ImageFolder(root)  # the default: libjpeg-turbo's fast integer IDCT
+    assert fast.fast_decode and not fast.fast_upsample
+    for i, (path, _) in enumerate(fast.samples):
+        ref = np.asarray(Image.open(path).convert("RGB"))
+        assert np.array_equal(accurate[i][0], ref)  # the accurate decode is Pillow's, exactly
+        mean, outliers = _jpeg_errors(fast[i][0], ref)
+        assert mean <= 1.5 and outliers <= 0.001, (path, mean, outliers)
+
+
+def test_fast_upsample_is_an_opt_in_beyond_jpeg_tolerance_at_colour_edges(tmp_path):
+    import pickle
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "c" / "edges.jpg"
+    path.parent.mkdir()
+    path.write_bytes(encode_jpeg(synth_image(rng, 160, 160), 90))
+    ref = np.asarray(Image.open(path).convert("RGB"))
+    ds = ImageFolder(tmp_path, fast_upsample=True)
+    assert pickle.loads(pickle.dumps(ds))._decoder.fast_upsample  # workers decode the same way
+    mean, outliers = _jpeg_errors(ds[0][0], ref)
+    assert mean < 4.0 and outliers > 0.001  # close on average, far off at sharp chroma edges
 
 
 # --- transforms --------------------------------------------------------------------------

@@ -65,13 +65,22 @@ def dct_factor(width: int, height: int, box_w: float, box_h: float, out_w: int, 
 
 
 class Decoder:
-    """Decodes image bytes to HxWx3 uint8, reusing one scratch buffer for JPEG."""
+    """Decodes image bytes to HxWx3 uint8, reusing one scratch buffer for JPEG.
 
-    def __init__(self) -> None:
+    ``fast_dct``: libjpeg-turbo's fast integer IDCT instead of the accurate one (about 4%
+    faster JPEG decoding here; pixels differ from the accurate decode by about one level
+    on average, a few at most at usual qualities, more above quality 95).
+    ``fast_upsample``: replicate subsampled chroma instead of interpolating it (about 7%
+    faster on 4:2:0 JPEGs; differs by about two levels on average, up to tens at sharp
+    colour edges). Both only apply to JPEGs decoded by libjpeg-turbo through simplejpeg."""
+
+    def __init__(self, fast_dct: bool = False, fast_upsample: bool = False) -> None:
+        self.fast_dct = bool(fast_dct)
+        self.fast_upsample = bool(fast_upsample)
         self._scratch = np.empty(0, np.uint8)
 
     def __reduce__(self) -> Any:
-        return (type(self), ())  # the scratch buffer stays behind
+        return (type(self), (self.fast_dct, self.fast_upsample))  # the scratch buffer stays behind
 
     def probe(self, data: bytes) -> Probe:
         """Read the header (no pixel decoding)."""
@@ -117,7 +126,9 @@ class Decoder:
             if self._scratch.size < need:
                 self._scratch = np.empty(int(need * 1.25), np.uint8)  # room for a few larger images
             buffer = self._scratch
-        return simplejpeg.decode_jpeg(probe.data, "RGB", buffer=buffer, **kw)
+        return simplejpeg.decode_jpeg(
+            probe.data, "RGB", self.fast_dct, self.fast_upsample, buffer=buffer, **kw
+        )
 
 
 def to_rgb(img: Any) -> np.ndarray:

@@ -50,7 +50,14 @@ class ImageFolder:
     once per process and counts it in :attr:`skipped`. ``backend``: the resampler
     (``"auto"``: torch's vectorized kernel when torch is installed, else Pillow).
     ``dct_scaling``: let libjpeg-turbo decode JPEGs at 1/2, 1/4 or 1/8 size when the
-    output is that much smaller than the crop.
+    output is that much smaller than the crop. ``fast_decode`` (default True): decode
+    JPEGs with libjpeg-turbo's fast integer IDCT (about 4% less decoding time; pixels
+    within about one level of the accurate decode on average and a few levels at most
+    at usual qualities, more above quality 95); False gives exactly libjpeg-turbo's
+    accurate decode (as Pillow's). ``fast_upsample`` (default False): replicate
+    subsampled chroma instead of interpolating it (about 7% less decoding time on 4:2:0
+    JPEGs, but errors of tens of levels at sharp colour edges: beyond JPEG decoding
+    tolerance, hence opt-in).
 
     Randomness (random crops, flips) comes from a generator per sample derived from the
     loader's epoch seed and the sample index: a seeded loader gives the same batches for
@@ -67,6 +74,8 @@ class ImageFolder:
         on_error: str = "raise",
         backend: str = "auto",
         dct_scaling: bool = True,
+        fast_decode: bool = True,
+        fast_upsample: bool = False,
         samples: Sequence[tuple[str, int]] | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
@@ -79,6 +88,8 @@ class ImageFolder:
         self.on_error = on_error
         self.backend = resolve_backend(backend)
         self.dct_scaling = dct_scaling
+        self.fast_decode = bool(fast_decode)
+        self.fast_upsample = bool(fast_upsample)
         self.root = None if root is None else os.fspath(root)
         if samples is not None:
             self.samples = [(os.fspath(p), int(label)) for p, label in samples]
@@ -92,7 +103,7 @@ class ImageFolder:
         self.targets = np.array([label for _, label in self.samples], np.int64)
         self.skipped = 0  # files replaced under on_error="skip", in this process
         self._warned_pid = 0
-        self._decoder = Decoder()
+        self._decoder = Decoder(fast_dct=self.fast_decode, fast_upsample=self.fast_upsample)
         self._scratch: dict[tuple[int, ...], np.ndarray] = {}
 
     @classmethod
@@ -218,8 +229,8 @@ class ImageFolder:
         path = self.samples[index][0]
         transform = self.transform
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            with open(path, "rb", buffering=0) as f:  # unbuffered: one read of the whole file
+                data = f.readall()
             probe = self._decoder.probe(data)
         except Exception as exc:
             raise _decode_error(path, index, exc) from exc

@@ -22,6 +22,7 @@ import numpy as np
 BACKENDS = ("auto", "torch", "pillow")
 
 _torch: Any = None
+_aa_out: Any = None  # torch.ops.aten._upsample_bilinear2d_aa.out, looked up once (None: absent)
 _threads_set_in_pid = 0
 
 
@@ -40,10 +41,14 @@ def resolve_backend(backend: str) -> str:
 def _get_torch() -> Any:
     """torch, imported once; single-threaded inside worker processes (they are the
     parallelism; torch's own threads would oversubscribe the cores)."""
-    global _torch, _threads_set_in_pid
+    global _torch, _aa_out, _threads_set_in_pid
     if _torch is None:
         import torch
 
+        try:
+            _aa_out = torch.ops.aten._upsample_bilinear2d_aa.out
+        except (AttributeError, RuntimeError):  # a torch without that overload
+            _aa_out = None
         _torch = torch
     if _threads_set_in_pid != os.getpid():
         _threads_set_in_pid = os.getpid()
@@ -98,15 +103,17 @@ def _resample_torch(
         return
     torch = _get_torch()
     x0, y0, x1, y1 = _int_box(src, box)
-    source = torch.from_numpy(src[y0:y1, x0:x1]).permute(2, 0, 1).unsqueeze(0)
-    out = torch.from_numpy(dst)
-    out = out.unsqueeze(0) if chw else out.permute(2, 0, 1).unsqueeze(0)
+    # NCHW views of HWC memory (channels-last, what the uint8 kernel is vectorized for).
+    source = torch.from_numpy(src[None, y0:y1, x0:x1]).permute(0, 3, 1, 2)
+    out = torch.from_numpy(dst[None]) if chw else torch.from_numpy(dst[None]).permute(0, 3, 1, 2)
     if (y1 - y0, x1 - x0) == (oh, ow):
         out.copy_(source)
     else:
         try:  # the kernel writes into the slot's row itself
-            torch.ops.aten._upsample_bilinear2d_aa.out(source, [oh, ow], False, None, None, out=out)
-        except (AttributeError, RuntimeError):  # a torch without that overload: one more copy
+            if _aa_out is None:
+                raise RuntimeError("no out= overload")
+            _aa_out(source, [oh, ow], False, None, None, out=out)
+        except RuntimeError:  # a torch without that overload: one more copy
             resized = torch.nn.functional.interpolate(
                 source, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False
             )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -68,7 +68,7 @@ class Region:
         w, h = self.size
         sx, sy = width / w, height / h
         x0, y0, x1, y1 = self.content
-        return replace(self, size=(int(width), int(height)), content=(x0 * sx, y0 * sy, x1 * sx, y1 * sy))
+        return Region((int(width), int(height)), (x0 * sx, y0 * sy, x1 * sx, y1 * sy), self.box, self.flip)
 
     def cropped(self, top: int, left: int, height: int, width: int) -> Region:
         cx0, cy0, cx1, cy1 = self.content
@@ -84,7 +84,7 @@ class Region:
     def flipped(self) -> Region:
         w = self.size[0]
         x0, y0, x1, y1 = self.content
-        return replace(self, content=(w - x1, y0, w - x0, y1), flip=not self.flip)
+        return Region(self.size, (w - x1, y0, w - x0, y1), self.box, not self.flip)
 
 
 class Transform:
