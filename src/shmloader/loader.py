@@ -280,9 +280,10 @@ class DataLoader:
     def stats(self) -> dict[str, Any]:
         """Counters of this loader, as plain data: ``batches`` handed out, of which
         ``batches_copied`` did not come as views of the ring (each worker's first batch,
-        which sizes the ring; batches that outgrew their slot; ``copy=True``; main-process
-        loading), ``rings_created`` (the first ring, then one per growth), the current
-        ring's ``num_slots`` and ``slot_bytes``, ``pinned_shm_bytes``, and ``dataset``: the
+        which sizes the ring, and batches that outgrew their slot: views of a one-off
+        segment each; ``copy=True``; main-process loading), ``rings_created`` (the first
+        ring, then one per growth), the current ring's ``num_slots`` and ``slot_bytes``,
+        ``pinned_shm_bytes``, and ``dataset``: the
         sum over all workers of the dataset's own ``stats()`` counters, when it has one
         (e.g. ``shmloader.vision.ImageFolder`` counts files skipped under
         ``on_error="skip"``)."""
@@ -594,7 +595,7 @@ class _MultiProcessIter:
         self._focused: _WorkerHandle | None = None
         self._fd_owner: dict[int, tuple[_WorkerHandle, bool]] = {}
         self._readers: dict[bytes, Callable[[np.ndarray, Any], Any]] = {}
-        self._ring_wanted = 0  # bytes a batch sent by copy needs in a slot: a ring to make
+        self._ring_wanted = 0  # bytes a batch that came outside the ring needs: a ring to make
         ctx = loader.multiprocessing_context
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
@@ -971,8 +972,8 @@ class _MultiProcessIter:
             pass
 
     def _make_wanted_ring(self) -> None:
-        """Make the ring a batch sent by copy asked for (the first one, or one with larger
-        slots: the old ring retires as its batches die) and hand it to the workers."""
+        """Make the ring that a batch from outside it asked for (the first one, or one with
+        larger slots: the old ring retires as its batches die); hand it to the workers."""
         ring = self._ring
         num_slots = self._loader.num_slots if ring is None else ring.num_slots
         slot_bytes = int(self._ring_wanted * _SLOT_HEADROOM) + 4096

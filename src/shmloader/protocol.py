@@ -10,7 +10,9 @@ its end, and the worker's blocking read returns EOF.
 The per-batch messages bypass ``Connection``'s Python framing: :func:`send_frame` writes a
 framed message with one system call, and :class:`FrameReader` reads whatever has arrived in
 one call and splits it into messages (two results that arrived together cost one read).
-Rare messages still use ``Connection.send_bytes``, whose frames are the same.
+Rare messages still use ``Connection.send_bytes``, whose frames are the same. A descriptor
+(a new ring for a worker, a one-off segment for the consumer) travels attached to its
+frame (:func:`send_frame_with_fd`); both sides read with ``recvmsg``, so none is lost.
 """
 
 from __future__ import annotations
