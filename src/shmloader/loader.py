@@ -283,10 +283,9 @@ class DataLoader:
         which sizes the ring, and batches that outgrew their slot: views of a one-off
         segment each; ``copy=True``; main-process loading), ``rings_created`` (the first
         ring, then one per growth), the current ring's ``num_slots`` and ``slot_bytes``,
-        ``pinned_shm_bytes``, and ``dataset``: the
-        sum over all workers of the dataset's own ``stats()`` counters, when it has one
-        (e.g. ``shmloader.vision.ImageFolder`` counts files skipped under
-        ``on_error="skip"``)."""
+        ``pinned_shm_bytes``, and ``dataset``: the sum over all workers of the dataset's
+        own ``stats()`` counters, when it has one (e.g. ``shmloader.vision.ImageFolder``
+        counts files skipped under ``on_error="skip"``)."""
         out = dict(self._stats)
         dataset = dict(out["dataset"])
         if self.num_workers == 0 and callable(getattr(self.dataset, "stats", None)):
@@ -939,10 +938,6 @@ class _MultiProcessIter:
                 if worker.active:  # its first: tasks sent from now on skip it (state_dict)
                     self._iter_ends.append((self._send_seq, worker.id, seq))
                 worker.active = False
-            elif kind == protocol.RES_INIT_ERROR:
-                worker.active = False
-                self._results[seq] = (kind, task, payload)
-                return
         self._results[seq] = (kind, task, payload)
 
     def _init_failed(self, worker: _WorkerHandle, payload: bytes) -> None:
