@@ -15,16 +15,17 @@ Point = namedtuple("Point", ["x", "y"])
 
 
 class Squares(Dataset):
-    """Sample i: a 4x4 float32 array filled with i, and i."""
+    """Sample i: a ``side`` x ``side`` (default 4x4) float32 array filled with i, and i."""
 
-    def __init__(self, n: int = 100):
+    def __init__(self, n: int = 100, side: int = 4):
         self.n = n
+        self.side = side
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        return np.full((4, 4), i, np.float32), i
+        return np.full((self.side, self.side), i, np.float32), i
 
 
 class Records(Dataset):

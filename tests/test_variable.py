@@ -192,3 +192,67 @@ def test_ragged_layout_caches_stay_bounded():
             assert len(it._readers) <= 8
     finally:
         loader_module._LAYOUT_CACHE_SIZE = old
+
+
+def _growing_batches() -> list[list[int]]:
+    sizes = [2, 2, 2, 2, 20, 20, 20, 20, 20, 2]
+    return [list(range(sum(sizes[:k]), sum(sizes[: k + 1]))) for k in range(len(sizes))]
+
+
+def test_batches_outside_the_ring_come_in_their_own_segments(method):
+    """Each worker's first batch (which sizes the ring) and a batch that outgrew its slot
+    are views of a one-off segment the worker made and passed by descriptor: mapped here,
+    not copied, and unmapped with their last view; no descriptor stays open for them."""
+    batches = _growing_batches()
+    dataset = D.Squares(200, side=32)  # 4 KiB samples: a batch of 20 outgrows slots sized for 2
+    dl = DataLoader(dataset, batch_sampler=batches, num_workers=2, multiprocessing_context=method)
+    it = iter(dl)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    first = next(it)
+    assert _in_shared_memory(first[0]), "a view of its segment, not a copy"
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # mapped; its descriptor is closed
+    out = [first, *it]
+    assert [b[1].tolist() for b in out] == batches
+    assert all((x[:, 0, 0] == y).all() for x, y in out)
+    grown = out[4][0]  # the first batch of 20: it outgrew the ring's slots
+    assert _in_shared_memory(grown) and not dl.ring.contains(grown)
+    assert dl.stats()["batches_copied"] >= 3  # the two first batches and the grown one
+    del it, first, out, grown, dl
+    gc.collect()
+    assert not [line for line in open("/proc/self/maps") if "/dev/shm/shmloader" in line]
+
+
+def test_batches_come_pickled_when_no_segment_can_be_made(monkeypatch):
+    """A worker that cannot make a one-off segment (e.g. /dev/shm is full) sends the batch
+    pickled instead: the same values (fork: the workers inherit the patch)."""
+    from shmloader import ShmSpaceError
+    from shmloader.ring import Ring
+
+    real_create = Ring.create.__func__
+
+    def no_one_off_segments(cls, num_slots, slot_bytes, **kw):
+        if num_slots == 1:
+            raise ShmSpaceError("no room for a one-off segment (test)")
+        return real_create(cls, num_slots, slot_bytes, **kw)
+
+    monkeypatch.setattr(Ring, "create", classmethod(no_one_off_segments))
+    batches = _growing_batches()
+    dataset = D.Squares(200, side=32)
+    dl = DataLoader(dataset, batch_sampler=batches, num_workers=2, multiprocessing_context="fork")
+    out = list(dl)
+    assert [b[1].tolist() for b in out] == batches
+    assert all((x[:, 0, 0] == y).all() for x, y in out)
+    assert not _in_shared_memory(out[0][0]) and not _in_shared_memory(out[4][0]), "unpickled"
+    assert _in_shared_memory(out[-1][0]), "batches in the ring as usual"
+    assert dl.stats()["batches_copied"] >= 3
+
+
+def _in_shared_memory(array: np.ndarray) -> bool:
+    """True when ``array``'s memory lies in a shmloader segment mapped by this process."""
+    address = array.__array_interface__["data"][0]
+    for line in open("/proc/self/maps"):
+        if "/dev/shm/shmloader" in line:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return True
+    return False
