@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shmloader.errors import BatchLayoutError
-from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, RaggedLeaf, align, reader_for
+from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, RaggedLeaf, align, read_layout
 
 
 class Leaf:
@@ -355,7 +355,7 @@ def build_in_memory(
     go through a slot): the same layout and filler as the ring path, so the same values."""
     buf = np.empty(max(data_bytes, 1), np.uint8)
     fill(array_views(layout, buf))
-    return reader_for(layout)(buf, objects)
+    return read_layout(layout, buf, objects)
 
 
 def build_arrays(treedef: Any, leaves: list[Leaf]) -> Any:

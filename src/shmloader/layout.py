@@ -2,10 +2,14 @@
 
 A batch is a tree of dict / list / tuple / namedtuple nodes whose leaves are arrays
 (placed in a slot) or other objects (pickled beside them). Its layout is a small frozen
-description of that tree: the *treedef* (the nodes) and one descriptor per leaf. A worker
-encodes a layout once per distinct shape of batch and writes the bytes into the slot; the
-consumer decodes each distinct layout once and keeps it in a cache, so the steady state
-pickles nothing.
+description of that tree: the *treedef* (the nodes) and one descriptor per leaf.
+
+On the wire a layout is split in two: its :class:`Skeleton` (the tree, and each leaf's
+kind, dtype and number of dimensions) and its *numbers* (each array's offset and shape,
+as int64). A worker encodes a skeleton once and writes its bytes and the numbers into the
+slot; the consumer decodes each distinct skeleton once and keeps its reader, so batches
+whose shapes change every time (ragged data) cost no pickling either: only their numbers
+differ.
 """
 
 from __future__ import annotations
@@ -65,13 +69,44 @@ def align(n: int) -> int:
     return (n + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
 
 
-def encode(layout: Layout) -> bytes:
-    """Bytes for ``layout`` (the trust boundary: only this loader's workers write them)."""
-    return pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+class Skeleton(NamedTuple):
+    """A layout without its offsets and shapes: the treedef, and per leaf
+    ``("a", dtype, ndim, torch)`` (an array), ``("r", dtype, count, ndim, torch)`` (a
+    list of ``count`` arrays of ``ndim`` dimensions) or ``("o", index)`` (an object)."""
+
+    treedef: Any
+    leaves: tuple[tuple[Any, ...], ...]
 
 
-def decode(data: bytes) -> Layout:
-    """The layout encoded in ``data``."""
+def split(layout: Layout) -> tuple[Skeleton, list[int]]:
+    """``layout``'s skeleton and numbers: per array its offset then its shape, per ragged
+    leaf that for each of its arrays (objects have none)."""
+    leaves = []
+    numbers: list[int] = []
+    for leaf in layout.leaves:
+        kind = type(leaf)
+        if kind is ArrayLeaf:
+            leaves.append(("a", leaf.dtype, len(leaf.shape), leaf.torch))
+            numbers.append(leaf.offset)
+            numbers += leaf.shape
+        elif kind is RaggedLeaf:
+            ndim = len(leaf.shapes[0]) if leaf.shapes else 0
+            leaves.append(("r", leaf.dtype, len(leaf.offsets), ndim, leaf.torch))
+            for offset, shape in zip(leaf.offsets, leaf.shapes):
+                numbers.append(offset)
+                numbers += shape
+        else:
+            leaves.append(("o", leaf.index))
+    return Skeleton(layout.treedef, tuple(leaves)), numbers
+
+
+def encode(skeleton: Skeleton) -> bytes:
+    """Bytes for ``skeleton`` (the trust boundary: only this loader's workers write them)."""
+    return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Skeleton:
+    """The skeleton encoded in ``data``."""
     return pickle.loads(data)
 
 
@@ -123,44 +158,52 @@ def _make_mapping(cls: type, items: dict) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def reader_for(layout: Layout) -> Callable[[np.ndarray, list[Any] | None], Any]:
-    """The (cached) reader of ``layout``; see :func:`make_reader`."""
-    return make_reader(layout)
+def _cached_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, list[int]], Any]:
+    return make_reader(skeleton)
 
 
-def make_reader(layout: Layout) -> Callable[[np.ndarray, list[Any] | None], Any]:
-    """A function ``(root, objects) -> batch`` that rebuilds the batch of ``layout`` from a
-    slot's root array, as views of it (no copy), and the unpickled object leaves."""
+def read_layout(layout: Layout, root: np.ndarray, objects: list[Any] | None) -> Any:
+    """The batch of ``layout`` in ``root``, as views of it (readers cached per skeleton)."""
+    skeleton, numbers = split(layout)
+    return _cached_reader(skeleton)(root, objects, numbers)
+
+
+def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, list[int]], Any]:
+    """A function ``(root, objects, numbers) -> batch`` that rebuilds a batch of
+    ``skeleton`` from a slot's root array, as views of it (no copy), the unpickled object
+    leaves and the layout's numbers (see :func:`split`)."""
     torch = None
-    if any(getattr(leaf, "torch", False) for leaf in layout.leaves):
+    if any(leaf[-1] is True for leaf in skeleton.leaves if leaf[0] != "o"):
         import torch  # only when a sample was a tensor: torch is then installed
-    # One plan per leaf: (kind, dtype, count or index, offset, shape, as_torch).
+    # One plan per leaf: (kind, dtype, ndim, count or object index, as_torch).
     plans = []
-    for leaf in layout.leaves:
-        if isinstance(leaf, ArrayLeaf):
-            count = prod(leaf.shape)
-            plans.append((_ARRAY, np.dtype(leaf.dtype), count, leaf.offset, leaf.shape, leaf.torch))
-        elif isinstance(leaf, RaggedLeaf):
-            parts = tuple((prod(s), o, s) for o, s in zip(leaf.offsets, leaf.shapes))
-            plans.append((_RAGGED, np.dtype(leaf.dtype), parts, 0, (), leaf.torch))
+    for leaf in skeleton.leaves:
+        if leaf[0] == "a":
+            plans.append((_ARRAY, np.dtype(leaf[1]), leaf[2], 1, leaf[3]))
+        elif leaf[0] == "r":
+            plans.append((_RAGGED, np.dtype(leaf[1]), leaf[3], leaf[2], leaf[4]))
         else:
-            plans.append((_OBJECT, None, leaf.index, 0, (), False))
-    build = builder(layout.treedef)
+            plans.append((_OBJECT, None, 0, leaf[1], False))
+    build = builder(skeleton.treedef)
     frombuffer = np.frombuffer
 
-    def read(root: np.ndarray, objects: list[Any] | None) -> Any:
+    def read(root: np.ndarray, objects: list[Any] | None, numbers: list[int]) -> Any:
         out = []
-        for kind, dtype, count, offset, shape, as_torch in plans:
-            if kind == _ARRAY:
+        p = 0
+        for kind, dtype, ndim, count, as_torch in plans:
+            if kind == _OBJECT:
+                out.append(objects[count])  # type: ignore[index]
+                continue
+            views = []
+            for _ in range(count):
+                offset = numbers[p]
+                shape = tuple(numbers[p + 1 : p + 1 + ndim])
+                p += 1 + ndim
                 # frombuffer on the root gives a view whose .base is the root, so the
                 # root (and the slot lease tied to it) lives as long as any view does.
-                view = frombuffer(root, dtype, count, offset).reshape(shape)
-                out.append(torch.from_numpy(view) if as_torch else view)
-            elif kind == _RAGGED:
-                views = [frombuffer(root, dtype, n, o).reshape(s) for n, o, s in count]
-                out.append([torch.from_numpy(v) for v in views] if as_torch else views)
-            else:
-                out.append(objects[count])  # type: ignore[index]
+                view = frombuffer(root, dtype, prod(shape), offset).reshape(shape)
+                views.append(torch.from_numpy(view) if as_torch else view)
+            out.append(views[0] if kind == _ARRAY else views)
         return build(out)
 
     return read

@@ -44,7 +44,7 @@ _HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the curre
 _SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
 _DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where /dev/shm's free space cannot be read
 _STOP_FRAME = protocol.pack(protocol.TASK_STOP)
-_LAYOUT_CACHE_SIZE = 1024  # decoded layouts kept; ragged batches make one per distinct shape
+_LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 
 
 class DataLoader:
@@ -593,7 +593,7 @@ class _MultiProcessIter:
         self._focus_poller = select.poll()
         self._focused: _WorkerHandle | None = None
         self._fd_owner: dict[int, tuple[_WorkerHandle, bool]] = {}
-        self._readers: dict[bytes, Callable[[np.ndarray, Any], Any]] = {}
+        self._readers: dict[bytes, Callable[[np.ndarray, Any, list[int]], Any]] = {}
         self._ring_wanted = 0  # bytes a batch that came outside the ring needs: a ring to make
         ctx = loader.multiprocessing_context
         if ctx is None or isinstance(ctx, str):
@@ -1070,7 +1070,7 @@ class _MultiProcessIter:
         slot = task.slot
         states = ring.states  # type: ignore[union-attr]
         states.store(slot, _slots.HELD)
-        data_end, lo, llen, ooff, olen, seq = ring.header(slot)  # type: ignore[union-attr]
+        data_end, lo, llen, ooff, olen, seq, count = ring.header(slot)  # type: ignore[union-attr]
         if seq != task.seq:
             raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
         root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
@@ -1078,11 +1078,12 @@ class _MultiProcessIter:
         reader = self._readers.get(key)
         if reader is None:
             if len(self._readers) >= _LAYOUT_CACHE_SIZE:
-                self._readers.clear()  # ragged batches: a new layout per shape; stay bounded
-            layout = decode(key)
+                self._readers.clear()  # stay bounded (one per batch structure)
+            skeleton = decode(key)
             if self._loader.output == "torch":
-                layout = _pinning.torch_layout(layout)
-            reader = self._readers[key] = make_reader(layout)
+                skeleton = _pinning.torch_skeleton(skeleton)
+            reader = self._readers[key] = make_reader(skeleton)
+        numbers = np.frombuffer(root, np.int64, count, (lo + llen + 7) & ~7).tolist()
         objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
         stats = self._loader._stats
         stats["batches"] += 1
@@ -1091,11 +1092,11 @@ class _MultiProcessIter:
         if self._copy:
             # Batches that own their memory: one copy of the slot's data, and the
             # slot is free again at once.
-            batch = reader(root[:data_end].copy(), objects)
+            batch = reader(root[:data_end].copy(), objects, numbers)
             states.store(slot, _slots.FREE)
             stats["batches_copied"] += not segment
             return batch
-        batch = reader(root, objects)
+        batch = reader(root, objects, numbers)
         # The slot returns to FREE when the root dies, i.e. when the last view of it does.
         # The finalizer also keeps the mapping alive (through ``states``) while any view is.
         if self._loader._pinner is None or segment:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from shmloader import _slots
-from shmloader.layout import ArrayLeaf, Layout, RaggedLeaf
+from shmloader.layout import Skeleton
 
 NO_CUDA_WARNING = "pin_memory=True but CUDA is not available; batches stay in shared host memory"
 _CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context, as torch registers memory
@@ -36,13 +36,10 @@ _CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context, as torch regi
 # --- torch output -----------------------------------------------------------------------
 
 
-def torch_layout(layout: Layout) -> Layout:
-    """``layout`` with every array leaf handed out as a torch tensor."""
-    leaves = tuple(
-        leaf._replace(torch=True) if isinstance(leaf, (ArrayLeaf, RaggedLeaf)) else leaf
-        for leaf in layout.leaves
-    )
-    return layout._replace(leaves=leaves)
+def torch_skeleton(skeleton: Skeleton) -> Skeleton:
+    """``skeleton`` with every array leaf handed out as a torch tensor."""
+    leaves = tuple(leaf if leaf[0] == "o" else (*leaf[:-1], True) for leaf in skeleton.leaves)
+    return skeleton._replace(leaves=leaves)
 
 
 def to_torch(tree: Any) -> Any:

@@ -39,7 +39,8 @@ HEADER_WORDS = 8
 #   objects_off   pickled non-array leaves (str, objects), when the batch has any
 #   objects_len
 #   seq           the batch's sequence number, checked against the message naming the slot
-HEADER_USED = 6
+#   numbers       how many int64 layout numbers follow the layout (8-aligned)
+HEADER_USED = 7
 
 _NAME_ATTEMPTS = 16
 _SHM_DIR = "/dev/shm"
@@ -124,7 +125,7 @@ class Ring:
         """Byte offset of slot ``index``'s data in the segment."""
         return self.control_bytes + index * self.slot_stride
 
-    def write_header(self, index: int, words: tuple[int, int, int, int, int, int]) -> None:
+    def write_header(self, index: int, words: tuple[int, int, int, int, int, int, int]) -> None:
         """Write slot ``index``'s header words (see HEADER_USED for their order)."""
         self.headers[index, :HEADER_USED] = words
 

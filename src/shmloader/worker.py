@@ -18,19 +18,39 @@ import sys
 import threading
 import time
 import traceback
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from shmloader import _slots, protocol, writeinto
 from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
 from shmloader.errors import BatchLayoutError, ShmLoaderError
-from shmloader.layout import encode
+from shmloader.layout import encode, split
 from shmloader.ring import Ring, attach_fd
 
-_VIEW_CACHE_SIZE = 1024  # entries of the layout and view caches; ragged batches make a new layout each
+_VIEW_CACHE_SIZE = 1024  # entries of the skeleton and view caches (ragged batches: a view set per shape)
+
+
+class _Wire(NamedTuple):
+    """What a batch puts in its slot after the arrays, in this order: the encoded
+    skeleton of its layout, the layout's numbers (int64, 8-aligned), its object leaves."""
+
+    data_bytes: int
+    skeleton: bytes
+    numbers: bytes
+    objects: bytes
+
+    @property
+    def total(self) -> int:
+        """Bytes the batch needs in a slot."""
+        return _align8(self.data_bytes + len(self.skeleton)) + len(self.numbers) + len(self.objects)
+
+
+def _align8(n: int) -> int:
+    return (n + 7) & ~7
 
 
 class WorkerInfo:
@@ -343,14 +363,16 @@ class _Worker:
     def deliver(self, slot: int, seq: int, treedef: Any, leaves: list, fill: Any) -> None:
         """Lay the batch out, let ``fill`` write its arrays into the slot, publish it."""
         layout, data_bytes, objects = plan(treedef, leaves)
-        encoded = self.layout_cache.get(layout)
+        skeleton, numbers = split(layout)
+        encoded = self.layout_cache.get(skeleton)
         if encoded is None:
             if len(self.layout_cache) >= _VIEW_CACHE_SIZE:
-                self.layout_cache.clear()  # ragged batches: one layout per shape; stay bounded
-            encoded = self.layout_cache[layout] = encode(layout)
+                self.layout_cache.clear()  # stay bounded (a skeleton per batch structure)
+            encoded = self.layout_cache[skeleton] = encode(skeleton)
         objects_bytes = pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL) if objects else b""
+        wire = _Wire(data_bytes, encoded, array("q", numbers).tobytes(), objects_bytes)
         ring = self.ring
-        total = data_bytes + len(encoded) + len(objects_bytes)
+        total = wire.total
         if slot == protocol.NO_SLOT or ring is None or total > ring.slot_bytes:
             if slot != protocol.NO_SLOT and ring is not None and self.cfg.fixed_slot_bytes:
                 raise BatchLayoutError(
@@ -358,7 +380,7 @@ class _Worker:
                     f"(slot_bytes was fixed). Pass a larger slot_bytes (at least {total}), "
                     "a smaller batch_size, or leave slot_bytes unset so the loader sizes it."
                 )
-            self.deliver_apart(slot, seq, layout, data_bytes, encoded, objects, objects_bytes, fill)
+            self.deliver_apart(slot, seq, layout, wire, objects, fill)
             return
         # Views of a slot for a layout are made once: the steady state (same layout, the
         # ring's few slots) allocates no arrays here.
@@ -369,34 +391,24 @@ class _Worker:
                 self.views.clear()
             views = self.views[key] = array_views(layout, ring.slot_array(slot))
         fill(views)
-        self.publish(ring, slot, seq, data_bytes, encoded, objects_bytes)
+        self.publish(ring, slot, seq, wire)
         if self.stats_fn is not None:
             # After the samples were made, before the result: the consumer may end the
             # epoch as soon as it has the last result.
             self.report_stats()
         protocol.send_frame(self.fd, protocol.frame(protocol.pack(protocol.RES_READY, slot, seq)))
 
-    def deliver_apart(
-        self,
-        slot: int,
-        seq: int,
-        layout: Any,
-        data_bytes: int,
-        encoded: bytes,
-        objects: list,
-        objects_bytes: bytes,
-        fill: Any,
-    ) -> None:
+    def deliver_apart(self, slot: int, seq: int, layout: Any, wire: _Wire, objects: list, fill: Any) -> None:
         """Deliver a batch that has no slot in the ring (the first, which sizes the ring, or
         one that outgrew its slot): in a one-off segment of its own whose descriptor goes
         with the result, so it is not copied on the way; pickled when no segment can be
         made (e.g. /dev/shm is full: the consumer's error then says so when it sizes the
         ring)."""
-        total = data_bytes + len(encoded) + len(objects_bytes)
+        total = wire.total
         try:
             segment = Ring.create(1, total, populate=True)
         except (OSError, ShmLoaderError):
-            batch = build_in_memory(layout, data_bytes, objects, fill)
+            batch = build_in_memory(layout, wire.data_bytes, objects, fill)
             payload = np.int64(total).tobytes() + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
             if self.stats_fn is not None:
                 self.report_stats()
@@ -404,7 +416,7 @@ class _Worker:
             return
         try:
             fill(array_views(layout, segment.slot_array(0)))
-            self.publish(segment, 0, seq, data_bytes, encoded, objects_bytes)
+            self.publish(segment, 0, seq, wire)
             if self.stats_fn is not None:
                 self.report_stats()
             message = protocol.pack(protocol.RES_SEGMENT, slot, seq, np.int64(total).tobytes())
@@ -413,17 +425,19 @@ class _Worker:
             segment.close_fd()  # the consumer holds its own descriptor now; ours goes
 
     @staticmethod
-    def publish(
-        ring: Ring, slot: int, seq: int, data_bytes: int, encoded: bytes, objects_bytes: bytes
-    ) -> None:
-        """Write the layout, the object leaves and the header after the arrays that are
-        already in ``slot``, then mark it READY."""
+    def publish(ring: Ring, slot: int, seq: int, wire: _Wire) -> None:
+        """Write the layout, its numbers, the object leaves and the header after the
+        arrays that are already in ``slot``, then mark it READY."""
         dst = ring.slot_array(slot)
-        end = data_bytes + len(encoded)
-        dst[data_bytes:end] = np.frombuffer(encoded, np.uint8)
-        if objects_bytes:
-            dst[end : end + len(objects_bytes)] = np.frombuffer(objects_bytes, np.uint8)
-        ring.write_header(slot, (data_bytes, data_bytes, len(encoded), end, len(objects_bytes), seq))
+        lo = wire.data_bytes
+        dst[lo : lo + len(wire.skeleton)] = np.frombuffer(wire.skeleton, np.uint8)
+        start = _align8(lo + len(wire.skeleton))
+        end = start + len(wire.numbers)
+        dst[start:end] = np.frombuffer(wire.numbers, np.uint8)
+        if wire.objects:
+            dst[end : end + len(wire.objects)] = np.frombuffer(wire.objects, np.uint8)
+        numbers = len(wire.numbers) // 8
+        ring.write_header(slot, (lo, lo, len(wire.skeleton), end, len(wire.objects), seq, numbers))
         # Release: the batch bytes and the header above are visible to the consumer
         # before it can observe READY.
         ring.states.store(slot, _slots.READY)
