@@ -108,18 +108,25 @@ def _resample_torch(
     out = torch.from_numpy(dst[None]) if chw else torch.from_numpy(dst[None]).permute(0, 3, 1, 2)
     if (y1 - y0, x1 - x0) == (oh, ow):
         out.copy_(source)
-    else:
-        try:  # the kernel writes into the slot's row itself
-            if _aa_out is None:
-                raise RuntimeError("no out= overload")
-            _aa_out(source, [oh, ow], False, None, None, out=out)
-        except RuntimeError:  # a torch without that overload: one more copy
-            resized = torch.nn.functional.interpolate(
-                source, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False
-            )
-            out.copy_(resized)
+    elif not _resize_into(source, out, oh, ow):  # a torch without that overload: one more copy
+        resized = torch.nn.functional.interpolate(
+            source, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False
+        )
+        out.copy_(resized)
     if flip:
         out.copy_(out.flip(-1))
+
+
+def _resize_into(source: Any, out: Any, oh: int, ow: int) -> bool:
+    """ATen's antialiased bilinear kernel writing into ``out`` (the slot's row) itself;
+    False where this torch has no such overload."""
+    if _aa_out is None:
+        return False
+    try:
+        _aa_out(source, [oh, ow], False, None, None, out=out)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _resample_pillow(
