@@ -128,8 +128,7 @@ def gather(
                 # any other shape or dtype, and explain_stack_failure names the culprit.
                 leaves.append(Leaf(path, values, "stack", (len(values), *shape), dtype, namer=sample_name))
                 return LEAF
-            # One pass each for shapes and dtypes (not a loop of checks per sample): an
-            # array of the shapes is (batch, ndim) only when every sample has that ndim.
+            # One pass each for shapes, dtypes and ndims (not a loop of checks per sample).
             try:
                 shapes = [v.shape for v in values]
                 same = {v.dtype for v in values} == {dtype} and {len(s) for s in shapes} == {first.ndim}
@@ -143,10 +142,13 @@ def gather(
                 leaves.append(Leaf(path, values, "list", None, dtype, shapes=shapes))
                 return LEAF
             count = len(values) * first.ndim
-            lengths = np.fromiter(chain.from_iterable(shapes), np.int64, count).reshape(len(values), -1)
-            top = tuple(lengths.max(axis=0).tolist())
+            lengths = np.fromiter(chain.from_iterable(shapes), np.int64, count)
+            if first.ndim == 1:  # sequences: (batch,) lengths, and the longest one
+                top = max(shapes)
+            else:
+                lengths = lengths.reshape(len(values), -1)
+                top = tuple(lengths.max(axis=0).tolist())
             leaves.append(Leaf(path, values, "pad", (len(values), *top), dtype, pad_value=pad_value))
-            lengths = lengths[:, 0] if first.ndim == 1 else lengths
             leaves.append(Leaf((*path, "lengths"), lengths, "copy", lengths.shape, lengths.dtype))
             return ("n", Padded, (LEAF, LEAF))
         if isinstance(first, (bool, int, float, complex, np.generic)) and not isinstance(
