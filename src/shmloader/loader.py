@@ -33,7 +33,7 @@ from shmloader import state as _state
 from shmloader.collate import COLLATE_MODES, build_arrays, build_in_memory, flatten_tree, gather, plan
 from shmloader.errors import LoaderTimeoutError, RingLimitError, WorkerDiedError, WorkerError
 from shmloader.layout import decode, make_reader
-from shmloader.ring import Ring, attach_fd, ring_bytes, shm_free_bytes
+from shmloader.ring import Ring, attach_fd, numbers_offset, ring_bytes, shm_free_bytes
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
 from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
@@ -1083,7 +1083,7 @@ class _MultiProcessIter:
             if self._loader.output == "torch":
                 skeleton = _pinning.torch_skeleton(skeleton)
             reader = self._readers[key] = make_reader(skeleton)
-        numbers = np.frombuffer(root, np.int64, count, (lo + llen + 7) & ~7).tolist()
+        numbers = np.frombuffer(root, np.int64, count, numbers_offset(lo, llen)).tolist()
         objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
         stats = self._loader._stats
         stats["batches"] += 1

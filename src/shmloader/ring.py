@@ -42,6 +42,12 @@ HEADER_WORDS = 8
 #   numbers       how many int64 layout numbers follow the layout (8-aligned)
 HEADER_USED = 7
 
+
+def numbers_offset(layout_off: int, layout_len: int) -> int:
+    """Where a slot's layout numbers start: 8-aligned, right after the encoded layout."""
+    return (layout_off + layout_len + 7) & ~7
+
+
 _NAME_ATTEMPTS = 16
 _SHM_DIR = "/dev/shm"
 

@@ -27,9 +27,9 @@ import numpy as np
 
 from shmloader import _slots, protocol, writeinto
 from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
-from shmloader.errors import BatchLayoutError, ShmLoaderError
+from shmloader.errors import BatchLayoutError
 from shmloader.layout import encode, split
-from shmloader.ring import Ring, attach_fd
+from shmloader.ring import Ring, attach_fd, numbers_offset
 
 _VIEW_CACHE_SIZE = 1024  # entries of the skeleton and view caches (ragged batches: a view set per shape)
 
@@ -46,11 +46,7 @@ class _Wire(NamedTuple):
     @property
     def total(self) -> int:
         """Bytes the batch needs in a slot."""
-        return _align8(self.data_bytes + len(self.skeleton)) + len(self.numbers) + len(self.objects)
-
-
-def _align8(n: int) -> int:
-    return (n + 7) & ~7
+        return numbers_offset(self.data_bytes, len(self.skeleton)) + len(self.numbers) + len(self.objects)
 
 
 class WorkerInfo:
@@ -407,7 +403,7 @@ class _Worker:
         total = wire.total
         try:
             segment = Ring.create(1, total, populate=True)
-        except (OSError, ShmLoaderError):
+        except Exception:  # no room, no /dev/shm, a posix_ipc error: the batch still goes
             batch = build_in_memory(layout, wire.data_bytes, objects, fill)
             payload = np.int64(total).tobytes() + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
             if self.stats_fn is not None:
@@ -431,7 +427,7 @@ class _Worker:
         dst = ring.slot_array(slot)
         lo = wire.data_bytes
         dst[lo : lo + len(wire.skeleton)] = np.frombuffer(wire.skeleton, np.uint8)
-        start = _align8(lo + len(wire.skeleton))
+        start = numbers_offset(lo, len(wire.skeleton))
         end = start + len(wire.numbers)
         dst[start:end] = np.frombuffer(wire.numbers, np.uint8)
         if wire.objects:
