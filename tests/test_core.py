@@ -117,6 +117,39 @@ def test_custom_sampler_and_batch_sampler(method):
     assert [b[1].tolist() for b in dl] == [[1, 2, 3], [7], [4, 4]]
 
 
+class _KeyEcho:
+    """A map-style dataset whose sample is the key it was given, as text with its type."""
+
+    def __getitem__(self, key):
+        return f"{type(key).__name__}:{key!r}"
+
+
+def test_batch_sampler_keys_of_every_kind_reach_the_dataset(method):
+    # Integer-like keys travel as int64 and arrive as Python ints; any other key (and an
+    # int beyond int64) arrives as it was given.
+    batches = [
+        [3, 1],
+        [np.int64(7), 2],
+        ["a", "b"],
+        [(1, 2), (3,)],
+        [2**70, 1],
+        [1.5, 2.5],
+        ((1, 2), (3,)),  # not a list: converted through numpy, which refuses ragged keys
+        np.array([2**64 - 1, 5], np.uint64),
+    ]
+    dl = DataLoader(_KeyEcho(), batch_sampler=batches, num_workers=2, multiprocessing_context=method)
+    assert list(dl) == [
+        ["int:3", "int:1"],
+        ["int:7", "int:2"],
+        ["str:'a'", "str:'b'"],
+        ["tuple:(1, 2)", "tuple:(3,)"],
+        [f"int:{2**70}", "int:1"],
+        ["float:1.5", "float:2.5"],
+        ["tuple:(1, 2)", "tuple:(3,)"],
+        [f"uint64:{np.uint64(2**64 - 1)!r}", f"uint64:{np.uint64(5)!r}"],  # as given: too big for int64
+    ]
+
+
 def test_sampler_classes():
     assert list(SequentialSampler(range(4))) == [0, 1, 2, 3]
     rs = RandomSampler(range(10), generator=np.random.default_rng(0))

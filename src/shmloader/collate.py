@@ -128,10 +128,9 @@ def gather(
                 # any other shape or dtype, and explain_stack_failure names the culprit.
                 leaves.append(Leaf(path, values, "stack", (len(values), *shape), dtype, namer=sample_name))
                 return LEAF
-            # One pass each for shapes, dtypes and ndims (not a loop of checks per sample).
+            # One pass each for dtypes and ndims (not a loop of checks per sample).
             try:
-                shapes = [v.shape for v in values]
-                same = {v.dtype for v in values} == {dtype} and {len(s) for s in shapes} == {first.ndim}
+                same = {v.dtype for v in values} == {dtype} and {v.ndim for v in values} == {first.ndim}
             except AttributeError:  # not an array
                 same = False
             if not same:
@@ -139,13 +138,15 @@ def gather(
                     if not isinstance(v, np.ndarray) or v.ndim != first.ndim or v.dtype != dtype:
                         raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
             if mode == "list":
-                leaves.append(Leaf(path, values, "list", None, dtype, shapes=shapes))
+                leaves.append(Leaf(path, values, "list", None, dtype, shapes=[v.shape for v in values]))
                 return LEAF
-            count = len(values) * first.ndim
-            lengths = np.fromiter(chain.from_iterable(shapes), np.int64, count)
             if first.ndim == 1:  # sequences: (batch,) lengths, and the longest one
-                top = max(shapes)
+                sizes = list(map(len, values))
+                top = (max(sizes),)
+                lengths = np.array(sizes, np.int64)
             else:
+                count = len(values) * first.ndim
+                lengths = np.fromiter(chain.from_iterable(v.shape for v in values), np.int64, count)
                 lengths = lengths.reshape(len(values), -1)
                 top = tuple(lengths.max(axis=0).tolist())
             leaves.append(Leaf(path, values, "pad", (len(values), *top), dtype, pad_value=pad_value))

@@ -1242,17 +1242,22 @@ class _MultiProcessIter:
 
 
 def _task_payload(indices: Any) -> tuple[int, bytes]:
-    """A batch's sample indices as a task: int64 bytes when they are integers, else the
-    pickled list of keys."""
-    if type(indices) is list and set(map(type, indices)) == _INT_ONLY:  # a batch sampler's list
-        return protocol.TASK_INDICES, array("q", indices).tobytes()
-    arr = np.asarray(indices) if len(indices) else np.empty(0, np.int64)
-    if arr.ndim == 1 and arr.dtype.kind in "iu":
+    """A batch's sample indices as a task: int64 bytes when they are integers (bools and
+    other ``__index__`` types count as ints, as in Python's own indexing), else the
+    pickled list of keys, which reach the dataset as they were given."""
+    if type(indices) is list:  # a batch sampler's list
+        try:
+            return protocol.TASK_INDICES, array("q", indices).tobytes()
+        except (TypeError, OverflowError):  # str, tuple, float... keys; ints beyond int64
+            return protocol.TASK_KEYS, pickle.dumps(indices)
+    try:  # an array, a tuple, a range...
+        arr = np.asarray(indices) if len(indices) else np.empty(0, np.int64)
+    except ValueError:  # ragged keys (tuples of different lengths)
+        return protocol.TASK_KEYS, pickle.dumps(list(indices))
+    kind = arr.dtype.kind if arr.ndim == 1 else ""
+    if kind == "i" or (kind == "u" and (not len(arr) or int(arr.max()) < 2**63)):
         return protocol.TASK_INDICES, arr.astype(np.int64, copy=False).tobytes()
     return protocol.TASK_KEYS, pickle.dumps(list(indices))
-
-
-_INT_ONLY = {int}
 
 
 def _short(indices: Any) -> str:
