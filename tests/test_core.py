@@ -279,6 +279,18 @@ def test_out_of_order_yields_each_batch_once(method):
     assert got != [[i, i + 1] for i in range(0, 24, 2)], "fast worker's batches come first"
 
 
+@pytest.mark.parametrize("in_order", [True, False])
+def test_out_of_order_gives_a_slow_worker_fewer_batches(method, in_order):
+    dl = DataLoader(D.WhoLoads(), num_workers=2, multiprocessing_context=method, in_order=in_order)
+    got = [b[0].tolist() for b in dl]
+    assert sorted(i for i, _ in got) == list(range(24))
+    per_worker = [sum(w == k for _, w in got) for k in (0, 1)]
+    if in_order:
+        assert per_worker == [12, 12], "strict round robin, whatever the timing"
+    else:
+        assert per_worker[0] <= 8, f"the slow worker 0 should get fewer batches: {per_worker}"
+
+
 def test_default_num_slots():
     assert DataLoader(D.Squares(), num_workers=2).num_slots == 2 * 2 + 4
     assert DataLoader(D.Squares(), num_workers=3, prefetch_factor=4).num_slots == 3 * 4 + 4

@@ -708,7 +708,7 @@ class _MultiProcessIter:
         # slots in use by the loader, whatever order the workers finish in.
         cap = per_worker * len(workers)
         while not self._source_done and len(self._tasks) + len(self._results) < cap:
-            worker = self._pick_worker()
+            worker = self._pick_worker(cap)
             if worker is None:
                 return
             if loader.iterable:
@@ -733,18 +733,28 @@ class _MultiProcessIter:
             if not any(w.active for w in workers):
                 return
 
-    def _pick_worker(self) -> _WorkerHandle | None:
+    def _pick_worker(self, cap: int) -> _WorkerHandle | None:
         """The next active worker in strict round robin, as torch does: which worker
         loads which batch then depends only on num_workers, never on timing, so the
-        workers' seeded RNGs give the same draws in every run."""
+        workers' seeded RNGs give the same draws in every run.
+
+        With ``in_order=False``, also as torch does, a worker that already has its share
+        of the ``cap`` tasks in flight is passed over, so a slower worker (a slow sample,
+        or a CPU it shares with the consumer) is given fewer batches instead of holding
+        the others up. None when no worker can take a task now (and the epoch's source is
+        done when no worker is active)."""
         workers = self._workers
         n = len(workers)
+        share = None
+        if not self._loader.in_order:
+            share = cap // max(1, sum(w.active for w in workers))
         for k in range(n):
             w = workers[(self._next_worker + k) % n]
-            if w.active:
+            if w.active and (share is None or w.outstanding < share):
                 self._next_worker = (w.id + 1) % n
                 return w
-        self._source_done = True
+        if not any(w.active for w in workers):
+            self._source_done = True
         return None
 
     def _claim_slot(self) -> int:
