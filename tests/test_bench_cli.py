@@ -165,6 +165,8 @@ def test_configs_and_targets_offline():
     ]
     assert not configs[1].in_order and configs[1].persistent_workers
     assert configs[2].in_order and not configs[2].persistent_workers
+    (w7,) = bench.make_configs(["W7-unordered"], [2])
+    assert (w7.workload, w7.in_order, w7.label) == ("W7", False, "W7-unordered w2")
 
     res = bench.ConfigResult(configs[0], "d", 64, 1000, 8)
     res.rows = [

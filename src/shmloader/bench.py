@@ -257,6 +257,7 @@ W6_PEERS = ("torch+conventional", "torch+ImageFolder", "shmloader+ImageFolder")
 VARIANTS: dict[str, tuple[str, bool, bool]] = {
     "W1-unordered": ("W1", False, True),
     "W1-fresh": ("W1", True, False),  # persistent_workers=False: each epoch starts workers
+    "W7-unordered": ("W7", False, True),  # both loaders balance tasks over their workers
 }
 ALL_NAMES = [*WORKLOADS, *VARIANTS]
 DEFAULT_NAMES = ["W1", "W4"]
@@ -1346,7 +1347,8 @@ _LEGEND = [
     "- shmloader / torch: the same dataset object, batch size, num_workers, prefetch_factor 2, "
     "default collate, numpy samples; persistent_workers=True and timed from the first batch of "
     "each epoch (steady state), except W1-fresh (persistent_workers=False, timed from iter(), "
-    "so each epoch's worker start-up counts). W1-unordered: in_order=False.",
+    "so each epoch's worker start-up counts). W1-unordered, W7-unordered: in_order=False (both "
+    "loaders then give a worker that has its share of tasks in flight no more).",
     "- shmloader w0: this loader with num_workers=0 (fetch and collate in the consumer).",
     "- copy ceiling: as many processes as workers, each doing one np.copyto per leaf per batch "
     "of the same bytes from the same cached samples, rotating over as many batch-sized "
@@ -1495,7 +1497,8 @@ def build_parser() -> argparse.ArgumentParser:
         "num_workers=0 path and the memory-copy ceiling) on synthetic workloads, in one run.",
         epilog="Workloads: "
         + "; ".join(f"{w.name}: {w.description}" for w in WORKLOADS.values())
-        + "; W1-unordered: W1 with in_order=False; W1-fresh: W1 with persistent_workers=False. "
+        + "; W1-unordered, W7-unordered: W1, W7 with in_order=False; W1-fresh: W1 with "
+        "persistent_workers=False. "
         "W6 needs Pillow and simplejpeg, and writes its images once under $SHMLOADER_CACHE "
         "(default ~/.cache/shmloader; about a minute). "
         "With no options: W1 and W4 with 2 workers, about a minute.",
