@@ -1,6 +1,6 @@
 """The full measured run behind benchmarks/results.json and benchmarks/RESULTS.md.
 
-    python benchmarks/run.py            # W1-W7 and the W1 variants, 2 workers then 1, 5 repeats of <= 1 s
+    python benchmarks/run.py            # W1-W7 and the W1, W7 variants, 2 workers then 1, 5 repeats of <= 1 s
                                         # (W6: 5 whole epochs per peer; its JPEGs are written once
                                         # under $SHMLOADER_CACHE or ~/.cache/shmloader)
     python benchmarks/run.py --seconds 2  # extra options go to `shmloader bench`
