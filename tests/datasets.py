@@ -118,20 +118,9 @@ class Unsplit(IterableDataset):
             yield i, -1 if info is None else info.id
 
 
-class Sleepy(Dataset):
-    """Sample i sleeps a little, more for odd workers, so results finish out of order."""
-
-    def __len__(self):
-        return 24
-
-    def __getitem__(self, i):
-        info = get_worker_info()
-        time.sleep(0.02 if info is not None and info.id == 0 else 0.0)
-        return i
-
-
 class WhoLoads(Dataset):
-    """Sample i is ``[i, id of the worker that loaded it]``; worker 0 takes 20 ms a sample."""
+    """Sample i is ``[i, id of the worker that loaded it]``; worker 0 takes 20 ms a sample,
+    so results finish out of order."""
 
     def __len__(self):
         return 24

@@ -1348,7 +1348,7 @@ _LEGEND = [
     "default collate, numpy samples; persistent_workers=True and timed from the first batch of "
     "each epoch (steady state), except W1-fresh (persistent_workers=False, timed from iter(), "
     "so each epoch's worker start-up counts). W1-unordered, W7-unordered: in_order=False (both "
-    "loaders then give a worker that has its share of tasks in flight no more).",
+    "loaders then give no task to a worker that already has its share in flight).",
     "- shmloader w0: this loader with num_workers=0 (fetch and collate in the consumer).",
     "- copy ceiling: as many processes as workers, each doing one np.copyto per leaf per batch "
     "of the same bytes from the same cached samples, rotating over as many batch-sized "
