@@ -49,6 +49,19 @@ def test_images_of_random_sizes_padded(method):
     ), "the main process pads the same way"
 
 
+def test_first_batch_goes_out_before_the_ring_is_made(method):
+    # With one worker, no other task is in flight when the first result (which sizes the
+    # ring) arrives: the ring, which takes tens of ms to reserve, is still made only at the
+    # next call, after that batch is handed out.
+    dl = DataLoader(D.Squares(), batch_size=4, num_workers=1, multiprocessing_context=method)
+    it = iter(dl)
+    first = next(it)
+    assert first[1].tolist() == [0, 1, 2, 3] and dl.ring is None
+    second = next(it)
+    assert second[1].tolist() == [4, 5, 6, 7] and dl.ring.contains(second[0])
+    assert [b[1].tolist()[0] for b in it] == list(range(8, 100, 4))
+
+
 def test_stack_refuses_ragged_samples_with_a_clear_error():
     with pytest.raises(BatchLayoutError, match="field \\['image'\\] differs between samples"):
         next(iter(DataLoader(D.RandomSizeImages(), batch_size=8)))

@@ -792,7 +792,8 @@ class _MultiProcessIter:
             if self._ring_wanted:
                 self._make_wanted_ring()
             item = self._next_result()
-            if item is not None:
+            if item is not None and not self._ring_wanted:
+                # (A ring to make waits for the next call: this batch goes out first.)
                 self._dispatch()
         except (WorkerDiedError, LoaderTimeoutError):
             # Dead or hung workers: do not wait for a busy one to finish its batch
