@@ -215,11 +215,15 @@ def _segment_holders(prefix: str) -> dict[int, int]:
                     if prefix in line:
                         lo, hi = line.split()[0].split("-")
                         holders[pid] = holders.get(pid, 0) + int(hi, 16) - int(lo, 16)
-            for fd in os.listdir(f"/proc/{pid}/fd"):
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # the process is gone, or not ours to read
+            continue
+        for fd in fds:
+            try:
                 if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
                     holders.setdefault(pid, 0)
-        except OSError:
-            continue
+            except OSError:  # closed meanwhile: not held
+                pass
     return holders
 
 
