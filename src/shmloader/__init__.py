@@ -2,8 +2,9 @@
 shared-memory ring, so the consumer gets zero-copy numpy views."""
 
 from shmloader.collate import Padded
+from shmloader.context import ShardInfo, WorkerInfo, get_worker_info
 from shmloader.dataset import Dataset, IterableDataset
-from shmloader.distributed import ShardInfo, get_shard_info
+from shmloader.distributed import get_shard_info
 from shmloader.errors import (
     BatchLayoutError,
     LoaderTimeoutError,
@@ -16,7 +17,6 @@ from shmloader.errors import (
 from shmloader.loader import DataLoader
 from shmloader.rng import sample_rng
 from shmloader.sampler import BatchSampler, BucketBatchSampler, RandomSampler, Sampler, SequentialSampler
-from shmloader.worker import WorkerInfo, get_worker_info
 from shmloader.writeinto import ArraySpec
 
 __all__ = [

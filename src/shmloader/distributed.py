@@ -18,7 +18,11 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from itertools import islice
-from typing import Any, NamedTuple
+from typing import Any
+
+from shmloader.context import ShardInfo, get_worker_info, main_epoch
+
+__all__ = ["ShardInfo", "chunks", "detect", "get_shard_info", "is_presharded", "rank_share"]
 
 
 def detect(distributed: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -103,27 +107,6 @@ def chunks(items: Sequence[Any] | Iterator[Any], size: int, drop_last: bool) -> 
         yield chunk
 
 
-class ShardInfo(NamedTuple):
-    """Where the code runs in the job: this process's rank and loader worker, and the
-    global shard (``rank * num_workers + worker_id`` of ``world_size * num_workers``)."""
-
-    rank: int
-    world_size: int
-    worker_id: int
-    num_workers: int
-
-    @property
-    def shard_id(self) -> int:
-        return self.rank * self.num_workers + self.worker_id
-
-    @property
-    def num_shards(self) -> int:
-        return self.world_size * self.num_workers
-
-
-_main_shard: ShardInfo | None = None  # set while a num_workers=0 loader loads an iterable dataset
-
-
 def get_shard_info() -> ShardInfo:
     """The shard the current code should read, for iterable datasets that split files or
     shards across all workers of all ranks::
@@ -135,12 +118,11 @@ def get_shard_info() -> ShardInfo:
     In a loader worker it comes from the worker info; in the main process it is the loader
     being iterated with ``num_workers=0`` (one shard per rank), else what
     :func:`detect` finds (``(0, 1)`` outside a distributed job)."""
-    from shmloader.worker import get_worker_info
-
     info = get_worker_info()
     if info is not None:
         return ShardInfo(info.rank, info.world_size, info.id, info.num_workers)
-    if _main_shard is not None:
-        return _main_shard
+    main = main_epoch()
+    if main is not None:
+        return main[1]
     rank, world = detect("auto", None, None)
     return ShardInfo(rank, world, 0, 1)

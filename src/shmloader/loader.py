@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from shmloader import _slots, fdguard, protocol, writeinto
+from shmloader import _slots, context, fdguard, protocol, writeinto
 from shmloader import distributed as _dist
 from shmloader import pinning as _pinning
-from shmloader import rng as _rngmod
 from shmloader import state as _state
 from shmloader.collate import COLLATE_MODES, build_arrays, build_in_memory, flatten_tree, gather, plan
 from shmloader.errors import LoaderTimeoutError, RingLimitError, WorkerDiedError, WorkerError
@@ -444,8 +443,7 @@ class _SingleProcessIter:
         self._epoch_seed = epoch_seed
         self._shard = _dist.ShardInfo(loader.rank, loader.world_size, 0, 1)
         # What sample_rng() and get_shard_info() see in this process while we load.
-        _rngmod._main_epoch_seed = epoch_seed
-        _dist._main_shard = self._shard
+        context.enter_main_epoch(epoch_seed, self._shard)
         # Applied to each batch, in order.
         self._post: list[Callable[[Any], Any]] = []
         if loader.output == "torch":
@@ -467,14 +465,12 @@ class _SingleProcessIter:
         return self
 
     def __next__(self) -> Any:
-        _rngmod._main_epoch_seed = self._epoch_seed  # another loader may have run between
-        _dist._main_shard = self._shard
+        context.enter_main_epoch(self._epoch_seed, self._shard)  # another loader may have run between
         try:
             batch = self._next_batch()
         except StopIteration:
             self._epoch_done = True
-            _rngmod._main_epoch_seed = None  # outside an epoch, sample_rng follows np.random
-            _dist._main_shard = None
+            context.leave_main_epoch()  # outside an epoch, sample_rng follows np.random
             raise
         stats = self._loader._stats
         stats["batches"] += 1

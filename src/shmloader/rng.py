@@ -19,16 +19,15 @@ Use it inside ``__getitem__`` (or a transform)::
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
+from shmloader.context import get_worker_info, main_epoch
+
 _MASK64 = 2**64 - 1
 _EPOCH_SEED_BOUND = 2**62  # epoch seeds are drawn below this, as the loader always did
-
-# The epoch seed of the epoch a num_workers=0 loader is producing in this process, set by
-# the loader before it fetches each batch (two loaders may be iterated in turns).
-_main_epoch_seed: int | None = None
 
 
 def derive_epoch_seed(seed: int, epoch: int) -> int:
@@ -49,15 +48,12 @@ def epoch_seed() -> int | None:
     In a worker it is the worker's seed minus its id; in the main process, the seed of
     the epoch a ``num_workers=0`` loader is producing; in a torch DataLoader worker, torch's
     base seed (so a dataset written for shmloader also works under torch's loader)."""
-    from shmloader.worker import get_worker_info
-
     info = get_worker_info()
     if info is not None:
         return int(info.seed) - int(info.id)
-    if _main_epoch_seed is not None:
-        return _main_epoch_seed
-    import sys
-
+    main = main_epoch()
+    if main is not None:
+        return main[0]
     torch = sys.modules.get("torch")
     if torch is not None:
         tinfo = torch.utils.data.get_worker_info()

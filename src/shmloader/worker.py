@@ -27,6 +27,7 @@ import numpy as np
 
 from shmloader import _slots, protocol, writeinto
 from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
+from shmloader.context import WorkerInfo, set_worker_info
 from shmloader.errors import BatchLayoutError
 from shmloader.layout import encode, split
 from shmloader.ring import Ring, attach_fd, numbers_offset
@@ -47,55 +48,6 @@ class _Wire(NamedTuple):
     def total(self) -> int:
         """Bytes the batch needs in a slot."""
         return numbers_offset(self.data_bytes, len(self.skeleton)) + len(self.numbers) + len(self.objects)
-
-
-class WorkerInfo:
-    """What :func:`get_worker_info` returns inside a worker: ``id``, ``num_workers``,
-    ``seed`` and ``dataset`` (this worker's copy), the loader's ``rank`` and
-    ``world_size``, and the global shard of this worker: ``shard_id`` (``rank *
-    num_workers + id``) of ``num_shards`` (``world_size * num_workers``). Immutable."""
-
-    __slots__ = ("dataset", "id", "num_workers", "rank", "seed", "world_size")
-
-    def __init__(
-        self, id: int, num_workers: int, seed: int, dataset: Any, rank: int = 0, world_size: int = 1
-    ) -> None:
-        for name, value in (
-            ("id", id),
-            ("num_workers", num_workers),
-            ("seed", seed),
-            ("dataset", dataset),
-            ("rank", rank),
-            ("world_size", world_size),
-        ):
-            object.__setattr__(self, name, value)
-
-    @property
-    def shard_id(self) -> int:
-        """This worker's shard among all workers of all ranks."""
-        return self.rank * self.num_workers + self.id
-
-    @property
-    def num_shards(self) -> int:
-        """Workers of all ranks together."""
-        return self.world_size * self.num_workers
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"WorkerInfo is immutable: cannot set {name!r}")
-
-    def __repr__(self) -> str:
-        return (
-            f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, "
-            f"rank={self.rank}, world_size={self.world_size})"
-        )
-
-
-_worker_info: WorkerInfo | None = None
-
-
-def get_worker_info() -> WorkerInfo | None:
-    """The current worker's :class:`WorkerInfo`, or None in the main process."""
-    return _worker_info
 
 
 @dataclass
@@ -231,10 +183,10 @@ class _Worker:
 
     def start_epoch(self, seed: int) -> None:
         """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
-        global _worker_info
         cfg = self.cfg
         seed_all(seed)
-        _worker_info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset, cfg.rank, cfg.world_size)
+        info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset, cfg.rank, cfg.world_size)
+        set_worker_info(info)
         self.iterator = None
         self.exhausted = False
 

@@ -52,7 +52,7 @@ def _get_torch() -> Any:
         _torch = torch
     if _threads_set_in_pid != os.getpid():
         _threads_set_in_pid = os.getpid()
-        from shmloader.worker import get_worker_info
+        from shmloader.context import get_worker_info
 
         if get_worker_info() is not None:
             _torch.set_num_threads(1)
