@@ -9,12 +9,12 @@ import time
 import psutil
 import pytest
 
-START_METHODS = ["fork", "spawn"]
+START_METHODS = ["fork", "spawn", "forkserver"]
 
 
 @pytest.fixture(params=START_METHODS)
 def method(request):
-    """The start method of the test's workers: every such test runs under both."""
+    """The start method of the test's workers: every such test runs under each of them."""
     return request.param
 
 
