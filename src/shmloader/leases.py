@@ -187,14 +187,19 @@ class Leases:
         return ring, slot
 
     def _claim_slow(self, ring: Ring, slot: int) -> tuple[Ring, int]:
-        shared, self._shared_ring = self._shared_ring, None
+        shared = self._shared_ring
         if shared is ring:
             # A forked child may view batches in this ring: no new batch goes there (the
             # slot just claimed stays unused; the ring is freed when its batches die).
             if slot >= 0:
                 ring.states.store(slot, _slots.FREE)
+            # (If this raises, the ring stays shared: the next claim tries again.)
             ring = self.new_ring(ring.num_slots, ring.slot_bytes, held=held_slots(ring))
+            if self._shared_ring is shared:
+                self._shared_ring = None
             return ring, ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
+        if shared is not None:
+            self._shared_ring = None  # a ring retired since: nothing claims from it
         if slot >= 0:
             return ring, slot
         states = ring.states
