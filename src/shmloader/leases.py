@@ -76,24 +76,46 @@ def default_ring(
 _this_pid = os.getpid()  # updated in a forked child (at-fork hook): no syscall per release
 
 
-def _release(states: Any, slot: int, pid: int) -> None:
-    if pid == _this_pid:  # a forked child inherited the finalizer: not its slot to free
-        states.store(slot, _slots.FREE)
+class _SlotLeases:
+    """The leases of one ring's slots in the process that made them: at most one live
+    batch root per slot, watched by a weak reference whose callback frees the slot.
+    (A weakref with a callback made once per slot costs a fraction of a
+    ``weakref.finalize`` per batch.)"""
+
+    __slots__ = ("callbacks", "refs")
+
+    def __init__(self, states: Any, num_slots: int, pinner: Any) -> None:
+        pid = _this_pid  # the owner: a forked child inherits the callbacks, and they do nothing
+
+        def make(slot: int) -> Any:
+            # ``states`` keeps the ring's state words mapped for the callbacks.
+            if pinner is None:
+
+                def release(_ref: Any) -> None:
+                    if _this_pid == pid:
+                        states.store(slot, _slots.FREE)
+
+            else:
+
+                def release(_ref: Any) -> None:
+                    if _this_pid == pid:
+                        pinner.release(states, slot)  # FREE once its device copies are done
+
+            return release
+
+        self.callbacks = [make(i) for i in range(num_slots)]
+        self.refs: list[Any] = [None] * num_slots
 
 
-def _release_pinned(pinner: Any, states: Any, slot: int, pid: int) -> None:
-    if pid == _this_pid:
-        pinner.release(states, slot)
-
-
-def lease(root: Any, states: Any, slot: int, pinner: Any = None) -> None:
-    """Lease ``slot`` (already HELD) to the batch viewing ``root``: it returns to FREE
-    when ``root`` dies (with ``pinner``: once the device copies issued from it are done
-    too), in this process only. The finalizer keeps the mapping alive through ``states``."""
-    if pinner is None:
-        weakref.finalize(root, _release, states, slot, _this_pid).atexit = False
-    else:
-        weakref.finalize(root, _release_pinned, pinner, states, slot, _this_pid).atexit = False
+def lease(root: Any, ring: Any, slot: int, pinner: Any = None) -> None:
+    """Lease ``slot`` of ``ring`` (already HELD) to the batch viewing ``root``: it returns
+    to FREE when ``root`` dies (with ``pinner``: once the device copies issued from it are
+    done too), in this process only. A ring's pinner is the one of its first lease."""
+    table = ring.lease_table
+    if table is None:
+        table = ring.lease_table = _SlotLeases(ring.states, ring.num_slots, pinner)
+    # A slot is leased again only once FREE, i.e. after the previous root's callback ran.
+    table.refs[slot] = weakref.ref(root, table.callbacks[slot])
 
 
 def give_back(ring: Any, slot: int) -> None:

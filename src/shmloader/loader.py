@@ -1038,9 +1038,9 @@ class _MultiProcessIter:
         copy = self._copy
         if not copy:
             # Leased before anything can raise: the slot returns to FREE when the root
-            # dies, i.e. when the last view of it does (or when what follows raises). The
-            # finalizer also keeps the mapping alive (through ``states``) while any view is.
-            _leases.lease(root, states, slot, None if segment else self._loader._pinner)
+            # dies, i.e. when the last view of it does (or when what follows raises). Every
+            # view keeps the mapping alive (its .base chain ends at the mapping's owner).
+            _leases.lease(root, ring, slot, None if segment else self._loader._pinner)
         try:
             data_end, lo, llen, ooff, olen, seq, count = ring.header(slot)  # type: ignore[union-attr]
             if seq != task.seq:
