@@ -279,3 +279,56 @@ def test_the_first_ring_is_sized_by_the_policy():
     assert ring.num_slots == leases.default_num_slots(2)
     assert leases.slot_bytes_for(batch_bytes) <= ring.slot_bytes <= leases.slot_bytes_for(batch_bytes + 256)
     assert dl.pinned_shm_bytes() == ring.total_bytes
+
+
+# --- the lease mechanism, without workers ---------------------------------------------------
+
+
+class RecordingPinner:
+    def __init__(self) -> None:
+        self.released: list[int] = []
+
+    def release(self, states, slot: int) -> None:
+        self.released.append(slot)
+
+
+def test_a_lease_frees_its_slot_in_its_own_process_only(monkeypatch):
+    from shmloader import leases
+    from shmloader.ring import Ring
+
+    ring = Ring.create(2, 4096)
+    try:
+        ring.states.store(1, _slots.HELD)
+        root = np.frombuffer(ring.slot_buffer(1), np.uint8)
+        leases.lease(root, ring, 1)
+        monkeypatch.setattr(leases, "_this_pid", -1)  # as in a forked child
+        del root
+        assert ring.states.load(1) == _slots.HELD
+        monkeypatch.undo()
+        ring.states.store(1, _slots.HELD)
+        root = np.frombuffer(ring.slot_buffer(1), np.uint8)
+        leases.lease(root, ring, 1)
+        del root
+        assert ring.states.load(1) == _slots.FREE
+    finally:
+        ring.close_fd()
+
+
+def test_a_lease_releases_through_the_pinner_it_was_taken_with():
+    """A ring first leased without a pinner (copy=True, a segment) and later with one:
+    each lease releases as it was taken."""
+    from shmloader import leases
+    from shmloader.ring import Ring
+
+    ring = Ring.create(2, 4096)
+    pinner = RecordingPinner()
+    try:
+        for pin, state in ((None, _slots.FREE), (pinner, _slots.HELD), (None, _slots.FREE)):
+            ring.states.store(0, _slots.HELD)
+            root = np.frombuffer(ring.slot_buffer(0), np.uint8)
+            leases.lease(root, ring, 0, pin)
+            del root
+            assert ring.states.load(0) == state
+        assert pinner.released == [0]
+    finally:
+        ring.close_fd()

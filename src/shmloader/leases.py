@@ -82,39 +82,38 @@ class _SlotLeases:
     (A weakref with a callback made once per slot costs a fraction of a
     ``weakref.finalize`` per batch.)"""
 
-    __slots__ = ("callbacks", "refs")
+    __slots__ = ("callbacks", "pinners", "refs")
 
-    def __init__(self, states: Any, num_slots: int, pinner: Any) -> None:
+    def __init__(self, states: Any, num_slots: int) -> None:
         pid = _this_pid  # the owner: a forked child inherits the callbacks, and they do nothing
+        pinners: list[Any] = [None] * num_slots
 
         def make(slot: int) -> Any:
             # ``states`` keeps the ring's state words mapped for the callbacks.
-            if pinner is None:
-
-                def release(_ref: Any) -> None:
-                    if _this_pid == pid:
+            def release(_ref: Any) -> None:
+                if _this_pid == pid:
+                    pinner = pinners[slot]
+                    if pinner is None:
                         states.store(slot, _slots.FREE)
-
-            else:
-
-                def release(_ref: Any) -> None:
-                    if _this_pid == pid:
-                        pinner.release(states, slot)  # FREE once its device copies are done
+                    else:  # FREE once the device copies issued from the slot are done
+                        pinner.release(states, slot)
 
             return release
 
         self.callbacks = [make(i) for i in range(num_slots)]
+        self.pinners = pinners
         self.refs: list[Any] = [None] * num_slots
 
 
 def lease(root: Any, ring: Any, slot: int, pinner: Any = None) -> None:
     """Lease ``slot`` of ``ring`` (already HELD) to the batch viewing ``root``: it returns
     to FREE when ``root`` dies (with ``pinner``: once the device copies issued from it are
-    done too), in this process only. A ring's pinner is the one of its first lease."""
+    done too), in this process only."""
     table = ring.lease_table
     if table is None:
-        table = ring.lease_table = _SlotLeases(ring.states, ring.num_slots, pinner)
+        table = ring.lease_table = _SlotLeases(ring.states, ring.num_slots)
     # A slot is leased again only once FREE, i.e. after the previous root's callback ran.
+    table.pinners[slot] = pinner
     table.refs[slot] = weakref.ref(root, table.callbacks[slot])
 
 

@@ -328,6 +328,7 @@ class DataLoader:
 
     @property
     def _ring(self) -> Ring | None:
+        """The current ring (as ``ring``), for the iterators."""
         return self._leases.current
 
     @property
@@ -1035,40 +1036,36 @@ class _MultiProcessIter:
         states = ring.states  # type: ignore[union-attr]
         states.store(slot, _slots.HELD)
         root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
-        copy = self._copy
-        if not copy:
-            # Leased before anything can raise: the slot returns to FREE when the root
-            # dies, i.e. when the last view of it does (or when what follows raises). Every
-            # view keeps the mapping alive (its .base chain ends at the mapping's owner).
-            _leases.lease(root, ring, slot, None if segment else self._loader._pinner)
-        try:
-            data_end, lo, llen, ooff, olen, seq, count = ring.header(slot)  # type: ignore[union-attr]
-            if seq != task.seq:
-                raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
-            key = root[lo : lo + llen].tobytes()
-            reader = self._readers.get(key)
-            if reader is None:
-                if len(self._readers) >= _LAYOUT_CACHE_SIZE:
-                    self._readers.clear()  # stay bounded (one per batch structure)
-                skeleton = decode(key)
-                if self._loader.output == "torch":
-                    skeleton = _pinning.torch_skeleton(skeleton)
-                reader = self._readers[key] = make_reader(skeleton)
-            numbers = np.frombuffer(root, np.int64, count, numbers_offset(lo, llen)).tolist()
-            objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
-            stats = self._loader._stats
-            stats["batches"] += 1
-            if segment:
-                stats["batches_copied"] += 1  # not in the ring (in its own segment)
-            if copy:
-                # Batches that own their memory: one copy of the slot's data, and the
-                # slot is free again at once (below).
-                stats["batches_copied"] += not segment
-                return reader(root[:data_end].copy(), objects, numbers)
-            return reader(root, objects, numbers)
-        finally:
-            if copy:
-                _leases.give_back(ring, slot)
+        # Leased before anything can raise: the slot returns to FREE when the root dies,
+        # i.e. when the last view of it does, or when this returns (copy=True: the batch
+        # does not view the root) or raises. Every view keeps the mapping alive (its .base
+        # chain ends at the mapping's owner).
+        _leases.lease(root, ring, slot, None if segment or self._copy else self._loader._pinner)
+        data_end, lo, llen, ooff, olen, seq, count = ring.header(slot)  # type: ignore[union-attr]
+        if seq != task.seq:
+            raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
+        key = root[lo : lo + llen].tobytes()
+        reader = self._readers.get(key)
+        if reader is None:
+            if len(self._readers) >= _LAYOUT_CACHE_SIZE:
+                self._readers.clear()  # stay bounded (one per batch structure)
+            skeleton = decode(key)
+            if self._loader.output == "torch":
+                skeleton = _pinning.torch_skeleton(skeleton)
+            reader = self._readers[key] = make_reader(skeleton)
+        numbers = np.frombuffer(root, np.int64, count, numbers_offset(lo, llen)).tolist()
+        objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
+        stats = self._loader._stats
+        stats["batches"] += 1
+        if segment:
+            stats["batches_copied"] += 1  # not in the ring (in its own segment)
+        if self._copy:
+            # Batches that own their memory: one copy of the slot's data, and the
+            # slot is free again at once (the root dies as this returns).
+            batch = reader(root[:data_end].copy(), objects, numbers)
+            stats["batches_copied"] += not segment
+            return batch
+        return reader(root, objects, numbers)
 
     # --- errors -------------------------------------------------------------------------
 
