@@ -332,3 +332,23 @@ def test_a_lease_releases_through_the_pinner_it_was_taken_with():
         assert pinner.released == [0]
     finally:
         ring.close_fd()
+
+
+def test_doctor_fails_a_ring_the_loaders_default_limit_refuses(monkeypatch):
+    """The default max_shm_bytes is half of /dev/shm's free space: a ring that fits in
+    /dev/shm but passes that limit fails in the loader (RingLimitError), so doctor
+    says FAIL, not WARN."""
+    total, _, _ = doctor.default_ring_bytes(2, 10 * 2**20)
+    free = total * 3 // 2  # fits, but more than half of it
+
+    class Stat:
+        f_frsize = 1
+        f_blocks = 2 * free
+        f_bavail = free
+
+    monkeypatch.setattr(doctor.os, "statvfs", lambda path: Stat())
+    check = doctor.check_shm(2, 10 * 2**20)
+    assert check.status == doctor.FAIL and "max_shm_bytes" in check.detail, check
+    assert "max_shm_bytes" in check.remedy and "--shm-size" in check.remedy
+    Stat.f_bavail = 3 * total  # within half: a warning (few such rings fit)
+    assert doctor.check_shm(2, 10 * 2**20).status == doctor.WARN

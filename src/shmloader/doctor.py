@@ -83,6 +83,15 @@ def check_shm(workers: int, batch_bytes: int) -> Check:
     )
     if free < total:
         return Check("/dev/shm", FAIL, detail + ": it does not fit", remedy)
+    limit = free // 2  # the loader's default max_shm_bytes (leases.default_max_shm_bytes)
+    if total > limit:
+        return Check(
+            "/dev/shm",
+            FAIL,
+            detail + f": it fits, but passes the loader's default max_shm_bytes ({_mib(limit)}, "
+            "half of the free space), so the loader refuses to make it",
+            remedy + ", or pass max_shm_bytes explicitly",
+        )
     if free < 4 * total:
         return Check(
             "/dev/shm",
