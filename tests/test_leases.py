@@ -18,6 +18,7 @@ from shmloader import DataLoader, _slots, doctor
 from shmloader.ring import ring_bytes
 
 from . import datasets as D
+from .faultcases import alive
 
 FORK = {"multiprocessing_context": "fork"}
 
@@ -352,3 +353,27 @@ def test_doctor_fails_a_ring_the_loaders_default_limit_refuses(monkeypatch):
     assert "max_shm_bytes" in check.remedy and "--shm-size" in check.remedy
     Stat.f_bavail = 3 * total  # within half: a warning (few such rings fit)
     assert doctor.check_shm(2, 10 * 2**20).status == doctor.WARN
+
+
+def test_a_ring_limit_when_a_persistent_epoch_starts_stops_the_workers():
+    """Persistent workers: the next epoch's first tasks need slots the consumer still
+    holds, and the ring may not grow: the error comes from iter() with the workers
+    stopped (they were left running)."""
+    limit = ring_bytes(8, 4096) + 4096
+    dl = DataLoader(
+        D.Squares(20),
+        batch_size=4,
+        num_workers=2,
+        persistent_workers=True,
+        slot_bytes=4096,
+        max_shm_bytes=limit,
+        **FORK,
+    )
+    kept = list(dl)  # 5 batches held in 8 slots
+    it = dl._persistent_iter
+    pids = [w.proc.pid for w in it._workers]
+    with pytest.raises(MemoryError, match="max_shm_bytes"):
+        iter(dl)
+    assert it.closed and not [pid for pid in pids if alive(pid)]
+    assert len(kept) == 5
+    del kept

@@ -1142,7 +1142,11 @@ class _MultiProcessIter:
                 w.conn.send_bytes(msg)
             except OSError:
                 pass
-        self._dispatch()
+        try:
+            self._dispatch()
+        except (RingLimitError, ShmSpaceError):
+            self.close()  # as in __next__: the epoch cannot start, leave nothing running
+            raise
 
     def _unregister(self, worker: _WorkerHandle) -> None:
         for fd in (worker.fd, worker.proc.sentinel):
