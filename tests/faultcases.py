@@ -859,3 +859,67 @@ def main() -> None:
         result["leftover_mappings"] = [m for m in ring_mappings() if m not in maps0]
     print("RESULT", json.dumps(result, default=repr), flush=True)
     print("T_END", time.monotonic(), flush=True)
+
+
+# --------------------------------------------------------------------------- leases (issue 12)
+
+
+class Growing:
+    """Map-style: sample i is ``np.full(16, i)`` below ``grow_at`` and ``np.full(4096, i)``
+    from it on: a batch outgrows its slot, and the ring grows to larger slots."""
+
+    def __init__(self, n: int = 40, grow_at: int = 20) -> None:
+        self.n = n
+        self.grow_at = grow_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(16 if i < self.grow_at else 4096, i, np.int64)
+
+
+def case_base_outlives_ring(method: str) -> dict[str, Any]:
+    """Keep ``batch.base.base`` of a batch of the first ring, let the ring grow and retire,
+    drop everything else, then read it: it must keep its memory mapped (no SIGSEGV)."""
+    dl = _loader(Growing(), method)
+    kept, first_ring = None, None
+    for i, b in enumerate(dl):
+        if i == 4:  # past each worker's first batch (a segment of its own): in the ring
+            first_ring = dl.ring.contains(b)
+            kept = b.base.base
+        del b
+    rings = dl.stats()["rings_created"]
+    dl = None
+    gc.collect()
+    total = int(np.frombuffer(kept, np.uint8).sum())  # reads every byte of the slot
+    kept = None
+    gc.collect()
+    return {"first_ring": first_ring, "rings_created": rings, "read": total >= 0}
+
+
+def case_shm_full_mid_epoch(method: str) -> dict[str, Any]:
+    """In a 16 MiB /dev/shm: the first ring (8 slots of ~1.25 MiB) fits; the consumer
+    keeps every batch, so the ring must grow to 16 slots (~20 MiB), which does not fit:
+    ShmSpaceError, with the iterator closed and its workers reaped."""
+    dl = _loader(Arange(n=40, shape=(2**17,)), method, batch_size=1, max_shm_bytes=2**40)
+    it = iter(dl)
+    pids = worker_pids(it)
+    kept: list[Any] = []
+    err = None
+    try:
+        for b in it:
+            kept.append(b)
+    except Exception as exc:
+        err = describe(exc)
+    closed = it.closed
+    running = [p for p in pids if alive(p)]
+    after = next(it, "end")
+    n = len(kept)
+    kept.clear()
+    it = dl = None
+    gc.collect()
+    return {"error": err, "closed": closed, "running": running, "batches": n, "after": repr(after)}
+
+
+CASES.update(base_outlives_ring=case_base_outlives_ring, shm_full_mid_epoch=case_shm_full_mid_epoch)

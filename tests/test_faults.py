@@ -534,3 +534,35 @@ def test_segment_is_private(method):
 def test_segment_unlinked_before_workers_start(method):
     data = assert_clean(run_case("unlinked_before_start", method=method))
     assert data["names_seen_by_workers"] == [""]
+
+
+# --------------------------------------------------------------------------- leases (issue 12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_object_reachable_from_a_batch_keeps_its_memory_mapped(method):
+    """batch.base.base, kept after the ring grew and retired: reading it was a SIGSEGV."""
+    data = assert_clean(run_case("base_outlives_ring", method=method))
+    assert data["first_ring"] and data["rings_created"] >= 2 and data["read"], data
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_dev_shm_full_while_the_ring_grows_closes_the_iterator(method):
+    """ShmSpaceError from a growth mid-epoch leaves the iterator closed and its workers
+    reaped, as RingLimitError does (it left them running)."""
+    if not _can_mount_tmpfs():
+        pytest.skip("cannot mount a private tmpfs on /dev/shm here (needs root and unshare)")
+    prefix = [
+        "unshare",
+        "--mount",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"',
+        "sh",
+    ]
+    data = assert_clean(run_case("shm_full_mid_epoch", prefix=prefix, method=method))
+    err = data["error"]
+    assert err is not None and err["type"] == "ShmSpaceError", data
+    assert "--shm-size" in err["msg"] and "num_slots" in err["msg"], err
+    assert data["batches"] >= 4, data
+    assert data["closed"] and data["running"] == [] and data["after"] == "'end'", data

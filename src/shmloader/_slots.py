@@ -23,14 +23,15 @@ HELD = 3
 
 
 class Mapping:
-    """One shared mapping of a descriptor, unmapped when this object is garbage collected.
+    """One shared mapping of a descriptor, unmapped when nothing refers to it any more.
 
-    Everything that points into the mapping (numpy views handed to the consumer, the
-    state array) keeps a reference to its ``Mapping``, so the memory can never be
-    unmapped under a live view, and is unmapped as soon as nothing refers to it.
+    :attr:`owner` is a buffer over the whole mapping that owns it (the memory is unmapped
+    when the owner dies), and every buffer :meth:`buffer` returns is a memoryview of the
+    owner: every object reachable from a view (numpy ``.base`` chains included) keeps the
+    memory mapped, and it is unmapped as soon as nothing refers to it.
     """
 
-    __slots__ = ("__weakref__", "_ptr", "size")
+    __slots__ = ("__weakref__", "_ptr", "_view", "owner", "size")
 
     def __init__(self, fd: int, size: int, *, populate: bool = True) -> None:
         """Map ``size`` bytes of ``fd`` (shared, read-write); ``populate`` pre-faults them."""
@@ -38,7 +39,11 @@ class Mapping:
         if ptr == ffi.NULL:
             err = ffi.errno
             raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
-        self._ptr = ffi.gc(ptr, lambda p: lib.sl_unmap(p, size), size=size)
+        # The buffer keeps the ffi.gc pointer alive, which unmaps when it dies; weakref
+        # callbacks on the owner (pinning's unregister) run before that.
+        self.owner = ffi.buffer(ffi.gc(ptr, lambda p: lib.sl_unmap(p, size), size=size), size)
+        self._ptr = ptr  # not owning: for addresses and typed pointers
+        self._view = memoryview(self.owner)
         self.size = size
 
     @property
@@ -46,14 +51,15 @@ class Mapping:
         """The start address of the mapping in this process."""
         return int(ffi.cast("uintptr_t", self._ptr))
 
-    def buffer(self, offset: int, length: int) -> Any:
-        """A writable buffer over ``length`` bytes at ``offset`` (does not own the mapping)."""
+    def buffer(self, offset: int, length: int) -> memoryview:
+        """A writable buffer over ``length`` bytes at ``offset`` (it keeps the mapping)."""
         if offset < 0 or offset + length > self.size:
             raise ValueError(f"range {offset}+{length} is outside the {self.size}-byte mapping")
-        return ffi.buffer(ffi.cast("char *", self._ptr) + offset, length)
+        return self._view[offset : offset + length]
 
     def pointer(self, offset: int, ctype: str) -> Any:
-        """A ``ctype`` pointer to byte ``offset`` (does not own the mapping)."""
+        """A ``ctype`` pointer to byte ``offset`` (does not own the mapping: keep this
+        object alive while it is used)."""
         return ffi.cast(ctype, ffi.cast("char *", self._ptr) + offset)
 
 

@@ -45,7 +45,6 @@ _CACHE_ITEMS = 16  # samples come from a cache this big, so the dataset's cost i
 _WARMUP_BATCHES = 16
 _WARMUP_MAX_S = 1.0
 _PREFETCH = 2  # both loaders' default prefetch_factor
-_RING_RESERVE_SLOTS = 4  # the ring's slots beyond num_workers * prefetch (loader.py)
 _PROBE_TIMEOUT_S = 120.0
 _MEM_SAMPLE_INTERVAL_S = 0.005
 
@@ -693,13 +692,15 @@ def measure_config(
     progress: Progress,
 ) -> ConfigResult:
     """Time every peer of ``cfg``, then time to first batch and memory."""
+    from shmloader.leases import default_num_slots
+
     wl = WORKLOADS[cfg.workload]
     if wl.make is None:
         return measure_w6(cfg, repeat=repeat, torch_dl=torch_dl, progress=progress)
     n_batches = batches or wl.default_batches
     length = wl.batch_size * (n_batches + _WARMUP_BATCHES + 8)
     dataset = wl.make(length)
-    num_slots = cfg.workers * _PREFETCH + _RING_RESERVE_SLOTS
+    num_slots = default_num_slots(cfg.workers, _PREFETCH)  # the loader's ring, for the ceiling
     load0 = _load1()
     extra: dict[str, Any] = {}
     if wl.ragged:

@@ -20,9 +20,6 @@ OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
 _SHM_DIR = "/dev/shm"
 _DEFAULT_BATCH_BYTES = 64 * (3 * 224 * 224 + 8)  # 64 images of 3x224x224 uint8 + labels
-_PREFETCH = 2
-_RESERVE_SLOTS = 4  # loader.py's _HELD_SLOTS_RESERVE
-_SLOT_HEADROOM = 1.25  # loader.py's _SLOT_HEADROOM
 _FDS_PER_WORKER = 3  # socket end, process sentinel, one spare
 _MIN_NOFILE = 1024
 _TORCH_FDS_HINT = 4096  # torch's file_descriptor strategy holds one per live batch tensor
@@ -39,11 +36,9 @@ class Check:
 def default_ring_bytes(workers: int, batch_bytes: int) -> tuple[int, int, int]:
     """(total bytes, slots, bytes per slot) of the ring a loader with ``workers`` workers
     and the default prefetch_factor creates for batches of ``batch_bytes``."""
-    from shmloader.ring import ring_bytes
+    from shmloader.leases import default_ring  # the loader's own sizing policy
 
-    slots = workers * _PREFETCH + _RESERVE_SLOTS
-    slot_bytes = int(batch_bytes * _SLOT_HEADROOM) + 4096
-    return ring_bytes(slots, slot_bytes), slots, slot_bytes
+    return default_ring(workers, batch_bytes)
 
 
 def _mib(n: float) -> str:
@@ -88,6 +83,15 @@ def check_shm(workers: int, batch_bytes: int) -> Check:
     )
     if free < total:
         return Check("/dev/shm", FAIL, detail + ": it does not fit", remedy)
+    limit = free // 2  # the loader's default max_shm_bytes (leases.default_max_shm_bytes)
+    if total > limit:
+        return Check(
+            "/dev/shm",
+            FAIL,
+            detail + f": it fits, but passes the loader's default max_shm_bytes ({_mib(limit)}, "
+            "half of the free space), so the loader refuses to make it",
+            remedy + ", or pass max_shm_bytes explicitly",
+        )
     if free < 4 * total:
         return Check(
             "/dev/shm",

@@ -3,13 +3,12 @@
 The consumer side of the data path: pick a FREE slot, send (slot, batch number, sample
 indices) to a worker, wait on every worker's socket and process sentinel at once, and
 when a slot comes back READY hand out numpy views of it. A slot returns to FREE only
-when the last view of it dies (``weakref.finalize`` on the batch's root array).
+when the last view of it dies (a lease on the batch's root array, see leases.py).
 """
 
 from __future__ import annotations
 
 import atexit
-import gc
 import multiprocessing
 import os
 import pickle
@@ -27,21 +26,18 @@ import numpy as np
 
 from shmloader import _slots, context, fdguard, protocol, writeinto
 from shmloader import distributed as _dist
+from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
 from shmloader.collate import COLLATE_MODES, build_arrays, build_in_memory, flatten_tree, gather, plan
-from shmloader.errors import LoaderTimeoutError, RingLimitError, WorkerDiedError, WorkerError
+from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError, WorkerError
 from shmloader.layout import decode, make_reader
-from shmloader.ring import Ring, attach_fd, numbers_offset, ring_bytes, shm_free_bytes
+from shmloader.ring import Ring, attach_fd, numbers_offset
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
 from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
 _JOIN_TIMEOUT_S = 5.0  # how long shutdown waits for workers to exit before killing them
 _KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
-_HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the current one,
-# the previous one still bound to the loop variable during next(), a few more)
-_SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
-_DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where /dev/shm's free space cannot be read
 _STOP_FRAME = protocol.pack(protocol.TASK_STOP)
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 
@@ -188,15 +184,11 @@ class DataLoader:
         self.in_order = in_order
         self.collate_fn = collate_fn
         self.drop_last = drop_last
-        self.num_slots = num_slots or num_workers * prefetch_factor + _HELD_SLOTS_RESERVE
+        self.num_slots = num_slots or _leases.default_num_slots(num_workers, prefetch_factor)
         self.slot_bytes = slot_bytes
         self.collate = collate
         self.pad_value = pad_value
         self.copy = copy
-        if max_shm_bytes is None:
-            free = shm_free_bytes()
-            max_shm_bytes = free // 2 if free else _DEFAULT_MAX_SHM_BYTES
-        self.max_shm_bytes = max_shm_bytes
         self.generator = generator
         self._rng = _make_rng(seed, generator)
         # Every epoch's order and worker seeds are functions of (_seed, epoch): see state.py.
@@ -224,15 +216,19 @@ class DataLoader:
             self.sampler = sampler
             self.batch_sampler = batch_sampler
             self.batch_size = batch_size
-        self._ring: Ring | None = None
-        self._ring_lock = threading.Lock()
-        self._mappings: list[weakref.ref] = []  # every ring made, to count what is still pinned
         # Counters for stats(): plain ints bumped on the hand-out path (no locks, no syscalls).
         self._stats: dict[str, Any] = {"batches": 0, "batches_copied": 0, "rings_created": 0, "dataset": {}}
         self._pinner = _pinning.make_pinner(pin_memory)  # None: off, or no CUDA (warned)
+        # The rings (current and retired), slot claims and leases; see leases.py.
+        self._leases = _leases.Leases(
+            self.num_slots,
+            max_shm_bytes if max_shm_bytes is not None else _leases.default_max_shm_bytes(),
+            self._pinner,
+            self._stats,
+        )
         if slot_bytes is not None and num_workers > 0:
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.
-            self._new_ring(self.num_slots, slot_bytes)
+            self._leases.new_ring(self.num_slots, slot_bytes)
         self._persistent_iter: _MultiProcessIter | None = None
 
     @property
@@ -290,7 +286,7 @@ class DataLoader:
         if self.num_workers == 0 and callable(getattr(self.dataset, "stats", None)):
             dataset = dict(self.dataset.stats())  # loaded in this process: its own counters
         out["dataset"] = dataset
-        ring = self._ring
+        ring = self._leases.current
         out["num_slots"] = ring.num_slots if ring is not None else 0
         out["slot_bytes"] = ring.slot_bytes if ring is not None else 0
         out["pinned_shm_bytes"] = self.pinned_shm_bytes()
@@ -325,35 +321,29 @@ class DataLoader:
 
     @property
     def ring(self) -> Ring | None:
-        """The shared-memory ring, once a multi-worker iteration has created it."""
-        return self._ring
+        """The shared-memory ring new batches go to, once a multi-worker iteration has
+        created it."""
+        return self._leases.current
+
+    @property
+    def _ring(self) -> Ring | None:
+        """The current ring (as ``ring``), for the iterators."""
+        return self._leases.current
+
+    @property
+    def max_shm_bytes(self) -> int:
+        """The bound on the shared memory of all this loader's rings together (default:
+        half of /dev/shm's free space when the loader was made)."""
+        return self._leases.max_shm_bytes
+
+    @max_shm_bytes.setter
+    def max_shm_bytes(self, value: int) -> None:
+        self._leases.max_shm_bytes = value
 
     def pinned_shm_bytes(self) -> int:
         """Bytes of shared memory this loader's rings hold now: the current ring, and
         retired rings that batches the consumer still references keep alive."""
-        alive = [m() for m in self._mappings]
-        self._mappings = [weakref.ref(m) for m in alive if m is not None]
-        return sum(m.size for m in alive if m is not None)
-
-    def _new_ring(self, num_slots: int, slot_bytes: int, *, held: int = 0) -> Ring:
-        """Replace the current ring by a new one (the old one is retired: it is freed
-        when the last batch viewing it dies). Raises :class:`RingLimitError` when that
-        would pass ``max_shm_bytes``."""
-        with self._ring_lock:
-            need = ring_bytes(num_slots, slot_bytes)
-            old = self._ring
-            pinned = self.pinned_shm_bytes()
-            if pinned + need > self.max_shm_bytes:
-                raise _limit_error(self, need, pinned, held, old)
-            ring = Ring.create(num_slots, slot_bytes)
-            self._stats["rings_created"] += 1
-            if self._pinner is not None:
-                self._pinner.register(ring)  # page-locked once, for the ring's whole life
-            self._mappings.append(weakref.ref(ring.mapping))
-            self._ring = ring
-            if old is not None:
-                old.close_fd()  # its memory stays mapped while batches view it
-            return ring
+        return self._leases.pinned_bytes()
 
     def _index_sequence(self) -> Iterator[Any]:
         """This epoch's tasks: index lists (auto-collation) or single indices, this
@@ -371,29 +361,6 @@ class DataLoader:
             self.shutdown()
         except Exception:
             pass
-
-
-def _limit_error(loader: DataLoader, need: int, pinned: int, held: int, old: Ring | None) -> RingLimitError:
-    held_text = f"the consumer holds {held} batches, which " if held else "batches still referenced "
-    return RingLimitError(
-        f"the loader's shared memory would pass max_shm_bytes={loader.max_shm_bytes} bytes: "
-        f"{held_text}pin {pinned} bytes of rings, and the next ring needs {need} more. "
-        "Drop batches you no longer need, keep .copy() of the ones you keep (or iterate with "
-        "copy=True), or pass a larger max_shm_bytes." + _shm_size_hint(need)
-    )
-
-
-def _shm_size_hint(need: int) -> str:
-    """When /dev/shm itself is small (the default max_shm_bytes is half its free space),
-    say so and name the container remedies, as ShmSpaceError does."""
-    free = shm_free_bytes()
-    if free is None or need <= free // 2:
-        return ""
-    return (
-        f" /dev/shm has only {free / 2**20:.1f} MiB free for a ring of {need} bytes: give the "
-        "container more shared memory (docker run --shm-size=2g or --ipc=host), or ask for a "
-        "smaller ring with a lower num_slots, slot_bytes, prefetch_factor or num_workers."
-    )
 
 
 def _is_iterable_dataset(dataset: Any) -> bool:
@@ -670,7 +637,8 @@ class _MultiProcessIter:
                     target=worker_main, args=(config, theirs), name=f"shmloader-worker-{wid}", daemon=True
                 )
                 try:
-                    proc.start()
+                    with _leases.own_forks():  # our workers do not see the consumer's batches
+                        proc.start()
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
                     fdguard.unregister(ours.fileno())
                     ours.close()
@@ -754,23 +722,14 @@ class _MultiProcessIter:
         return None
 
     def _claim_slot(self) -> int:
-        ring = self._ring
-        if ring is None:
+        """A slot for the next task (NO_SLOT before the first batch sized the ring). The
+        leases may hand back a new ring (grown, or the old one shared with a forked
+        child): the workers get it before the task that uses it."""
+        if self._ring is None:
             return protocol.NO_SLOT
-        slot = ring.states.claim(self._send_seq % ring.num_slots, _slots.FREE, _slots.ASSIGNED)
-        # Pinned: released slots whose device copies are done, else wait for the oldest.
-        if slot < 0 and self._loader._pinner is not None and self._loader._pinner.reclaim(block=True):
-            slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
-        if slot < 0:
-            gc.collect()  # batches kept alive only by reference cycles
-            slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
-        if slot < 0:
-            # Every slot is held by batches the consumer keeps (the loader's own in-flight
-            # batches are bounded below num_slots): grow rather than stall.
-            held = sum(ring.states.load(i) == _slots.HELD for i in range(ring.num_slots))
-            ring = self._loader._new_ring(ring.num_slots * 2, ring.slot_bytes, held=held)
+        ring, slot = self._loader._leases.claim(self._send_seq)
+        if ring is not self._ring and ring is not None:
             self._adopt_ring(ring)
-            slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
         return slot
 
     # --- receive ------------------------------------------------------------------------
@@ -796,7 +755,7 @@ class _MultiProcessIter:
             # (a timeout would otherwise surface only after _JOIN_TIMEOUT_S more).
             self.close(graceful=False)
             raise
-        except RingLimitError:
+        except (RingLimitError, ShmSpaceError):
             self.close()  # the epoch cannot go on: leave nothing running
             raise
         if item is None:
@@ -925,9 +884,8 @@ class _MultiProcessIter:
             payload = b""
         else:
             payload = msg[protocol.HEADER_BYTES :]
-            if task.slot >= 0:
-                task.ring.states.store(task.slot, _slots.FREE)
-                task.slot = protocol.NO_SLOT
+            _leases.give_back(task.ring, task.slot)
+            task.slot = protocol.NO_SLOT
             if kind == protocol.RES_SEGMENT or kind == protocol.RES_PICKLED:
                 needed = int(np.frombuffer(payload, np.int64, 1)[0])
                 if kind == protocol.RES_SEGMENT:
@@ -955,9 +913,8 @@ class _MultiProcessIter:
         mine = sorted(seq for seq, t in self._tasks.items() if t.worker is worker)
         tasks = [self._tasks.pop(seq) for seq in mine]
         for task in tasks:
-            if task.slot >= 0:
-                task.ring.states.store(task.slot, _slots.FREE)
-                task.slot = protocol.NO_SLOT
+            _leases.give_back(task.ring, task.slot)
+            task.slot = protocol.NO_SLOT
         worker.outstanding = 0
         worker.active = False
         seq = mine[0] if mine else self._rcvd_seq
@@ -976,11 +933,8 @@ class _MultiProcessIter:
     def _make_wanted_ring(self) -> None:
         """Make the ring that a batch from outside it asked for (the first one, or one with
         larger slots: the old ring retires as its batches die); hand it to the workers."""
-        ring = self._ring
-        num_slots = self._loader.num_slots if ring is None else ring.num_slots
-        slot_bytes = int(self._ring_wanted * _SLOT_HEADROOM) + 4096
-        self._ring_wanted = 0
-        self._adopt_ring(self._loader._new_ring(num_slots, slot_bytes))
+        wanted, self._ring_wanted = self._ring_wanted, 0
+        self._adopt_ring(self._loader._leases.ring_for_batch(wanted, self._ring))
 
     def _adopt_ring(self, ring: Ring) -> None:
         """Make ``ring`` this iterator's ring and hand it to every worker. Tasks sent
@@ -1077,10 +1031,15 @@ class _MultiProcessIter:
         slot = task.slot
         states = ring.states  # type: ignore[union-attr]
         states.store(slot, _slots.HELD)
+        root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
+        # Leased before anything can raise: the slot returns to FREE when the root dies,
+        # i.e. when the last view of it does, or when this returns (copy=True: the batch
+        # does not view the root) or raises. Every view keeps the mapping alive (its .base
+        # chain ends at the mapping's owner).
+        _leases.lease(root, ring, slot, None if segment or self._copy else self._loader._pinner)
         data_end, lo, llen, ooff, olen, seq, count = ring.header(slot)  # type: ignore[union-attr]
         if seq != task.seq:
             raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
-        root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
         key = root[lo : lo + llen].tobytes()
         reader = self._readers.get(key)
         if reader is None:
@@ -1098,19 +1057,11 @@ class _MultiProcessIter:
             stats["batches_copied"] += 1  # not in the ring (in its own segment)
         if self._copy:
             # Batches that own their memory: one copy of the slot's data, and the
-            # slot is free again at once.
+            # slot is free again at once (the root dies as this returns).
             batch = reader(root[:data_end].copy(), objects, numbers)
-            states.store(slot, _slots.FREE)
             stats["batches_copied"] += not segment
             return batch
-        batch = reader(root, objects, numbers)
-        # The slot returns to FREE when the root dies, i.e. when the last view of it does.
-        # The finalizer also keeps the mapping alive (through ``states``) while any view is.
-        if self._loader._pinner is None or segment:
-            weakref.finalize(root, states.store, slot, _slots.FREE).atexit = False
-        else:  # pinned: once device copies issued from the slot have completed too
-            weakref.finalize(root, self._loader._pinner.release, states, slot).atexit = False
-        return batch
+        return reader(root, objects, numbers)
 
     # --- errors -------------------------------------------------------------------------
 
@@ -1177,8 +1128,7 @@ class _MultiProcessIter:
         while self._tasks:
             self._wait()
         for _, task, _ in self._results.values():
-            if task.slot >= 0:
-                task.ring.states.store(task.slot, _slots.FREE)
+            _leases.give_back(task.ring, task.slot)
         self._begin_epoch(epoch_seed)
         for w in self._workers:
             msg = protocol.pack(
@@ -1188,7 +1138,11 @@ class _MultiProcessIter:
                 w.conn.send_bytes(msg)
             except OSError:
                 pass
-        self._dispatch()
+        try:
+            self._dispatch()
+        except (RingLimitError, ShmSpaceError):
+            self.close()  # as in __next__: the epoch cannot start, leave nothing running
+            raise
 
     def _unregister(self, worker: _WorkerHandle) -> None:
         for fd in (worker.fd, worker.proc.sentinel):
@@ -1223,13 +1177,10 @@ class _MultiProcessIter:
                 w.proc.kill()
                 w.proc.join(_KILL_JOIN_TIMEOUT_S)
         # The workers are gone: slots they were given but we never handed out are free.
-        if self._ring is not None:
-            for task in self._tasks.values():
-                if task.slot >= 0:
-                    task.ring.states.store(task.slot, _slots.FREE)
-            for _, task, _ in self._results.values():
-                if task.slot >= 0:
-                    task.ring.states.store(task.slot, _slots.FREE)
+        for task in self._tasks.values():
+            _leases.give_back(task.ring, task.slot)
+        for _, task, _ in self._results.values():
+            _leases.give_back(task.ring, task.slot)
         self._tasks.clear()
         self._results.clear()
         for w in self._workers:

@@ -138,10 +138,11 @@ class RingPinner:
 
     def register(self, ring: Any) -> None:
         """Page-lock the whole of ``ring``'s mapping, once; it is unregistered when the
-        mapping dies (weakref callbacks run before the memory is unmapped)."""
+        mapping's owner dies (its weakref callbacks run before the memory is unmapped, and
+        every view of the ring keeps the owner alive)."""
         mapping = ring.mapping
         self.host.register(mapping.address, mapping.size)
-        weakref.finalize(mapping, self.host.unregister, mapping.address).atexit = False
+        weakref.finalize(mapping.owner, self.host.unregister, mapping.address).atexit = False
 
     def release(self, states: Any, slot: int) -> None:
         """The last view of ``slot`` died: free it once the copies issued so far are done.

@@ -102,6 +102,7 @@ class Ring:
             self.mapping.buffer(self.slot_offset(i), self.slot_bytes) for i in range(num_slots)
         ]
         self._slot_arrays: list[np.ndarray | None] = [None] * num_slots
+        self.lease_table: Any = None  # the consumer's slot leases (leases.lease)
 
     @classmethod
     def create(cls, num_slots: int, slot_bytes: int, *, populate: bool = False) -> Ring:

@@ -1,0 +1,305 @@
+"""Rings and slot leases: the one owner of a loader's shared memory.
+
+A :class:`Leases` holds a loader's current ring (where new batches go) and counts the
+retired ones (rings that grew or were shared with a forked child: freed when the last
+batch viewing them dies). It applies the sizing policy (also used by ``shmloader doctor``
+and ``shmloader bench``), claims slots for tasks, grows the ring when the consumer holds
+every slot, and leases a handed-out slot to its batch: the slot returns to FREE when the
+batch's root array dies.
+
+Three rules keep a held slot from being rewritten:
+
+- **Only the owning process releases.** A lease's finalizer remembers the pid that took
+  it; in a forked child (the next epoch's workers, ``os.fork()``, multiprocessing), which
+  inherits the finalizer, it does nothing.
+- **A batch a forked child can see is never rewritten.** On a fork the loader did not
+  make itself (its own worker starts are marked with :func:`own_forks`), a ring with a
+  HELD slot is retired for new batches at the next claim, as a ring that grows is.
+- **A slot's state is returned whatever raises**: the lease is taken on the root array
+  before anything can raise, and the slot is freed when that root dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from shmloader import _slots
+from shmloader.errors import RingLimitError
+from shmloader.ring import Ring, ring_bytes, shm_free_bytes
+
+# --- sizing policy ------------------------------------------------------------------------
+
+HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the current one,
+# the previous one still bound to the loop variable during next(), a few more)
+SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
+SLOT_SLACK_BYTES = 4096  # plus this: the layout, its numbers and small object leaves
+DEFAULT_PREFETCH_FACTOR = 2  # torch's default prefetch_factor
+DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where /dev/shm's free space cannot be read
+NO_SLOT = -1  # protocol.NO_SLOT: the task has no slot (its batch sizes a ring)
+
+
+def default_num_slots(num_workers: int, prefetch_factor: int = DEFAULT_PREFETCH_FACTOR) -> int:
+    """Slots of a loader's first ring: every worker's prefetched batches, plus a reserve
+    for the batches the consumer holds."""
+    return num_workers * prefetch_factor + HELD_SLOTS_RESERVE
+
+
+def slot_bytes_for(batch_bytes: int) -> int:
+    """Bytes per slot of a ring sized from a batch of ``batch_bytes``."""
+    return int(batch_bytes * SLOT_HEADROOM) + SLOT_SLACK_BYTES
+
+
+def default_max_shm_bytes() -> int:
+    """The default bound on a loader's rings: half of /dev/shm's free space."""
+    free = shm_free_bytes()
+    return free // 2 if free else DEFAULT_MAX_SHM_BYTES
+
+
+def default_ring(
+    num_workers: int, batch_bytes: int, prefetch_factor: int = DEFAULT_PREFETCH_FACTOR
+) -> tuple[int, int, int]:
+    """(total bytes, slots, bytes per slot) of the ring a loader makes for batches of
+    ``batch_bytes`` (what doctor and bench report)."""
+    slots = default_num_slots(num_workers, prefetch_factor)
+    slot_bytes = slot_bytes_for(batch_bytes)
+    return ring_bytes(slots, slot_bytes), slots, slot_bytes
+
+
+# --- leases -------------------------------------------------------------------------------
+
+_this_pid = os.getpid()  # updated in a forked child (at-fork hook): no syscall per release
+
+
+class _SlotLeases:
+    """The leases of one ring's slots in the process that made them: at most one live
+    batch root per slot, watched by a weak reference whose callback frees the slot.
+    (A weakref with a callback made once per slot costs a fraction of a
+    ``weakref.finalize`` per batch.)"""
+
+    __slots__ = ("callbacks", "pinners", "refs")
+
+    def __init__(self, states: Any, num_slots: int) -> None:
+        pid = _this_pid  # the owner: a forked child inherits the callbacks, and they do nothing
+        pinners: list[Any] = [None] * num_slots
+
+        def make(slot: int) -> Any:
+            # ``states`` keeps the ring's state words mapped for the callbacks.
+            def release(_ref: Any) -> None:
+                if _this_pid == pid:
+                    pinner = pinners[slot]
+                    if pinner is None:
+                        states.store(slot, _slots.FREE)
+                    else:  # FREE once the device copies issued from the slot are done
+                        pinner.release(states, slot)
+
+            return release
+
+        self.callbacks = [make(i) for i in range(num_slots)]
+        self.pinners = pinners
+        self.refs: list[Any] = [None] * num_slots
+
+
+def lease(root: Any, ring: Any, slot: int, pinner: Any = None) -> None:
+    """Lease ``slot`` of ``ring`` (already HELD) to the batch viewing ``root``: it returns
+    to FREE when ``root`` dies (with ``pinner``: once the device copies issued from it are
+    done too), in this process only."""
+    table = ring.lease_table
+    if table is None:
+        table = ring.lease_table = _SlotLeases(ring.states, ring.num_slots)
+    # A slot is leased again only once FREE, i.e. after the previous root's callback ran.
+    table.pinners[slot] = pinner
+    table.refs[slot] = weakref.ref(root, table.callbacks[slot])
+
+
+def give_back(ring: Any, slot: int) -> None:
+    """Return ``slot`` of ``ring``, never handed out (or copied out), to FREE; nothing
+    for a task without a slot or outside the process that took it."""
+    if slot >= 0 and ring is not None:
+        ring.states.store(slot, _slots.FREE)
+
+
+def held_slots(ring: Ring) -> int:
+    """How many of ``ring``'s slots are HELD (by batches, or pinned copies in flight)."""
+    load = ring.states.load
+    return sum(load(i) == _slots.HELD for i in range(ring.num_slots))
+
+
+_live: weakref.WeakSet = weakref.WeakSet()
+_forking = threading.local()
+
+
+class Leases:
+    """The rings of one loader: the current one and the retired ones still alive."""
+
+    def __init__(self, num_slots: int, max_shm_bytes: int, pinner: Any, stats: dict[str, Any]) -> None:
+        """``num_slots``: slots of the first ring; ``pinner``: a pinning.RingPinner or
+        None; ``stats``: the loader's counters (``rings_created`` is bumped here)."""
+        self.num_slots = num_slots
+        self.max_shm_bytes = max_shm_bytes
+        self.pinner = pinner
+        self._stats = stats
+        self._current: Ring | None = None
+        self._lock = threading.Lock()
+        self._mappings: list[tuple[weakref.ref, int]] = []  # every ring made: (owner, bytes)
+        # The current ring when a fork the loader did not make saw a HELD slot in it.
+        self._shared_ring: Ring | None = None
+        _live.add(self)
+
+    @property
+    def current(self) -> Ring | None:
+        """The ring new batches go to, or None before the first batch sized it."""
+        return self._current
+
+    def usable(self) -> Ring | None:
+        """The current ring when this process can hand it to new workers (a process
+        forked from the one that made it has no ring of its own yet)."""
+        ring = self._current
+        return ring if ring is not None and ring.fd is not None else None
+
+    def pinned_bytes(self) -> int:
+        """Bytes of shared memory mapped by this loader's rings now: the current ring,
+        and retired rings that batches still reference."""
+        self._mappings = [(ref, size) for ref, size in self._mappings if ref() is not None]
+        return sum(size for _, size in self._mappings)
+
+    def new_ring(self, num_slots: int, slot_bytes: int, *, held: int = 0) -> Ring:
+        """Make a new current ring (the old one is retired: it is freed when the last
+        batch viewing it dies). Raises :class:`RingLimitError` when that would pass
+        ``max_shm_bytes`` (``held``: batches the consumer holds, for the message), and
+        :class:`ShmSpaceError` when /dev/shm cannot hold it."""
+        with self._lock:
+            need = ring_bytes(num_slots, slot_bytes)
+            pinned = self.pinned_bytes()
+            if pinned + need > self.max_shm_bytes:
+                raise limit_error(self.max_shm_bytes, need, pinned, held)
+            ring = Ring.create(num_slots, slot_bytes)
+            self._stats["rings_created"] += 1
+            if self.pinner is not None:
+                self.pinner.register(ring)  # page-locked once, for the ring's whole life
+            owner = ring.mapping.owner
+            self._mappings.append((weakref.ref(owner), len(owner)))
+            old, self._current = self._current, ring
+            if old is not None:
+                old.close_fd()  # its memory stays mapped while batches view it
+            return ring
+
+    def ring_for_batch(self, batch_bytes: int, like: Ring | None) -> Ring:
+        """A new current ring whose slots hold a batch of ``batch_bytes`` (the first
+        batch, or one that outgrew the slots of ``like``), with ``like``'s slot count."""
+        num_slots = self.num_slots if like is None else like.num_slots
+        return self.new_ring(num_slots, slot_bytes_for(batch_bytes))
+
+    def claim(self, start: int) -> tuple[Ring | None, int]:
+        """Claim a FREE slot of the current ring for a task, from ``start`` on; returns
+        the ring (a new one when the current had to grow or retire) and the slot, or
+        (None, NO_SLOT) before the first ring."""
+        ring = self._current
+        if ring is None:
+            return None, NO_SLOT
+        slot = ring.states.claim(start % ring.num_slots, _slots.FREE, _slots.ASSIGNED)
+        if slot < 0 or self._shared_ring is not None:
+            return self._claim_slow(ring, slot)
+        return ring, slot
+
+    def _claim_slow(self, ring: Ring, slot: int) -> tuple[Ring, int]:
+        shared = self._shared_ring
+        if shared is ring:
+            # A forked child may view batches in this ring: no new batch goes there (the
+            # slot just claimed stays unused; the ring is freed when its batches die).
+            if slot >= 0:
+                ring.states.store(slot, _slots.FREE)
+            # (If this raises, the ring stays shared: the next claim tries again.)
+            ring = self.new_ring(ring.num_slots, ring.slot_bytes, held=held_slots(ring))
+            if self._shared_ring is shared:
+                self._shared_ring = None
+            return ring, ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
+        if shared is not None:
+            self._shared_ring = None  # a ring retired since: nothing claims from it
+        if slot >= 0:
+            return ring, slot
+        states = ring.states
+        # Pinned: released slots whose device copies are done, else wait for the oldest.
+        if self.pinner is not None and self.pinner.reclaim(block=True):
+            slot = states.claim(0, _slots.FREE, _slots.ASSIGNED)
+        if slot < 0:
+            gc.collect()  # batches kept alive only by reference cycles
+            slot = states.claim(0, _slots.FREE, _slots.ASSIGNED)
+        if slot < 0:
+            # Every slot is held by batches the consumer keeps (the loader's own in-flight
+            # batches are bounded below num_slots): grow rather than stall.
+            ring = self.new_ring(ring.num_slots * 2, ring.slot_bytes, held=held_slots(ring))
+            slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
+        return ring, slot
+
+    def _note_fork(self) -> None:
+        ring = self._current
+        if ring is not None and self._shared_ring is not ring and held_slots(ring):
+            self._shared_ring = ring
+
+    def _forget_parent(self) -> None:
+        # In a forked child: the parent's ring is the parent's; this process makes its own.
+        self._current = None
+        self._shared_ring = None
+
+
+@contextlib.contextmanager
+def own_forks() -> Iterator[None]:
+    """Forks made in this block (in this thread) are the loader's own worker starts:
+    they do not see the consumer's batches, so they retire no ring."""
+    _forking.own = True
+    try:
+        yield
+    finally:
+        _forking.own = False
+
+
+def _note_fork() -> None:
+    # Runs before the fork and again after it in the parent: a batch handed out in
+    # another thread between the two is seen by one of them.
+    if getattr(_forking, "own", False):
+        return
+    for leases in list(_live):
+        leases._note_fork()
+
+
+def _after_fork_in_child() -> None:
+    global _this_pid
+    _this_pid = os.getpid()
+    for leases in list(_live):
+        leases._forget_parent()
+
+
+os.register_at_fork(before=_note_fork, after_in_parent=_note_fork, after_in_child=_after_fork_in_child)
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def limit_error(max_shm_bytes: int, need: int, pinned: int, held: int) -> RingLimitError:
+    """The error for a ring of ``need`` bytes that would pass ``max_shm_bytes``."""
+    held_text = f"the consumer holds {held} batches, which " if held else "batches still referenced "
+    return RingLimitError(
+        f"the loader's shared memory would pass max_shm_bytes={max_shm_bytes} bytes: "
+        f"{held_text}pin {pinned} bytes of rings, and the next ring needs {need} more. "
+        "Drop batches you no longer need, keep .copy() of the ones you keep (or iterate with "
+        "copy=True), or pass a larger max_shm_bytes." + shm_size_hint(need)
+    )
+
+
+def shm_size_hint(need: int) -> str:
+    """When /dev/shm itself is small (the default max_shm_bytes is half its free space),
+    say so and name the container remedies, as ShmSpaceError does."""
+    free = shm_free_bytes()
+    if free is None or need <= free // 2:
+        return ""
+    return (
+        f" /dev/shm has only {free / 2**20:.1f} MiB free for a ring of {need} bytes: give the "
+        "container more shared memory (docker run --shm-size=2g or --ipc=host), or ask for a "
+        "smaller ring with a lower num_slots, slot_bytes, prefetch_factor or num_workers."
+    )
