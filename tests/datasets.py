@@ -262,3 +262,15 @@ class Counted(Dataset):
 
     def stats(self):
         return {"odd_ones": self.odd_ones}
+
+
+class TorchThreads(Dataset):
+    """Each sample: torch's intra-op thread count in the process that loaded it."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        import torch
+
+        return torch.get_num_threads()

@@ -197,6 +197,19 @@ def test_iterable_in_main_process():
 # --- workers: info, seeding, init, persistence, order -----------------------------------
 
 
+def test_workers_run_torch_with_one_thread_as_torch_workers_do():
+    """Where torch is imported when a worker starts (fork inherits it; spawn imports it
+    with the script's __main__), the worker gives it one thread, as torch's workers do."""
+    torch = pytest.importorskip("torch")
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)  # so that the check below can fail on a 1-core machine too
+    try:
+        loader = DataLoader(D.TorchThreads(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+        assert [int(t) for b in loader for t in b] == [1, 1, 1, 1]
+    finally:
+        torch.set_num_threads(threads_before)
+
+
 def test_worker_info_is_none_in_main_and_immutable_in_workers(method):
     assert get_worker_info() is None
     dl = DataLoader(D.RandomDraws(), batch_size=2, num_workers=2, multiprocessing_context=method, seed=1)

@@ -109,12 +109,16 @@ class WorkerConfig:
 
 
 def seed_all(seed: int) -> None:
-    """Seed Python's ``random``, numpy's global RNG and torch (when imported)."""
+    """Seed Python's ``random``, numpy's global RNG and torch (when imported), and give
+    torch one intra-op thread, as torch's own workers do: N workers each running a
+    core-count OpenMP pool oversubscribe the machine, and an OpenMP pool inherited
+    through fork can hang on first use."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
+        torch.set_num_threads(1)
 
 
 def worker_main(config: WorkerConfig, conn: Any) -> None:
