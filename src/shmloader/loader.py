@@ -43,7 +43,7 @@ _HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the curre
 # the previous one still bound to the loop variable during next(), a few more)
 _SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
 _DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where /dev/shm's free space cannot be read
-_STOP_FRAME = protocol.pack(protocol.TASK_STOP)
+_STOP_FRAME = protocol.frame(protocol.pack(protocol.TASK_STOP))
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 
 
@@ -526,7 +526,7 @@ class _SingleProcessIter:
 
 
 class _WorkerHandle:
-    __slots__ = ("active", "conn", "fd", "id", "outstanding", "proc", "reader")
+    __slots__ = ("active", "conn", "fd", "id", "outstanding", "proc", "reader", "writer")
 
     def __init__(self, wid: int, proc: Any, conn: Any) -> None:
         self.id = wid
@@ -534,6 +534,8 @@ class _WorkerHandle:
         self.conn = conn
         self.fd = conn.fileno()
         self.reader = protocol.FrameReader(self.fd)
+        # Non-blocking from here on: no write to a worker may block the consumer's loop.
+        self.writer = protocol.FrameWriter(self.fd)
         self.outstanding = 0
         self.active = True  # False once an iterable worker is exhausted
 
@@ -592,6 +594,9 @@ class _MultiProcessIter:
         # it is read when that worker's batch is due.
         self._focus_poller = select.poll()
         self._focused: _WorkerHandle | None = None
+        # Workers whose writer has bytes queued (their sockets were full): polled for
+        # POLLOUT too, and the wait uses the full poller while any is.
+        self._sending: set[_WorkerHandle] = set()
         self._fd_owner: dict[int, tuple[_WorkerHandle, bool]] = {}
         self._readers: dict[bytes, Callable[[np.ndarray, Any, list[int]], Any]] = {}
         self._ring_wanted = 0  # bytes a batch that came outside the ring needs: a ring to make
@@ -726,10 +731,8 @@ class _MultiProcessIter:
             task = _Task(seq, worker, slot, indices, self._ring)
             self._tasks[seq] = task
             worker.outstanding += 1
-            try:
-                protocol.send_frame(worker.fd, protocol.frame(protocol.pack(kind, slot, seq, payload)))
-            except OSError:
-                pass  # the worker died; its sentinel reports it in _wait
+            if not worker.writer.send(protocol.frame(protocol.pack(kind, slot, seq, payload))):
+                self._queued(worker)  # a big task: the rest goes out on POLLOUT
             if not any(w.active for w in workers):
                 return
 
@@ -834,25 +837,28 @@ class _MultiProcessIter:
             self._wait()
 
     def _wait(self) -> None:
-        """Block until at least one worker message or exit, and handle it."""
+        """Block until at least one worker message or exit, and handle it; queued task
+        bytes are written as the sockets take them, meanwhile."""
         timeout = self._loader.timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
-        poller = self._poller_for_next()
         while True:
+            poller = self._poller_for_next()
             wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             events = poller.poll(wait_ms)
-            if events:
+            if events and not self._sending:
+                break
+            if events and self._flush(events):
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 raise self._timeout_error(timeout)
         dead = []
-        for fd, _ in events:
+        for fd, mask in events:
             worker, is_sentinel = self._fd_owner.get(fd, (None, False))
             if worker is None:
                 continue
             if is_sentinel:
                 dead.append(worker)
-            else:
+            elif mask != select.POLLOUT:
                 self._receive(worker)
         for worker in dead:
             self._drain(worker)
@@ -860,11 +866,43 @@ class _MultiProcessIter:
                 raise self._death_error(worker)
             self._unregister(worker)
 
+    def _flush(self, events: list[tuple[int, int]]) -> bool:
+        """Write queued bytes to the sockets ``events`` say are writable; True when any
+        other event (a message, EOF, an exit) is among them."""
+        other = False
+        for fd, mask in events:
+            worker, is_sentinel = self._fd_owner.get(fd, (None, True))
+            writable = worker is not None and not is_sentinel and mask & select.POLLOUT
+            if writable and worker.writer.flush():
+                self._sent(worker)
+            if mask != select.POLLOUT:
+                other = True
+        return other
+
+    def _queued(self, worker: _WorkerHandle) -> None:
+        """``worker``'s writer holds bytes its socket did not take: poll it for POLLOUT."""
+        if not worker.writer.pending or worker in self._sending:
+            return  # (not pending: the worker is gone, its sentinel tells)
+        self._sending.add(worker)
+        if worker.fd in self._fd_owner:
+            self._poller.modify(worker.fd, select.POLLIN | select.POLLOUT)
+
+    def _sent(self, worker: _WorkerHandle) -> None:
+        """``worker``'s queue is empty again: back to polling it for input only."""
+        self._sending.discard(worker)
+        if worker.fd in self._fd_owner:
+            self._poller.modify(worker.fd, select.POLLIN)
+
+    def _send(self, worker: _WorkerHandle, framed: bytes, fd: int = -1) -> None:
+        """Send a rare frame (a ring, an epoch) to ``worker`` without blocking."""
+        if not worker.writer.send(framed, fd):
+            self._queued(worker)
+
     def _poller_for_next(self) -> Any:
         """The poller to wait on: in order, the due batch's worker and every sentinel;
-        otherwise every socket and sentinel."""
+        otherwise, or while task bytes wait to be written, every socket and sentinel."""
         task = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
-        if task is None or task.worker.fd not in self._fd_owner:
+        if task is None or task.worker.fd not in self._fd_owner or self._sending:
             return self._poller
         worker = task.worker
         if self._focused is not worker:
@@ -883,7 +921,9 @@ class _MultiProcessIter:
 
     def _forget_fd(self, fd: int) -> None:
         """Stop watching ``fd`` (a socket at EOF, or an exited worker's sentinel)."""
-        if self._fd_owner.pop(fd, None) is not None:
+        owner = self._fd_owner.pop(fd, None)
+        if owner is not None:
+            self._sending.discard(owner[0])
             self._unpoll(self._poller, fd)
             self._unpoll(self._focus_poller, fd)
         if self._focused is not None and self._focused.fd == fd:
@@ -992,14 +1032,10 @@ class _MultiProcessIter:
         them before it switches."""
         self._ring = ring
         info = np.array([ring.num_slots, ring.slot_bytes], np.int64).tobytes()
+        message = protocol.frame(protocol.pack(protocol.TASK_RING, payload=info))
         for w in self._workers:
-            if not w.proc.is_alive():
-                continue
-            try:
-                message = protocol.frame(protocol.pack(protocol.TASK_RING, payload=info))
-                protocol.send_frame_with_fd(w.fd, message, ring.fd)
-            except OSError:
-                pass  # a dead worker is reported by its sentinel
+            if w.proc.is_alive():  # (a dead worker is reported by its sentinel)
+                self._send(w, message, ring.fd)
 
     # --- position, for DataLoader.state_dict() -------------------------------------------
 
@@ -1152,9 +1188,9 @@ class _MultiProcessIter:
 
     def _timeout_error(self, timeout: float) -> LoaderTimeoutError:
         # Results that arrived unread while waiting on one worker: those workers are not busy.
-        for fd, _ in self._poller.poll(0):
+        for fd, mask in self._poller.poll(0):
             worker, is_sentinel = self._fd_owner.get(fd, (None, True))
-            if worker is not None and not is_sentinel:
+            if worker is not None and not is_sentinel and mask != select.POLLOUT:
                 self._receive(worker)
         waiting = min(self._tasks) if self._tasks else self._rcvd_seq
         busy = sorted({f"{t.worker.id} (pid {t.worker.proc.pid})" for t in self._tasks.values()})
@@ -1185,13 +1221,8 @@ class _MultiProcessIter:
                 task.ring.states.store(task.slot, _slots.FREE)
         self._begin_epoch(epoch_seed)
         for w in self._workers:
-            msg = protocol.pack(
-                protocol.TASK_EPOCH, payload=np.array([epoch_seed + w.id], np.int64).tobytes()
-            )
-            try:
-                w.conn.send_bytes(msg)
-            except OSError:
-                pass
+            seed = np.array([epoch_seed + w.id], np.int64).tobytes()
+            self._send(w, protocol.frame(protocol.pack(protocol.TASK_EPOCH, payload=seed)))
         self._dispatch()
 
     def _unregister(self, worker: _WorkerHandle) -> None:
@@ -1207,18 +1238,17 @@ class _MultiProcessIter:
         if os.getpid() != self._pid:
             return  # a forked copy of the consumer: the workers are not ours to stop
         # A stop frame, then closing our end of each socket: a worker idle in read gets the
-        # stop (or EOF), one blocked writing a result gets EPIPE. The stop frame is small
-        # and the worker's receive buffer holds at most prefetch_factor tasks, so the send
-        # does not block.
+        # stop (or EOF), one blocked writing a result gets EPIPE. The stop frame goes only
+        # after whole frames (nothing queued) and never blocks: when it cannot go, the
+        # worker reads EOF instead, and exits the same way.
         for w in self._workers:
-            if graceful:
-                try:
-                    w.conn.send_bytes(_STOP_FRAME)
-                except OSError:
-                    pass
+            if graceful and not w.writer.pending:
+                w.writer.send(_STOP_FRAME)
+            w.writer.close()
             fdguard.unregister(w.fd)
             w.conn.close()
             w.reader.close()
+        self._sending.clear()
         deadline = time.monotonic() + (_JOIN_TIMEOUT_S if graceful else 0.0)
         for w in self._workers:
             w.proc.join(max(0.0, deadline - time.monotonic()))

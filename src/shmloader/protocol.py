@@ -21,7 +21,7 @@ import os
 import struct
 from collections import deque
 
-from shmloader import _slots
+from shmloader import _slots, fdguard
 
 HEADER = struct.Struct("<Bxxxiq")  # kind, slot (-1: none), batch sequence number
 HEADER_BYTES = HEADER.size
@@ -83,32 +83,42 @@ class FrameReader:
     """Messages from one stream socket whose peer writes whole frames (see :func:`frame`),
     and the descriptors sent with them (see :func:`send_frame_with_fd`).
 
-    :meth:`read` blocks for one read of whatever has arrived, completes a message cut off
-    at the end of it (its rest is on its way: the peer writes frames whole), and returns
-    every message it holds. A descriptor arrives with the first bytes of its frame, so it
-    is in :meth:`take_fd`'s queue by the time its frame is returned; descriptors queue in
-    the order of their frames.
+    :meth:`read` makes one read of whatever has arrived (blocking only when the socket
+    does) and returns every message that is now complete. A message cut off at the end of
+    a read is kept and completed by later reads, straight into its own buffer: the reader
+    never waits for the rest of a message, so a consumer that reads only when ``poll``
+    says so never blocks here, whatever the size of the peer's frames. A descriptor
+    arrives with the first bytes of its frame, so it is in :meth:`take_fd`'s queue by the
+    time its frame is returned; descriptors queue in the order of their frames.
     """
 
-    __slots__ = ("_fds", "_receiver", "fd")
+    __slots__ = ("_fds", "_got", "_head", "_partial", "_receiver", "fd")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._receiver = _slots.Receiver(_READ_CHUNK)
         self._fds: deque[int] = deque()
+        self._head = b""  # the start of a frame whose length is cut off
+        self._partial: bytearray | None = None  # a message being completed
+        self._got = 0  # its bytes received so far
 
     def read(self) -> list[bytes] | None:
-        """The messages now available (at least one); None at EOF, or when the peer died
-        part way through a message."""
-        data, fd = self._receiver.recv(self.fd)
+        """The messages completed by one read (an empty list when it brought only part of
+        one, or nothing on a non-blocking socket); None at EOF, or when the peer died part
+        way through a message."""
+        if self._partial is not None:
+            return self._continue()
+        try:
+            data, fd = self._receiver.recv(self.fd)
+        except BlockingIOError:
+            return []
         if fd >= 0:
             self._fds.append(fd)
         if not data:
-            return None
-        try:
-            return self._split(data)
-        except EOFError:
-            return None
+            return None  # EOF (part of a frame left unread: the peer died mid-frame)
+        if self._head:
+            data, self._head = self._head + data, b""
+        return self._split(data)
 
     def take_fd(self) -> int:
         """The oldest descriptor received and not yet taken (the caller owns it now)."""
@@ -122,45 +132,147 @@ class FrameReader:
             os.close(self._fds.popleft())
 
     def _split(self, data: bytes) -> list[bytes]:
-        """The messages in ``data``, the last one completed from the socket if cut off."""
+        """The complete messages in ``data``; a cut-off one is kept for the next reads."""
         messages: list[bytes] = []
         pos, end = 0, len(data)
         while pos < end:
-            if end - pos < 4:  # the length itself is cut off
-                data, pos, end = data[pos:] + self._read_exact(4 - (end - pos)), 0, 4
-            size = _LEN.unpack_from(data, pos)[0]
             start = pos + 4
+            if start > end:  # the length itself is cut off
+                self._head = data[pos:]
+                break
+            size = _LEN.unpack_from(data, pos)[0]
             if size == -1:  # an 8-byte length follows
-                if end - start < 8:
-                    data, start, end = data[start:] + self._read_exact(8 - (end - start)), 0, 8
+                if start + 8 > end:
+                    self._head = data[pos:]
+                    break
                 size = _LEN64.unpack_from(data, start)[0]
                 start += 8
             have = end - start
-            if have < size:  # the rest of this message is still arriving: wait for it
-                message = bytearray(size)
+            if have < size:  # the rest of this message is still on its way
+                self._partial = message = bytearray(size)
                 message[:have] = data[start:end]
-                self._read_into(memoryview(message)[have:])
-                messages.append(message)  # type: ignore[arg-type]  # bytes-like; not copied again
-                return messages
+                self._got = have
+                break
             pos = start + size
             messages.append(data[start:pos])
         return messages
 
-    def _read_into(self, view: memoryview) -> None:
-        """Fill ``view`` (blocking); EOFError if the peer closes first."""
-        got, want = 0, len(view)
-        while got < want:
-            n, fd = self._receiver.recv_into(self.fd, view[got:])
-            if fd >= 0:
-                self._fds.append(fd)
-            if n == 0:
-                raise EOFError("the peer closed the socket part way through a message")
-            got += n
+    def _continue(self) -> list[bytes] | None:
+        """Read more of the cut-off message, into its buffer; it alone when complete."""
+        message = self._partial
+        assert message is not None
+        try:
+            n, fd = self._receiver.recv_into(self.fd, memoryview(message)[self._got :])
+        except BlockingIOError:
+            return []
+        if fd >= 0:
+            self._fds.append(fd)
+        if n == 0:
+            return None  # the peer closed the socket part way through a message
+        self._got += n
+        if self._got < len(message):
+            return []
+        self._partial = None
+        return [message]  # type: ignore[list-item]  # bytes-like; not copied again
 
-    def _read_exact(self, n: int) -> bytes:
-        buf = bytearray(n)
-        self._read_into(memoryview(buf))
-        return bytes(buf)
+
+class FrameWriter:
+    """Writes frames to a non-blocking stream socket without ever blocking: what the
+    socket does not take now is queued, in order, and written by :meth:`flush` when
+    ``poll`` reports the socket writable (POLLOUT). The consumer's side of a worker's
+    socket: a worker busy writing a big result back is never waited for, so frames of
+    any size flow both ways at once (issue 12: a 512 KiB task against a big error).
+
+    :meth:`send` costs one ``write`` when nothing is queued (the common case). A frame
+    with a descriptor keeps a duplicate of it until the frame's first byte is written,
+    with the descriptor attached; the duplicate is closed then, or by :meth:`close`.
+    """
+
+    __slots__ = ("__weakref__", "_queue", "broken", "fd")
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        # (the rest of a frame, a descriptor to attach to its first byte or -1)
+        self._queue: deque[tuple[memoryview, int]] = deque()
+        self.broken = False  # the peer is gone (EPIPE...): nothing is written any more
+
+    @property
+    def pending(self) -> bool:
+        """Whether bytes wait for the socket to become writable."""
+        return bool(self._queue)
+
+    def send(self, framed: bytes, fd: int = -1) -> bool:
+        """Write ``framed`` (see :func:`frame`), with the descriptor ``fd`` (>= 0; it stays
+        open here) attached to its first byte; what the socket does not take now is
+        queued. True when all of it was written; False when some is queued (flush it on
+        POLLOUT) or the peer is gone (its death is reported elsewhere: its sentinel)."""
+        if self.broken:
+            return False
+        if self._queue:
+            self._enqueue(memoryview(framed), fd)
+            return False
+        try:
+            n = self._write(memoryview(framed), fd)
+        except OSError:
+            self._break()
+            return False
+        if n == len(framed):
+            return True
+        self._enqueue(memoryview(framed)[n:], fd if n == 0 else -1)
+        return False
+
+    def flush(self) -> bool:
+        """Write queued bytes until the socket takes no more; True when none is left."""
+        queue = self._queue
+        while queue:
+            view, fd = queue[0]
+            try:
+                n = self._write(view, fd)
+            except OSError:
+                self._break()
+                return True
+            if n and fd >= 0:
+                self._close_fd(fd)  # it went with the frame's first byte
+                fd = -1
+            if n < len(view):
+                queue[0] = (view[n:], fd)
+                return False
+            queue.popleft()
+        return True
+
+    def close(self) -> None:
+        """Drop what is queued, closing the descriptors it holds (the socket is the
+        caller's to close)."""
+        while self._queue:
+            _, fd = self._queue.popleft()
+            if fd >= 0:
+                self._close_fd(fd)
+
+    def _write(self, view: memoryview, fd: int) -> int:
+        """One non-blocking write; the bytes written (0: the socket is full)."""
+        try:
+            if fd >= 0:
+                return _slots.send_with_fd_once(self.fd, view, fd)
+            return os.write(self.fd, view)
+        except BlockingIOError:
+            return 0
+        except InterruptedError:
+            return 0  # a signal: the caller tries again on the next POLLOUT
+
+    def _enqueue(self, view: memoryview, fd: int) -> None:
+        if fd >= 0:
+            fd = os.dup(fd)  # the caller may close its own (a retiring ring's) meanwhile
+            fdguard.register(self, fd, closer="close")
+        self._queue.append((view, fd))
+
+    def _close_fd(self, fd: int) -> None:
+        fdguard.unregister(fd)
+        os.close(fd)
+
+    def _break(self) -> None:
+        self.broken = True
+        self.close()
 
 
 def send_frame_with_fd(sock: int, framed: bytes, fd: int) -> None:
