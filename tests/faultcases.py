@@ -869,7 +869,7 @@ def case_big_frames(method: str, scenario: str) -> dict[str, Any]:
     'hang': worker 0 hangs in batch 2 with a big task queued for it, timeout=5.
     'continue': the batches in WIDE_BAD raise, and the loop catches each error and goes on."""
     if scenario == "raises":
-        dl = _loader(Wide(4, bad_batches=(2,)), method, batch_size=WIDE)
+        dl = _loader(Wide(6, bad_batches=(2,)), method, batch_size=WIDE)
     elif scenario == "hang":
         dl = _loader(Wide(8, hang_batch=2, hang_s=60.0), method, batch_size=WIDE, timeout=5)
     else:

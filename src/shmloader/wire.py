@@ -1,61 +1,198 @@
-"""The messages between the consumer and a worker: a fixed header and a small payload.
+"""The wire between the consumer and a worker, defined once: frames and the slot header.
 
-Each worker has one socket pair with the consumer. Tasks go one way, results the other;
-both are framed as ``multiprocessing.Connection`` frames them (a 4-byte big-endian length,
-then the message), never pickles in the common case: a task is the slot number, the
-batch's sequence number and its sample indices as int64 bytes; a result is the slot
-number. The same socket is the worker's lifeline: when the consumer dies the kernel closes
-its end, and the worker's blocking read returns EOF.
+**Frames.** Each worker has one socket pair with the consumer. Tasks go one way, results
+the other; both are framed as ``multiprocessing.Connection`` frames them (a 4-byte
+big-endian length, then the message). A message is a fixed :data:`HEADER` (kind, slot,
+batch sequence number) and a small payload, never a pickle in the common case: a task is
+the slot number, the batch's sequence number and its sample indices as int64 bytes; a
+result is the slot number. The kinds are :class:`Kind`; the module-level constants are
+their plain int values, for the per-batch path. The same socket is the worker's lifeline:
+when the consumer dies the kernel closes its end, and the worker's read returns EOF.
 
 The per-batch messages bypass ``Connection``'s Python framing: :func:`send_frame` writes a
 framed message with one system call, and :class:`FrameReader` reads whatever has arrived in
 one call and splits it into messages (two results that arrived together cost one read).
-Rare messages still use ``Connection.send_bytes``, whose frames are the same. A descriptor
-(a new ring for a worker, a one-off segment for the consumer) travels attached to its
-frame (:func:`send_frame_with_fd`); both sides read with ``recvmsg``, so none is lost.
+The consumer writes through a :class:`FrameWriter` (non-blocking, queued): no write of any
+size blocks its loop. A descriptor (a new ring for a worker, a one-off segment for the
+consumer) travels attached to its frame's first byte; both sides read with ``recvmsg``,
+so none is lost.
+
+**The slot header.** The worker writes a batch's arrays into a slot, then after them its
+encoded layout skeleton, the layout's int64 numbers (8-aligned) and its pickled object
+leaves (:class:`SlotContent`); then the slot's header words (:class:`SlotHeader`, written
+by :func:`write_header`, read by :func:`read_header`), then publishes the slot READY.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import struct
 from collections import deque
+from typing import Any, NamedTuple
 
 from shmloader import _slots, fdguard
 
 HEADER = struct.Struct("<Bxxxiq")  # kind, slot (-1: none), batch sequence number
 HEADER_BYTES = HEADER.size
-
-# consumer -> worker
-TASK_INDICES = 1  # payload: int64 sample indices
-TASK_KEYS = 2  # payload: pickled list of sample keys (a sampler yielding non-int keys)
-TASK_ITER = 3  # iterable dataset: produce the next batch; no payload
-TASK_EPOCH = 4  # persistent workers, new epoch: payload int64 [base_seed]
-TASK_STOP = 5
-TASK_RING = 6  # payload: int64 [num_slots, slot_bytes]; the ring's descriptor comes with it
-
-# worker -> consumer
-RES_SEGMENT = 10  # payload: int64 [slot_bytes]; the batch is in slot 0 of a one-off segment
-# (a 1-slot ring) whose descriptor comes with this frame: a batch that had no slot (the
-# first, which sizes the ring) or outgrew it, delivered without a copy.
-RES_READY = 11  # the batch is in the slot
-RES_PICKLED = 12  # payload: int64 bytes the batch needs in a slot, then the pickled batch
-# (only when a one-off segment cannot be made, e.g. /dev/shm is full)
-RES_ERROR = 13  # payload: pickled WorkerFailure
-RES_ITER_END = 14  # iterable dataset exhausted in this worker
-RES_INIT_ERROR = 15  # payload: pickled WorkerFailure; the worker exits after sending it
-RES_SHARD_STATE = 16  # payload: pickled dataset.state_dict() after batch `seq` (before its result)
-RES_STATS = 17  # payload: pickled {name: increase} of the dataset's stats() counters
-# The consumer checks kinds >= RES_INIT_ERROR with one comparison, off the per-batch path:
-# give a new rare kind a number above these and handle it in that branch.
-
 NO_SLOT = -1
 
 
+class Kind(enum.IntEnum):
+    """Every kind of frame. Tasks (consumer -> worker) are below 10, results above."""
+
+    TASK_INDICES = 1  # payload: int64 sample indices
+    TASK_KEYS = 2  # payload: pickled list of sample keys (a sampler yielding non-int keys)
+    TASK_ITER = 3  # iterable dataset: produce the next batch; no payload
+    TASK_EPOCH = 4  # persistent workers, new epoch: payload int64 [base_seed] (epoch_frame)
+    TASK_STOP = 5
+    TASK_RING = 6  # payload: int64 [num_slots, slot_bytes] (ring_frame); the ring's descriptor comes with it
+    RES_SEGMENT = 10  # payload: int64 [slot_bytes]; the batch is in slot 0 of a one-off segment
+    # (a 1-slot ring) whose descriptor comes with this frame: a batch that had no slot (the
+    # first, which sizes the ring) or outgrew it, delivered without a copy.
+    RES_READY = 11  # the batch is in the slot
+    RES_PICKLED = 12  # payload: int64 bytes the batch needs in a slot, then the pickled batch
+    # (only when a one-off segment cannot be made, e.g. /dev/shm is full)
+    RES_ERROR = 13  # payload: pickled WorkerFailure
+    RES_ITER_END = 14  # iterable dataset exhausted in this worker
+    RES_INIT_ERROR = 15  # payload: pickled WorkerFailure; the worker exits after sending it
+    RES_SHARD_STATE = 16  # payload: pickled dataset.state_dict() after batch `seq` (before its result)
+    RES_STATS = 17  # payload: pickled {name: increase} of the dataset's stats() counters
+    # The consumer checks kinds >= RES_INIT_ERROR with one comparison, off the per-batch
+    # path: give a new rare kind a number above these and handle it in that branch.
+
+
+# Plain ints of the kinds (an enum member costs an attribute lookup per use on the hot path).
+TASK_INDICES = int(Kind.TASK_INDICES)
+TASK_KEYS = int(Kind.TASK_KEYS)
+TASK_ITER = int(Kind.TASK_ITER)
+TASK_EPOCH = int(Kind.TASK_EPOCH)
+TASK_STOP = int(Kind.TASK_STOP)
+TASK_RING = int(Kind.TASK_RING)
+RES_SEGMENT = int(Kind.RES_SEGMENT)
+RES_READY = int(Kind.RES_READY)
+RES_PICKLED = int(Kind.RES_PICKLED)
+RES_ERROR = int(Kind.RES_ERROR)
+RES_ITER_END = int(Kind.RES_ITER_END)
+RES_INIT_ERROR = int(Kind.RES_INIT_ERROR)
+RES_SHARD_STATE = int(Kind.RES_SHARD_STATE)
+RES_STATS = int(Kind.RES_STATS)
+
+_I64 = struct.Struct("<q")
+_I64X2 = struct.Struct("<qq")
+
+
 def pack(kind: int, slot: int = NO_SLOT, seq: int = 0, payload: bytes = b"") -> bytes:
-    """One frame: header then payload."""
+    """One message: header then payload (frame it with :func:`frame`)."""
     return HEADER.pack(kind, slot, seq) + payload
 
+
+def unpack(message: Any) -> tuple[int, int, int]:
+    """A message's (kind, slot, seq); its payload is ``body(message)``."""
+    return HEADER.unpack_from(message)
+
+
+def body(message: Any) -> Any:
+    """A message's payload (after the header)."""
+    return message[HEADER_BYTES:]
+
+
+def ring_frame(num_slots: int, slot_bytes: int) -> bytes:
+    """The framed TASK_RING message (send it with the ring's descriptor)."""
+    return frame(pack(TASK_RING, payload=_I64X2.pack(num_slots, slot_bytes)))
+
+
+def ring_info(message: Any) -> tuple[int, int]:
+    """A TASK_RING message's (num_slots, slot_bytes)."""
+    return _I64X2.unpack_from(message, HEADER_BYTES)
+
+
+def epoch_frame(seed: int) -> bytes:
+    """The framed TASK_EPOCH message: a new epoch whose worker seed is ``seed``."""
+    return frame(pack(TASK_EPOCH, payload=_I64.pack(seed)))
+
+
+def epoch_seed(message: Any) -> int:
+    """A TASK_EPOCH message's seed."""
+    return _I64.unpack_from(message, HEADER_BYTES)[0]
+
+
+def size_payload(slot_bytes: int, rest: bytes = b"") -> bytes:
+    """The payload of RES_SEGMENT / RES_PICKLED: the bytes the batch needs in a slot, then ``rest``."""
+    return _I64.pack(slot_bytes) + rest
+
+
+def needed_bytes(payload: Any) -> int:
+    """The slot bytes a RES_SEGMENT / RES_PICKLED payload says its batch needs."""
+    return _I64.unpack_from(payload)[0]
+
+
+def pickled_batch(payload: Any) -> Any:
+    """The pickled batch of a RES_PICKLED payload."""
+    return payload[_I64.size :]
+
+
+# --- the slot header ----------------------------------------------------------------------
+
+HEADER_WORDS = 8  # int64 words per slot in a ring's header area (ring.py reserves them)
+
+
+class SlotHeader(NamedTuple):
+    """A slot's header words (int64, the first ``len(SlotHeader._fields)`` of
+    HEADER_WORDS), written by the worker before it publishes the slot READY."""
+
+    data_end: int  # bytes of array data (from the slot start)
+    layout_off: int  # where the encoded layout skeleton starts
+    layout_len: int
+    objects_off: int  # pickled non-array leaves (str, objects), when the batch has any
+    objects_len: int
+    seq: int  # the batch's sequence number, checked against the message naming the slot
+    numbers: int  # how many int64 layout numbers follow the skeleton (8-aligned)
+
+
+HEADER_USED = len(SlotHeader._fields)
+assert HEADER_USED <= HEADER_WORDS
+_new_header = tuple.__new__  # SlotHeader from a list without NamedTuple's checks: per batch
+
+
+def numbers_offset(layout_off: int, layout_len: int) -> int:
+    """Where a slot's layout numbers start: 8-aligned, right after the encoded layout."""
+    return (layout_off + layout_len + 7) & ~7
+
+
+class SlotContent(NamedTuple):
+    """What a batch puts in its slot after the arrays, in this order: the encoded
+    skeleton of its layout, the layout's numbers (int64, 8-aligned), its object leaves."""
+
+    data_bytes: int
+    skeleton: bytes
+    numbers: bytes
+    objects: bytes
+
+    @property
+    def total(self) -> int:
+        """Bytes the batch needs in a slot."""
+        return numbers_offset(self.data_bytes, len(self.skeleton)) + len(self.numbers) + len(self.objects)
+
+    def header(self, seq: int) -> SlotHeader:
+        """The header that describes this content for batch ``seq``."""
+        lo = self.data_bytes
+        end = numbers_offset(lo, len(self.skeleton)) + len(self.numbers)
+        return SlotHeader(lo, lo, len(self.skeleton), end, len(self.objects), seq, len(self.numbers) // 8)
+
+
+def write_header(ring: Any, slot: int, header: SlotHeader) -> None:
+    """Write ``slot``'s header words in ``ring`` (before publishing it READY)."""
+    ring.headers[slot, :HEADER_USED] = header
+
+
+def read_header(ring: Any, slot: int) -> SlotHeader:
+    """``slot``'s header in ``ring``, as :func:`write_header` wrote it (after READY was
+    acquire-loaded)."""
+    return _new_header(SlotHeader, ring.headers[slot, :HEADER_USED].tolist())
+
+
+# --- framing ------------------------------------------------------------------------------
 
 _LEN = struct.Struct("!i")  # Connection's frame length; -1: an 8-byte length follows
 _LEN64 = struct.Struct("!Q")
@@ -207,13 +344,14 @@ class FrameWriter:
         open here) attached to its first byte; what the socket does not take now is
         queued. True when all of it was written; False when some is queued (flush it on
         POLLOUT) or the peer is gone (its death is reported elsewhere: its sentinel)."""
-        if self.broken:
-            return False
-        if self._queue:
-            self._enqueue(memoryview(framed), fd)
+        if self._queue or self.broken:
+            if not self.broken:
+                self._enqueue(memoryview(framed), fd)
             return False
         try:
-            n = self._write(memoryview(framed), fd)
+            n = os.write(self.fd, framed) if fd < 0 else _slots.send_with_fd_once(self.fd, framed, fd)
+        except BlockingIOError:
+            n = 0
         except OSError:
             self._break()
             return False
@@ -257,8 +395,6 @@ class FrameWriter:
             return os.write(self.fd, view)
         except BlockingIOError:
             return 0
-        except InterruptedError:
-            return 0  # a signal: the caller tries again on the next POLLOUT
 
     def _enqueue(self, view: memoryview, fd: int) -> None:
         if fd >= 0:
