@@ -590,10 +590,11 @@ class _MultiProcessIter:
         # made it) cannot be handed to new workers: the first batch sizes a new one.
         ring = loader._ring
         self._ring = ring if ring is not None and ring.fd is not None else None
-        # Round robin, reordering and the replay for state_dict (its results dict is this
-        # iterator's _results for its whole life).
-        self._sched = Scheduler(loader.num_workers, loader.in_order, wire.RES_ITER_END)
-        self._results = self._sched.results
+        # Round robin, reordering and the position for state_dict: state.py reads
+        # scheduler.handed_out(), .handed_out_per_worker() and .shard_states_handed_out().
+        # Its results dict is this iterator's _results for its whole life.
+        self.scheduler = Scheduler(loader.num_workers, loader.in_order, wire.RES_ITER_END)
+        self._results = self.scheduler.results
         self._begin_epoch(epoch_seed)
         _live_iterators.add(self)
         try:
@@ -615,17 +616,17 @@ class _MultiProcessIter:
         self._epoch_done = False
         # Iterable datasets, for state_dict(): the round robin starts where the saved run
         # would have gone on.
-        self._sched.begin_epoch(plan.start_worker if plan is not None else 0)
+        self.scheduler.begin_epoch(plan.start_worker if plan is not None else 0)
 
     @property
     def _send_seq(self) -> int:
         """The next batch number to send."""
-        return self._sched.send_seq
+        return self.scheduler.send_seq
 
     @property
     def _rcvd_seq(self) -> int:
         """In order: the next batch number to hand out."""
-        return self._sched.rcvd_seq
+        return self.scheduler.rcvd_seq
 
     def _start_workers(self, epoch_seed: int) -> None:
         loader = self._loader
@@ -671,7 +672,7 @@ class _MultiProcessIter:
         # Batches dispatched and not yet handed out, received or not: this bounds the
         # slots in use by the loader, whatever order the workers finish in.
         cap = per_worker * len(workers)
-        sched = self._sched
+        sched = self.scheduler
         while not self._source_done and len(self._tasks) + len(self._results) < cap:
             wid = sched.pick(cap)
             if wid is None:
@@ -751,7 +752,7 @@ class _MultiProcessIter:
 
     def _next_result(self) -> tuple[int, _Task, bytes] | None:
         """The next result to hand out, waiting for it; None at the end of the epoch."""
-        pop = self._sched.pop
+        pop = self.scheduler.pop
         while True:
             item = pop()
             if item is not None:
@@ -785,7 +786,7 @@ class _MultiProcessIter:
         for worker in dead:
             self._drain(worker)
             wid = worker.id
-            if self._sched.outstanding[wid] or (self._sched.active[wid] and not self._source_done):
+            if self.scheduler.outstanding[wid] or (self.scheduler.active[wid] and not self._source_done):
                 raise self._death_error(worker)
             pool.forget(worker)
 
@@ -824,7 +825,7 @@ class _MultiProcessIter:
             if kind == wire.RES_SEGMENT:
                 os.close(worker.reader.take_fd())
             return
-        self._sched.answered(worker.id)
+        self.scheduler.answered(worker.id)
         if kind == wire.RES_READY:
             payload = b""
         else:
@@ -846,8 +847,8 @@ class _MultiProcessIter:
                     # is handed out (reserving a ring takes tens of ms).
                     self._ring_wanted = max(self._ring_wanted, needed)
             elif kind == wire.RES_ITER_END:
-                self._sched.ended(worker.id, seq)  # tasks sent from now on skip it
-        self._sched.put(seq, (kind, task, payload))
+                self.scheduler.ended(worker.id, seq)  # tasks sent from now on skip it
+        self.scheduler.put(seq, (kind, task, payload))
 
     def _init_failed(self, worker: _WorkerHandle, payload: bytes) -> None:
         """worker_init_fn raised: the worker sent that before reading any task (its
@@ -860,10 +861,10 @@ class _MultiProcessIter:
             if task.slot >= 0:
                 task.ring.states.store(task.slot, _slots.FREE)
                 task.slot = wire.NO_SLOT
-        self._sched.retire(worker.id)
+        self.scheduler.retire(worker.id)
         seq = mine[0] if mine else self._rcvd_seq
         task = tasks[0] if tasks else _Task(seq, worker, wire.NO_SLOT, None, None)
-        self._sched.put(seq, (wire.RES_INIT_ERROR, task, payload))
+        self.scheduler.put(seq, (wire.RES_INIT_ERROR, task, payload))
 
     def _drain(self, worker: _WorkerHandle) -> None:
         """Handle everything ``worker`` sent before it exited."""
@@ -891,23 +892,23 @@ class _MultiProcessIter:
 
     # --- position, for DataLoader.state_dict() -------------------------------------------
 
-    # Called by state.py (DataLoader.state_dict); the scheduler keeps the position.
+    # The position, for state.py (until it calls self.scheduler's public methods).
 
     def _shard_state(self, worker: _WorkerHandle, seq: int, blob: bytes) -> None:
         """A worker's dataset state after batch ``seq`` (see Scheduler.keep_shard_state)."""
-        self._sched.keep_shard_state(worker.id, seq, blob)
+        self.scheduler.keep_shard_state(worker.id, seq, blob)
 
     def _batches_handed_out(self) -> int:
         """Results handed out (or raised) this epoch: Scheduler.handed_out."""
-        return self._sched.handed_out()
+        return self.scheduler.handed_out()
 
     def _handed_out_per_worker(self) -> tuple[list[int], int]:
         """Scheduler.handed_out_per_worker."""
-        return self._sched.handed_out_per_worker()
+        return self.scheduler.handed_out_per_worker()
 
     def _shard_states_handed_out(self) -> dict[int, bytes]:
         """Scheduler.shard_states_handed_out."""
-        return self._sched.shard_states_handed_out()
+        return self.scheduler.shard_states_handed_out()
 
     # --- hand-out -----------------------------------------------------------------------
 
