@@ -152,7 +152,11 @@ class SlotHeader(NamedTuple):
 
 HEADER_USED = len(SlotHeader._fields)
 assert HEADER_USED <= HEADER_WORDS
-_new_header = tuple.__new__  # SlotHeader from a list without NamedTuple's checks: per batch
+# Per batch: struct reads/writes the words in place (faster than numpy's slicing), and
+# tuple.__new__ makes the record without NamedTuple's Python-level __new__.
+_HEADER_STRUCT = struct.Struct(f"={HEADER_USED}q")
+_ROW_BYTES = 8 * HEADER_WORDS
+_new_header = tuple.__new__
 
 
 def numbers_offset(layout_off: int, layout_len: int) -> int:
@@ -177,19 +181,21 @@ class SlotContent(NamedTuple):
     def header(self, seq: int) -> SlotHeader:
         """The header that describes this content for batch ``seq``."""
         lo = self.data_bytes
-        end = numbers_offset(lo, len(self.skeleton)) + len(self.numbers)
-        return SlotHeader(lo, lo, len(self.skeleton), end, len(self.objects), seq, len(self.numbers) // 8)
+        skeleton = len(self.skeleton)
+        end = numbers_offset(lo, skeleton) + len(self.numbers)
+        words = (lo, lo, skeleton, end, len(self.objects), seq, len(self.numbers) >> 3)
+        return _new_header(SlotHeader, words)
 
 
 def write_header(ring: Any, slot: int, header: SlotHeader) -> None:
     """Write ``slot``'s header words in ``ring`` (before publishing it READY)."""
-    ring.headers[slot, :HEADER_USED] = header
+    _HEADER_STRUCT.pack_into(ring.headers, slot * _ROW_BYTES, *header)
 
 
 def read_header(ring: Any, slot: int) -> SlotHeader:
     """``slot``'s header in ``ring``, as :func:`write_header` wrote it (after READY was
     acquire-loaded)."""
-    return _new_header(SlotHeader, ring.headers[slot, :HEADER_USED].tolist())
+    return _new_header(SlotHeader, _HEADER_STRUCT.unpack_from(ring.headers, slot * _ROW_BYTES))
 
 
 # --- framing ------------------------------------------------------------------------------
