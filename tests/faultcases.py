@@ -835,6 +835,68 @@ def case_unlinked_before_start(method: str) -> dict[str, Any]:
     return {"names_seen_by_workers": sorted(set(seen))}
 
 
+# --------------------------------------------------------------------------- big frames (issue 12, item 6)
+
+WIDE = 65_536  # samples per batch: a task frame of 512 KiB, more than a socket buffer holds
+WIDE_BAD = (2, 3, 5, 6)
+
+
+class Wide:
+    """Map-style: sample i is the int i. In batch b (of ``WIDE`` samples), sample 7
+    raises ValueError when b is in ``bad_batches`` (the error carries all 65,536 indices
+    back), and the first sample sleeps ``hang_s`` when b == ``hang_batch``."""
+
+    def __init__(
+        self, batches: int, bad_batches: tuple[int, ...] = (), hang_batch: int = -1, hang_s: float = 0.0
+    ):
+        self.n, self.bad, self.hang_batch, self.hang_s = batches * WIDE, set(bad_batches), hang_batch, hang_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        b, k = divmod(i, WIDE)
+        if k == 7 and b in self.bad:
+            raise ValueError(f"sample {i} is bad")
+        if k == 0 and b == self.hang_batch:
+            time.sleep(self.hang_s)
+        return i
+
+
+def case_big_frames(method: str, scenario: str) -> dict[str, Any]:
+    """Frames larger than a socket's buffer both ways. 'raises': a sample of batch 2
+    raises (the worker writes a big error while the consumer writes it a big task).
+    'hang': worker 0 hangs in batch 2 with a big task queued for it, timeout=5.
+    'continue': the batches in WIDE_BAD raise, and the loop catches each error and goes on."""
+    if scenario == "raises":
+        dl = _loader(Wide(6, bad_batches=(2,)), method, batch_size=WIDE)
+    elif scenario == "hang":
+        dl = _loader(Wide(8, hang_batch=2, hang_s=60.0), method, batch_size=WIDE, timeout=5)
+    else:
+        dl = _loader(Wide(8, bad_batches=WIDE_BAD), method, batch_size=WIDE)
+    it = iter(dl)
+    pids = worker_pids(it)
+    got: list[Any] = []
+    err = None
+    t0 = time.monotonic()
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        except Exception as exc:
+            got.append(describe(exc))
+            if scenario != "continue":
+                err = got[-1]
+                break
+            continue
+        got.append([int(batch[0]), int(batch[-1]), len(batch)])
+    waited = time.monotonic() - t0
+    del it, dl
+    gc.collect()
+    return {"got": got, "error": err, "waited_s": waited, "pids": pids, "left": wait_gone(pids, 3)}
+
+
 CASES = {name[len("case_") :]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 

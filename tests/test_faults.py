@@ -30,7 +30,7 @@ import pytest
 
 from shmloader.ring import ring_bytes
 
-from .faultcases import alive, wait_gone
+from .faultcases import WIDE_BAD, alive, wait_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_CODE = "from tests.faultcases import main; main()"
@@ -566,3 +566,52 @@ def test_dev_shm_full_while_the_ring_grows_closes_the_iterator(method):
     assert "--shm-size" in err["msg"] and "num_slots" in err["msg"], err
     assert data["batches"] >= 4, data
     assert data["closed"] and data["running"] == [] and data["after"] == "'end'", data
+
+
+# --------------------------------------------------------------------------- frames over a socket buffer
+
+
+def _wide_error(err, batch: int) -> None:
+    assert err is not None and err["type"] == "ValueError", err
+    assert f"sample {batch * 65_536 + 7} is bad" in err["msg"], err["msg"]
+    assert f"batch {batch} " in err["msg"] and "(+65528 more)" in err["msg"], err["msg"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_big_task_and_big_error_do_not_deadlock(method):
+    """batch_size=65536 and a sample that raises: the consumer used to block writing a
+    512 KiB task to a worker blocked writing its error (65,536 indices) back. The
+    error reaches the consumer."""
+    child = run_case("big_frames", timeout=60, method=method, scenario="raises")
+    data = assert_clean(child, child.data.get("pids", []))
+    assert data["got"][:2] == [[0, 65_535, 65_536], [65_536, 131_071, 65_536]]
+    _wide_error(data["error"], 2)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_timeout_fires_while_a_big_task_waits_for_a_hung_worker(method):
+    """Worker 0 hangs in batch 2 and does not read the 512 KiB task queued after it: the
+    consumer's write used to block for ever; timeout=5 fires."""
+    child = run_case("big_frames", timeout=60, method=method, scenario="hang")
+    data = assert_clean(child, child.data.get("pids", []))
+    err = data["error"]
+    assert err is not None and "TimeoutError" in err["mro"], data
+    assert "batch 2" in err["msg"], err["msg"]
+    assert [g[0] for g in data["got"][:2]] == [0, 65_536]
+    assert data["left"] == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_big_results_and_big_tasks_both_ways_keep_the_stream_whole(method):
+    """Workers write big errors while the consumer has big tasks to send, batch after
+    batch; the loop catches each error and goes on: every batch comes, in order, the
+    bad ones as their own errors (no frame lost or cut)."""
+    child = run_case("big_frames", timeout=60, method=method, scenario="continue")
+    data = assert_clean(child, child.data.get("pids", []))
+    got = data["got"]
+    assert len(got) == 8, got
+    for b, item in enumerate(got):
+        if b in WIDE_BAD:
+            _wide_error(item, b)
+        else:
+            assert item == [b * 65_536, b * 65_536 + 65_535, 65_536], (b, item)

@@ -108,6 +108,21 @@ def send_with_fd(sock: int, data: bytes, fd: int) -> None:
             n += os.write(sock, view[n:])
 
 
+def send_with_fd_once(sock: int, data: Any, fd: int) -> int:
+    """One write of up to ``len(data)`` bytes (any buffer) to the stream socket ``sock``,
+    ``fd`` attached to the first of them; returns the bytes written. On a non-blocking
+    socket that is full, raises BlockingIOError (nothing written, the descriptor not
+    sent)."""
+    buf = ffi.from_buffer(data)
+    while True:
+        n = lib.sl_send_fd(sock, buf, len(data), fd)
+        if n != -errno.EINTR:
+            break
+    if n < 0:
+        raise OSError(-n, f"sending a descriptor failed: {os.strerror(-n)}")
+    return n
+
+
 class Receiver:
     """Reads from a stream socket, collecting any descriptor sent with the bytes (see
     :func:`send_with_fd`)."""

@@ -32,6 +32,7 @@ from typing import Any
 from shmloader import _slots
 from shmloader.errors import RingLimitError
 from shmloader.ring import Ring, ring_bytes, shm_free_bytes
+from shmloader.wire import NO_SLOT
 
 # --- sizing policy ------------------------------------------------------------------------
 
@@ -41,7 +42,6 @@ SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a l
 SLOT_SLACK_BYTES = 4096  # plus this: the layout, its numbers and small object leaves
 DEFAULT_PREFETCH_FACTOR = 2  # torch's default prefetch_factor
 DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where /dev/shm's free space cannot be read
-NO_SLOT = -1  # protocol.NO_SLOT: the task has no slot (its batch sizes a ring)
 
 
 def default_num_slots(num_workers: int, prefetch_factor: int = DEFAULT_PREFETCH_FACTOR) -> int:

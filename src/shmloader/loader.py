@@ -1,9 +1,15 @@
-"""DataLoader and its iterators: scheduling, reordering, slot leases, death detection.
+"""DataLoader and its iterators.
 
 The consumer side of the data path: pick a FREE slot, send (slot, batch number, sample
 indices) to a worker, wait on every worker's socket and process sentinel at once, and
 when a slot comes back READY hand out numpy views of it. A slot returns to FREE only
 when the last view of it dies (a lease on the batch's root array, see leases.py).
+
+``_MultiProcessIter`` is the glue: the workers are a :class:`~shmloader.pool.WorkerPool`
+(start, watch, stop, death and timeout errors), which worker loads which batch and the
+order they are handed out in is a :class:`~shmloader.scheduler.Scheduler`, the frames and
+the slot header are :mod:`shmloader.wire`'s, the rings and slot leases are
+:mod:`shmloader.leases`'.
 """
 
 from __future__ import annotations
@@ -13,9 +19,7 @@ import multiprocessing
 import os
 import pickle
 import select
-import signal
 import sys
-import threading
 import time
 import weakref
 from array import array
@@ -24,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from shmloader import _slots, context, fdguard, protocol, writeinto
+from shmloader import _slots, context, wire, writeinto
 from shmloader import distributed as _dist
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
@@ -32,13 +36,12 @@ from shmloader import state as _state
 from shmloader.collate import COLLATE_MODES, build_arrays, build_in_memory, flatten_tree, gather, plan
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError, WorkerError
 from shmloader.layout import decode, make_reader
-from shmloader.ring import Ring, attach_fd, numbers_offset
+from shmloader.pool import WorkerHandle, WorkerPool, short_indices
+from shmloader.ring import Ring, attach_fd
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
+from shmloader.scheduler import Scheduler
 from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
-_JOIN_TIMEOUT_S = 5.0  # how long shutdown waits for workers to exit before killing them
-_KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
-_STOP_FRAME = protocol.pack(protocol.TASK_STOP)
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 
 
@@ -488,17 +491,7 @@ class _SingleProcessIter:
 # ---------------------------------------------------------------------------------------
 
 
-class _WorkerHandle:
-    __slots__ = ("active", "conn", "fd", "id", "outstanding", "proc", "reader")
-
-    def __init__(self, wid: int, proc: Any, conn: Any) -> None:
-        self.id = wid
-        self.proc = proc
-        self.conn = conn
-        self.fd = conn.fileno()
-        self.reader = protocol.FrameReader(self.fd)
-        self.outstanding = 0
-        self.active = True  # False once an iterable worker is exhausted
+_WorkerHandle = WorkerHandle  # (the pool's)
 
 
 class _Task:
@@ -547,15 +540,9 @@ class _MultiProcessIter:
         self._copy = copy
         self._pid = os.getpid()
         self.closed = False
-        self._workers: list[_WorkerHandle] = []
-        self._poller = select.poll()  # every worker's socket and exit sentinel
-        # The same sentinels, and only the socket of the worker whose batch is due next
-        # (in-order loading): a result that arrives early from another worker does not wake
-        # this process (on a small machine a wake-up costs as much CPU as a small batch);
-        # it is read when that worker's batch is due.
-        self._focus_poller = select.poll()
-        self._focused: _WorkerHandle | None = None
-        self._fd_owner: dict[int, tuple[_WorkerHandle, bool]] = {}
+        # Start, watch (sockets and sentinels in one poll), stop; _workers is its list.
+        self._pool = WorkerPool()
+        self._workers = self._pool.workers
         self._readers: dict[bytes, Callable[[np.ndarray, Any, list[int]], Any]] = {}
         self._ring_wanted = 0  # bytes a batch that came outside the ring needs: a ring to make
         ctx = loader.multiprocessing_context
@@ -566,6 +553,11 @@ class _MultiProcessIter:
         # made it) cannot be handed to new workers: the first batch sizes a new one.
         ring = loader._ring
         self._ring = ring if ring is not None and ring.fd is not None else None
+        # Round robin, reordering and the position for state_dict: state.py reads
+        # scheduler.handed_out(), .handed_out_per_worker() and .shard_states_handed_out().
+        # Its results dict is this iterator's _results for its whole life.
+        self.scheduler = Scheduler(loader.num_workers, loader.in_order, wire.RES_ITER_END)
+        self._results = self.scheduler.results
         self._begin_epoch(epoch_seed)
         _live_iterators.add(self)
         try:
@@ -582,79 +574,51 @@ class _MultiProcessIter:
         self._epoch_seed = epoch_seed
         self._source = None if loader.iterable else loader._index_sequence()
         self._source_done = False
-        self._send_seq = 0
-        self._rcvd_seq = 0
         self._tasks: dict[int, _Task] = {}
-        self._results: dict[int, tuple[int, _Task, bytes]] = {}
         self._plan = plan = loader._plan
         self._epoch_done = False
         # Iterable datasets, for state_dict(): the round robin starts where the saved run
-        # would have gone on; (send_seq, worker, seq) when a worker's first ITER_END came
-        # back; the shard states workers sent, per worker [(seq, pickled state), ...].
-        self._next_worker = plan.start_worker if plan is not None else 0
-        self._iter_ends: list[tuple[int, int, int]] = []
-        self._shard_blobs: dict[int, list[tuple[int, bytes]]] = {}
-        for w in self._workers:
-            w.active = True
-            w.outstanding = 0
+        # would have gone on.
+        self.scheduler.begin_epoch(plan.start_worker if plan is not None else 0)
+
+    @property
+    def _send_seq(self) -> int:
+        """The next batch number to send."""
+        return self.scheduler.send_seq
+
+    @property
+    def _rcvd_seq(self) -> int:
+        """In order: the next batch number to hand out."""
+        return self.scheduler.rcvd_seq
 
     def _start_workers(self, epoch_seed: int) -> None:
         loader = self._loader
-        method = self._ctx.get_start_method()
-        main_thread = threading.current_thread() is threading.main_thread()
-        use_pdeathsig = method in ("fork", "spawn") and main_thread
-        # Block SIGINT while workers start: they inherit the blocked mask and discard a
-        # pending Ctrl-C (see worker_main); this process receives it after unblocking.
-        if main_thread:
-            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            for wid in range(loader.num_workers):
-                ours, theirs = self._ctx.Pipe(duplex=True)
-                fdguard.register(ours, ours.fileno())
-                config = WorkerConfig(
-                    worker_id=wid,
-                    num_workers=loader.num_workers,
-                    seed=epoch_seed + wid,
-                    dataset=loader.dataset,
-                    iterable=loader.iterable,
-                    auto_collation=loader._auto_collation,
-                    batch_size=loader.batch_size,
-                    collate=loader.collate,
-                    pad_value=loader.pad_value,
-                    drop_last=loader.drop_last,
-                    collate_fn=loader.collate_fn,
-                    worker_init_fn=loader.worker_init_fn,
-                    ring=self._ring,
-                    fixed_slot_bytes=loader.slot_bytes is not None,
-                    parent_pid=os.getpid(),
-                    use_pdeathsig=use_pdeathsig,
-                    rank=loader.rank,
-                    world_size=loader.world_size,
-                    resume=_state.worker_resume(self._plan, wid),
-                    report_state=self._plan is not None and self._plan.stateful,
-                )
-                proc = self._ctx.Process(
-                    target=worker_main, args=(config, theirs), name=f"shmloader-worker-{wid}", daemon=True
-                )
-                try:
-                    with _leases.own_forks():  # our workers do not see the consumer's batches
-                        proc.start()
-                except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                    fdguard.unregister(ours.fileno())
-                    ours.close()
-                    theirs.close()
-                    raise _unpicklable_error(exc, method) from exc
-                theirs.close()
-                handle = _WorkerHandle(wid, proc, ours)
-                self._workers.append(handle)
-                self._fd_owner[ours.fileno()] = (handle, False)
-                self._fd_owner[proc.sentinel] = (handle, True)
-                self._poller.register(ours.fileno(), select.POLLIN)
-                self._poller.register(proc.sentinel, select.POLLIN)
-                self._focus_poller.register(proc.sentinel, select.POLLIN)
-        finally:
-            if main_thread:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+        def config(wid: int, use_pdeathsig: bool) -> WorkerConfig:
+            return WorkerConfig(
+                worker_id=wid,
+                num_workers=loader.num_workers,
+                seed=epoch_seed + wid,
+                dataset=loader.dataset,
+                iterable=loader.iterable,
+                auto_collation=loader._auto_collation,
+                batch_size=loader.batch_size,
+                collate=loader.collate,
+                pad_value=loader.pad_value,
+                drop_last=loader.drop_last,
+                collate_fn=loader.collate_fn,
+                worker_init_fn=loader.worker_init_fn,
+                ring=self._ring,
+                fixed_slot_bytes=loader.slot_bytes is not None,
+                parent_pid=os.getpid(),
+                use_pdeathsig=use_pdeathsig,
+                rank=loader.rank,
+                world_size=loader.world_size,
+                resume=_state.worker_resume(self._plan, wid),
+                report_state=self._plan is not None and self._plan.stateful,
+            )
+
+        self._pool.start(self._ctx, loader.num_workers, config, worker_main)
 
     # --- dispatch -----------------------------------------------------------------------
 
@@ -671,12 +635,16 @@ class _MultiProcessIter:
         # Batches dispatched and not yet handed out, received or not: this bounds the
         # slots in use by the loader, whatever order the workers finish in.
         cap = per_worker * len(workers)
+        sched = self.scheduler
         while not self._source_done and len(self._tasks) + len(self._results) < cap:
-            worker = self._pick_worker(cap)
-            if worker is None:
+            wid = sched.pick(cap)
+            if wid is None:
+                if not sched.any_active():
+                    self._source_done = True
                 return
+            worker = workers[wid]
             if loader.iterable:
-                kind, payload, indices = protocol.TASK_ITER, b"", None
+                kind, payload, indices = wire.TASK_ITER, b"", None
             else:
                 try:
                     indices = next(self._source)  # type: ignore[arg-type]
@@ -685,48 +653,20 @@ class _MultiProcessIter:
                     return
                 kind, payload = _task_payload(indices)
             slot = self._claim_slot()
-            seq = self._send_seq
-            self._send_seq += 1
+            seq = sched.assign(wid)
             task = _Task(seq, worker, slot, indices, self._ring)
             self._tasks[seq] = task
-            worker.outstanding += 1
-            try:
-                protocol.send_frame(worker.fd, protocol.frame(protocol.pack(kind, slot, seq, payload)))
-            except OSError:
-                pass  # the worker died; its sentinel reports it in _wait
-            if not any(w.active for w in workers):
+            if not worker.writer.send(wire.frame(wire.pack(kind, slot, seq, payload))):
+                self._pool.queued(worker)  # a big task: the rest goes out on POLLOUT
+            if not sched.any_active():
                 return
-
-    def _pick_worker(self, cap: int) -> _WorkerHandle | None:
-        """The next active worker in strict round robin, as torch does: which worker
-        loads which batch then depends only on num_workers, never on timing, so the
-        workers' seeded RNGs give the same draws in every run.
-
-        With ``in_order=False``, also as torch does, a worker that already has its share
-        of the ``cap`` tasks in flight is passed over, so a slower worker (a slow sample,
-        or a CPU it shares with the consumer) is given fewer batches instead of holding
-        the others up. None when no worker can take a task now (and the epoch's source is
-        done when no worker is active)."""
-        workers = self._workers
-        n = len(workers)
-        share = None
-        if not self._loader.in_order:
-            share = cap // max(1, sum(w.active for w in workers))
-        for k in range(n):
-            w = workers[(self._next_worker + k) % n]
-            if w.active and (share is None or w.outstanding < share):
-                self._next_worker = (w.id + 1) % n
-                return w
-        if not any(w.active for w in workers):
-            self._source_done = True
-        return None
 
     def _claim_slot(self) -> int:
         """A slot for the next task (NO_SLOT before the first batch sized the ring). The
         leases may hand back a new ring (grown, or the old one shared with a forked
         child): the workers get it before the task that uses it."""
         if self._ring is None:
-            return protocol.NO_SLOT
+            return wire.NO_SLOT
         ring, slot = self._loader._leases.claim(self._send_seq)
         if ring is not self._ring and ring is not None:
             self._adopt_ring(ring)
@@ -752,7 +692,7 @@ class _MultiProcessIter:
                 self._dispatch()
         except (WorkerDiedError, LoaderTimeoutError):
             # Dead or hung workers: do not wait for a busy one to finish its batch
-            # (a timeout would otherwise surface only after _JOIN_TIMEOUT_S more).
+            # (a timeout would otherwise surface only after pool.JOIN_TIMEOUT_S more).
             self.close(graceful=False)
             raise
         except (RingLimitError, ShmSpaceError):
@@ -766,22 +706,11 @@ class _MultiProcessIter:
 
     def _next_result(self) -> tuple[int, _Task, bytes] | None:
         """The next result to hand out, waiting for it; None at the end of the epoch."""
-        in_order = self._loader.in_order
+        pop = self.scheduler.pop
         while True:
-            if in_order:
-                while True:
-                    item = self._results.pop(self._rcvd_seq, None)
-                    if item is None:
-                        break
-                    self._rcvd_seq += 1
-                    if item[0] != protocol.RES_ITER_END:
-                        return item
-            else:
-                while self._results:
-                    seq = next(iter(self._results))
-                    item = self._results.pop(seq)
-                    if item[0] != protocol.RES_ITER_END:
-                        return item
+            item = pop()
+            if item is not None:
+                return item  # type: ignore[return-value]
             if not self._tasks:
                 self._dispatch()
                 if not self._tasks:
@@ -789,72 +718,43 @@ class _MultiProcessIter:
             self._wait()
 
     def _wait(self) -> None:
-        """Block until at least one worker message or exit, and handle it."""
+        """Block until at least one worker message or exit, and handle it; queued task
+        bytes are written as the sockets take them, meanwhile."""
         timeout = self._loader.timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
-        poller = self._poller_for_next()
-        while True:
-            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            events = poller.poll(wait_ms)
-            if events:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise self._timeout_error(timeout)
+        pool = self._pool
+        due = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
+        events = pool.wait(due.worker if due is not None else None, deadline)
+        if events is None:
+            raise self._timeout_error(timeout)
         dead = []
-        for fd, _ in events:
-            worker, is_sentinel = self._fd_owner.get(fd, (None, False))
+        owners = pool.fd_owner
+        for fd, mask in events:
+            worker, is_sentinel = owners.get(fd, (None, False))
             if worker is None:
                 continue
             if is_sentinel:
                 dead.append(worker)
-            else:
+            elif mask != select.POLLOUT:
                 self._receive(worker)
         for worker in dead:
             self._drain(worker)
-            if worker.outstanding or (worker.active and not self._source_done):
+            wid = worker.id
+            if self.scheduler.outstanding[wid] or (self.scheduler.active[wid] and not self._source_done):
                 raise self._death_error(worker)
-            self._unregister(worker)
-
-    def _poller_for_next(self) -> Any:
-        """The poller to wait on: in order, the due batch's worker and every sentinel;
-        otherwise every socket and sentinel."""
-        task = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
-        if task is None or task.worker.fd not in self._fd_owner:
-            return self._poller
-        worker = task.worker
-        if self._focused is not worker:
-            if self._focused is not None:
-                self._unpoll(self._focus_poller, self._focused.fd)
-            self._focus_poller.register(worker.fd, select.POLLIN)
-            self._focused = worker
-        return self._focus_poller
-
-    @staticmethod
-    def _unpoll(poller: Any, fd: int) -> None:
-        try:
-            poller.unregister(fd)
-        except KeyError:
-            pass
-
-    def _forget_fd(self, fd: int) -> None:
-        """Stop watching ``fd`` (a socket at EOF, or an exited worker's sentinel)."""
-        if self._fd_owner.pop(fd, None) is not None:
-            self._unpoll(self._poller, fd)
-            self._unpoll(self._focus_poller, fd)
-        if self._focused is not None and self._focused.fd == fd:
-            self._focused = None
+            pool.forget(worker)
 
     def _receive(self, worker: _WorkerHandle) -> bool:
-        """Read what ``worker`` sent (blocking for at least one message) and handle every
-        message; False at EOF (the worker is gone)."""
+        """Read what ``worker`` sent (one read: its socket is non-blocking) and handle
+        every message completed; False at EOF (the worker is gone)."""
         try:
             messages = worker.reader.read()
         except OSError:
             messages = None
         if messages is None:
             # EOF can be seen twice (its poll event, then _drain when the sentinel
-            # fires in the same round): _forget_fd is idempotent.
-            self._forget_fd(worker.fd)
+            # fires in the same round): forget_fd is idempotent.
+            self._pool.forget_fd(worker.fd)
             return False
         for msg in messages:
             self._handle(worker, msg)
@@ -862,33 +762,33 @@ class _MultiProcessIter:
 
     def _handle(self, worker: _WorkerHandle, msg: bytes) -> None:
         """Act on one message from ``worker``."""
-        kind, _slot, seq = protocol.HEADER.unpack_from(msg)
-        if kind >= protocol.RES_INIT_ERROR:  # rare kinds, behind one comparison
-            if kind == protocol.RES_SHARD_STATE:
-                self._shard_state(worker, seq, msg[protocol.HEADER_BYTES :])
+        kind, _slot, seq = wire.unpack(msg)
+        if kind >= wire.RES_INIT_ERROR:  # rare kinds, behind one comparison
+            if kind == wire.RES_SHARD_STATE:
+                self._shard_state(worker, seq, wire.body(msg))
                 return
-            if kind == protocol.RES_STATS:
+            if kind == wire.RES_STATS:
                 counts = self._loader._stats["dataset"]
-                for name, gained in pickle.loads(msg[protocol.HEADER_BYTES :]).items():
+                for name, gained in pickle.loads(wire.body(msg)).items():
                     counts[name] = counts.get(name, 0) + gained
                 return
-            self._init_failed(worker, msg[protocol.HEADER_BYTES :])
+            self._init_failed(worker, wire.body(msg))
             return
         task = self._tasks.pop(seq, None)
         if task is None:  # a result from before a reset; already discarded
-            if kind == protocol.RES_SEGMENT:
+            if kind == wire.RES_SEGMENT:
                 os.close(worker.reader.take_fd())
             return
-        worker.outstanding -= 1
-        if kind == protocol.RES_READY:
+        self.scheduler.answered(worker.id)
+        if kind == wire.RES_READY:
             payload = b""
         else:
-            payload = msg[protocol.HEADER_BYTES :]
+            payload = wire.body(msg)
             _leases.give_back(task.ring, task.slot)
-            task.slot = protocol.NO_SLOT
-            if kind == protocol.RES_SEGMENT or kind == protocol.RES_PICKLED:
-                needed = int(np.frombuffer(payload, np.int64, 1)[0])
-                if kind == protocol.RES_SEGMENT:
+            task.slot = wire.NO_SLOT
+            if kind == wire.RES_SEGMENT or kind == wire.RES_PICKLED:
+                needed = wire.needed_bytes(payload)
+                if kind == wire.RES_SEGMENT:
                     # The batch's own segment, mapped here (not pre-faulted: only what the
                     # consumer reads comes in); its descriptor is closed at once.
                     task.ring = attach_fd(worker.reader.take_fd(), 1, needed, populate=False)
@@ -899,11 +799,9 @@ class _MultiProcessIter:
                     # a ring of larger slots. Made at the next __next__, after this batch
                     # is handed out (reserving a ring takes tens of ms).
                     self._ring_wanted = max(self._ring_wanted, needed)
-            elif kind == protocol.RES_ITER_END:
-                if worker.active:  # its first: tasks sent from now on skip it (state_dict)
-                    self._iter_ends.append((self._send_seq, worker.id, seq))
-                worker.active = False
-        self._results[seq] = (kind, task, payload)
+            elif kind == wire.RES_ITER_END:
+                self.scheduler.ended(worker.id, seq)  # tasks sent from now on skip it
+        self.scheduler.put(seq, (kind, task, payload))
 
     def _init_failed(self, worker: _WorkerHandle, payload: bytes) -> None:
         """worker_init_fn raised: the worker sent that before reading any task (its
@@ -914,20 +812,15 @@ class _MultiProcessIter:
         tasks = [self._tasks.pop(seq) for seq in mine]
         for task in tasks:
             _leases.give_back(task.ring, task.slot)
-            task.slot = protocol.NO_SLOT
-        worker.outstanding = 0
-        worker.active = False
+            task.slot = wire.NO_SLOT
+        self.scheduler.retire(worker.id)
         seq = mine[0] if mine else self._rcvd_seq
-        task = tasks[0] if tasks else _Task(seq, worker, protocol.NO_SLOT, None, None)
-        self._results[seq] = (protocol.RES_INIT_ERROR, task, payload)
+        task = tasks[0] if tasks else _Task(seq, worker, wire.NO_SLOT, None, None)
+        self.scheduler.put(seq, (wire.RES_INIT_ERROR, task, payload))
 
     def _drain(self, worker: _WorkerHandle) -> None:
         """Handle everything ``worker`` sent before it exited."""
-        if worker.conn.closed:
-            return
-        poller = select.poll()
-        poller.register(worker.fd, select.POLLIN)
-        while poller.poll(0) and self._receive(worker):
+        while self._pool.has_input(worker) and self._receive(worker):
             pass
 
     def _make_wanted_ring(self) -> None:
@@ -941,86 +834,53 @@ class _MultiProcessIter:
         before keep their old ring: each worker reads its socket in order, so it finishes
         them before it switches."""
         self._ring = ring
-        info = np.array([ring.num_slots, ring.slot_bytes], np.int64).tobytes()
+        message = wire.ring_frame(ring.num_slots, ring.slot_bytes)
         for w in self._workers:
-            if not w.proc.is_alive():
-                continue
-            try:
-                message = protocol.frame(protocol.pack(protocol.TASK_RING, payload=info))
-                protocol.send_frame_with_fd(w.fd, message, ring.fd)
-            except OSError:
-                pass  # a dead worker is reported by its sentinel
+            if w.proc.is_alive():  # (a dead worker is reported by its sentinel)
+                self._pool.send(w, message, ring.fd)
 
     # --- position, for DataLoader.state_dict() -------------------------------------------
 
+    # The position, for state.py (until it calls self.scheduler's public methods).
+
     def _shard_state(self, worker: _WorkerHandle, seq: int, blob: bytes) -> None:
-        """A worker's dataset state after batch ``seq``; keep the newest handed-out one
-        and those still to hand out (at most prefetch_factor + 1 per worker)."""
-        states = self._shard_blobs.setdefault(worker.id, [])
-        states.append((seq, blob))
-        while len(states) > 1 and states[1][0] < self._rcvd_seq:
-            del states[0]
+        """A worker's dataset state after batch ``seq`` (see Scheduler.keep_shard_state)."""
+        self.scheduler.keep_shard_state(worker.id, seq, blob)
 
     def _batches_handed_out(self) -> int:
-        """Results handed out (or raised) this epoch, iterable workers' ends included."""
-        return self._rcvd_seq
+        """Results handed out (or raised) this epoch: Scheduler.handed_out."""
+        return self.scheduler.handed_out()
 
     def _handed_out_per_worker(self) -> tuple[list[int], int]:
-        """Iterable datasets: batches each worker produced among those handed out, and
-        the worker the next one comes from. Replays the strict round robin from the
-        recorded worker ends: nothing is recorded per batch."""
-        n = self._loader.num_workers
-        active = [True] * n
-        first_end = {wid: seq for _, wid, seq in self._iter_ends}
-        ends = self._iter_ends
-        counts = [0] * n
-        ptr = self._plan.start_worker if self._plan is not None else 0
-        e = 0
-        for s in range(self._rcvd_seq + 1):
-            while e < len(ends) and ends[e][0] <= s:
-                active[ends[e][1]] = False
-                e += 1
-            wid = next((w % n for w in range(ptr, ptr + n) if active[w % n]), None)
-            if wid is None:
-                return counts, ptr
-            if s == self._rcvd_seq:
-                return counts, wid
-            ptr = (wid + 1) % n
-            if s < first_end.get(wid, s + 1):
-                counts[wid] += 1
-        return counts, ptr
+        """Scheduler.handed_out_per_worker."""
+        return self.scheduler.handed_out_per_worker()
 
     def _shard_states_handed_out(self) -> dict[int, bytes]:
-        """Per worker, the pickled dataset state after its last handed-out batch."""
-        out = {}
-        for wid, states in self._shard_blobs.items():
-            done = [blob for seq, blob in states if seq < self._rcvd_seq]
-            if done:
-                out[wid] = done[-1]
-        return out
+        """Scheduler.shard_states_handed_out."""
+        return self.scheduler.shard_states_handed_out()
 
     # --- hand-out -----------------------------------------------------------------------
 
     def _materialize(self, kind: int, task: _Task, payload: bytes) -> Any:
-        if kind == protocol.RES_READY:
+        if kind == wire.RES_READY:
             return self._from_slot(task)
-        if kind == protocol.RES_SEGMENT:
+        if kind == wire.RES_SEGMENT:
             batch = self._from_slot(task, segment=True)
             task.ring = None  # the segment lives as long as the batch's views, no longer
             if self._loader._pinner is not None:
                 batch = _pinning.pin_tree(batch)  # not in a registered ring: pinned by copy
             return batch
-        if kind == protocol.RES_PICKLED:
+        if kind == wire.RES_PICKLED:
             self._loader._stats["batches"] += 1
             self._loader._stats["batches_copied"] += 1
-            batch = pickle.loads(payload[8:])
+            batch = pickle.loads(wire.pickled_batch(payload))
             if self._loader.output == "torch":
                 batch = _pinning.to_torch(batch)
             if self._loader._pinner is not None:
                 batch = _pinning.pin_tree(batch)  # not in the ring: pinned by copy
             return batch
         failure: WorkerFailure = pickle.loads(payload)
-        if kind == protocol.RES_INIT_ERROR:
+        if kind == wire.RES_INIT_ERROR:
             self.close()
         raise _rebuild(failure, task.seq)
 
@@ -1037,7 +897,7 @@ class _MultiProcessIter:
         # does not view the root) or raises. Every view keeps the mapping alive (its .base
         # chain ends at the mapping's owner).
         _leases.lease(root, ring, slot, None if segment or self._copy else self._loader._pinner)
-        data_end, lo, llen, ooff, olen, seq, count = ring.header(slot)  # type: ignore[union-attr]
+        data_end, lo, llen, ooff, olen, seq, count = wire.read_header(ring, slot)
         if seq != task.seq:
             raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
         key = root[lo : lo + llen].tobytes()
@@ -1049,7 +909,7 @@ class _MultiProcessIter:
             if self._loader.output == "torch":
                 skeleton = _pinning.torch_skeleton(skeleton)
             reader = self._readers[key] = make_reader(skeleton)
-        numbers = np.frombuffer(root, np.int64, count, numbers_offset(lo, llen)).tolist()
+        numbers = np.frombuffer(root, np.int64, count, wire.numbers_offset(lo, llen)).tolist()
         objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
         stats = self._loader._stats
         stats["batches"] += 1
@@ -1066,53 +926,18 @@ class _MultiProcessIter:
     # --- errors -------------------------------------------------------------------------
 
     def _death_error(self, worker: _WorkerHandle) -> WorkerDiedError:
-        proc = worker.proc
-        proc.join(0.1)
-        code = proc.exitcode
-        if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            how = f"was killed by signal {name}"
-            if -code == signal.SIGKILL:
-                how += (
-                    " (SIGKILL usually comes from the kernel's out-of-memory killer: check "
-                    "`dmesg`, and lower batch_size, num_workers or the dataset's memory use)"
-                )
-        elif code is not None:
-            how = f"exited with code {code}"
-        else:
-            how = "closed its connection unexpectedly"
         pending = sorted(t.seq for t in self._tasks.values() if t.worker is worker)
-        what = f" while loading batch {pending[0]}" if pending else ""
         task = self._tasks.get(pending[0]) if pending else None
-        if task is not None and task.indices is not None:
-            what += f" (sample indices {_short(task.indices)})"
-        return WorkerDiedError(
-            f"DataLoader worker {worker.id} (pid {proc.pid}) {how}{what}. The other workers "
-            "were stopped; start a new iteration to go on.",
-            worker_id=worker.id,
-            pid=proc.pid,
-            exitcode=code,
-        )
+        return self._pool.death_error(worker, pending[0] if pending else None, task and task.indices)
 
     def _timeout_error(self, timeout: float) -> LoaderTimeoutError:
         # Results that arrived unread while waiting on one worker: those workers are not busy.
-        for fd, _ in self._poller.poll(0):
-            worker, is_sentinel = self._fd_owner.get(fd, (None, True))
-            if worker is not None and not is_sentinel:
-                self._receive(worker)
+        for worker in self._pool.readable_now():
+            self._receive(worker)
         waiting = min(self._tasks) if self._tasks else self._rcvd_seq
-        busy = sorted({f"{t.worker.id} (pid {t.worker.proc.pid})" for t in self._tasks.values()})
         task = self._tasks.get(waiting)
-        what = f"batch {waiting}"
-        if task is not None and task.indices is not None:
-            what += f" (sample indices {_short(task.indices)})"
-        return LoaderTimeoutError(
-            f"DataLoader timed out after {timeout} s waiting for {what}; workers still busy: "
-            f"{', '.join(busy) or 'none'}. Raise timeout, or find what makes the dataset slow."
-        )
+        busy = [t.worker for t in self._tasks.values()]
+        return self._pool.timeout_error(timeout, waiting, task and task.indices, busy)
 
     # --- epochs and shutdown ------------------------------------------------------------
 
@@ -1131,65 +956,30 @@ class _MultiProcessIter:
             _leases.give_back(task.ring, task.slot)
         self._begin_epoch(epoch_seed)
         for w in self._workers:
-            msg = protocol.pack(
-                protocol.TASK_EPOCH, payload=np.array([epoch_seed + w.id], np.int64).tobytes()
-            )
-            try:
-                w.conn.send_bytes(msg)
-            except OSError:
-                pass
+            self._pool.send(w, wire.epoch_frame(epoch_seed + w.id))
         try:
             self._dispatch()
         except (RingLimitError, ShmSpaceError):
             self.close()  # as in __next__: the epoch cannot start, leave nothing running
             raise
 
-    def _unregister(self, worker: _WorkerHandle) -> None:
-        for fd in (worker.fd, worker.proc.sentinel):
-            self._forget_fd(fd)
-
     def close(self, graceful: bool = True) -> None:
         """Stop and reap every worker, return unused slots; idempotent. ``graceful``:
-        give workers _JOIN_TIMEOUT_S to finish their batch and exit, else kill them."""
+        give workers pool.JOIN_TIMEOUT_S to finish their batch and exit, else kill them."""
         if self.closed:
             return
         self.closed = True
         if os.getpid() != self._pid:
             return  # a forked copy of the consumer: the workers are not ours to stop
-        # A stop frame, then closing our end of each socket: a worker idle in read gets the
-        # stop (or EOF), one blocked writing a result gets EPIPE. The stop frame is small
-        # and the worker's receive buffer holds at most prefetch_factor tasks, so the send
-        # does not block.
-        for w in self._workers:
-            if graceful:
-                try:
-                    w.conn.send_bytes(_STOP_FRAME)
-                except OSError:
-                    pass
-            fdguard.unregister(w.fd)
-            w.conn.close()
-            w.reader.close()
-        deadline = time.monotonic() + (_JOIN_TIMEOUT_S if graceful else 0.0)
-        for w in self._workers:
-            w.proc.join(max(0.0, deadline - time.monotonic()))
-        for w in self._workers:
-            if w.proc.exitcode is None:
-                w.proc.kill()
-                w.proc.join(_KILL_JOIN_TIMEOUT_S)
+        self._pool.stop(graceful)
         # The workers are gone: slots they were given but we never handed out are free.
         for task in self._tasks.values():
             _leases.give_back(task.ring, task.slot)
         for _, task, _ in self._results.values():
             _leases.give_back(task.ring, task.slot)
         self._tasks.clear()
-        self._results.clear()
-        for w in self._workers:
-            try:
-                w.proc.close()
-            except ValueError:
-                pass  # still running after the kill: leave it to multiprocessing's reaper
-        self._workers.clear()
-        self._fd_owner.clear()
+        self._results.clear()  # (the scheduler's)
+        self._pool.release()
         _live_iterators.discard(self)
 
     def __del__(self) -> None:
@@ -1205,29 +995,24 @@ def _task_payload(indices: Any) -> tuple[int, bytes]:
     pickled list of keys, which reach the dataset as they were given."""
     if type(indices) is list:  # a batch sampler's list
         try:
-            return protocol.TASK_INDICES, array("q", indices).tobytes()
+            return wire.TASK_INDICES, array("q", indices).tobytes()
         except (TypeError, OverflowError):  # str, tuple, float... keys; ints beyond int64
-            return protocol.TASK_KEYS, pickle.dumps(indices)
+            return wire.TASK_KEYS, pickle.dumps(indices)
     try:  # an array, a tuple, a range...
         arr = np.asarray(indices) if len(indices) else np.empty(0, np.int64)
     except ValueError:  # ragged keys (tuples of different lengths)
-        return protocol.TASK_KEYS, pickle.dumps(list(indices))
+        return wire.TASK_KEYS, pickle.dumps(list(indices))
     kind = arr.dtype.kind if arr.ndim == 1 else ""
     if kind == "i" or (kind == "u" and (not len(arr) or int(arr.max()) < 2**63)):
-        return protocol.TASK_INDICES, arr.astype(np.int64, copy=False).tobytes()
-    return protocol.TASK_KEYS, pickle.dumps(list(indices))
-
-
-def _short(indices: Any) -> str:
-    items = list(indices)
-    return f"{items[:8]}" + (f" (+{len(items) - 8} more)" if len(items) > 8 else "")
+        return wire.TASK_INDICES, arr.astype(np.int64, copy=False).tobytes()
+    return wire.TASK_KEYS, pickle.dumps(list(indices))
 
 
 def _rebuild(failure: WorkerFailure, seq: int) -> BaseException:
     """The worker's exception in the consumer: its own type where it can be rebuilt."""
     where = f" while {failure.where}" if failure.where else ""
     batch = f" batch {seq}" if failure.where != "running worker_init_fn" else ""
-    indices = f" (sample indices {_short(failure.indices)})" if failure.indices is not None else ""
+    indices = f" (sample indices {short_indices(failure.indices)})" if failure.indices is not None else ""
     text = (
         f"Caught {failure.type_name} in DataLoader worker {failure.worker_id}{where}{batch}"
         f"{indices}.\nOriginal {failure.traceback}"
@@ -1245,12 +1030,3 @@ def _rebuild(failure: WorkerFailure, seq: int) -> BaseException:
     exc.indices = failure.indices  # type: ignore[attr-defined]
     exc.worker_traceback = failure.traceback  # type: ignore[attr-defined]
     return exc
-
-
-def _unpicklable_error(exc: BaseException, method: str) -> BaseException:
-    return TypeError(
-        f"the DataLoader's dataset, collate_fn or worker_init_fn cannot be sent to a worker "
-        f"started with {method!r}: {exc}. Under 'spawn' and 'forkserver' they are pickled, "
-        "so define them at module level (no lambdas or local classes), or use "
-        "multiprocessing_context='fork'."
-    )

@@ -2,7 +2,7 @@
 
 Layout of the segment (all offsets from its start)::
 
-    [states: uint32 x num_slots][headers: int64 x 8 x num_slots] (padded to a page)
+    [states: uint32 x num_slots][headers: int64 x 8 x num_slots] (padded to a page; wire.SlotHeader)
     [slot 0 data][slot 1 data]...                                  (each padded to 64 bytes)
 
 The segment is created with a random name, ``O_EXCL`` and mode 0600, then unlinked at
@@ -26,28 +26,11 @@ import posix_ipc
 from shmloader import fdguard
 from shmloader._slots import Mapping, StateArray
 from shmloader.errors import ShmSpaceError
+from shmloader.wire import HEADER_WORDS  # the slot header's words (see wire.SlotHeader)
 
 PAGE_BYTES = 4096
 SLOT_ALIGN_BYTES = 64  # slots start on cache lines: no false sharing between workers,
 # and a ring of tiny batches does not spend a page on each
-HEADER_WORDS = 8
-# The header words of a slot (int64, the first HEADER_USED of HEADER_WORDS), written by
-# the worker before it publishes the slot READY, in this order:
-#   data_end      bytes of array data (from the slot start)
-#   layout_off    where the encoded layout starts
-#   layout_len
-#   objects_off   pickled non-array leaves (str, objects), when the batch has any
-#   objects_len
-#   seq           the batch's sequence number, checked against the message naming the slot
-#   numbers       how many int64 layout numbers follow the layout (8-aligned)
-HEADER_USED = 7
-
-
-def numbers_offset(layout_off: int, layout_len: int) -> int:
-    """Where a slot's layout numbers start: 8-aligned, right after the encoded layout."""
-    return (layout_off + layout_len + 7) & ~7
-
-
 _NAME_ATTEMPTS = 16
 _SHM_DIR = "/dev/shm"
 
@@ -131,14 +114,6 @@ class Ring:
     def slot_offset(self, index: int) -> int:
         """Byte offset of slot ``index``'s data in the segment."""
         return self.control_bytes + index * self.slot_stride
-
-    def write_header(self, index: int, words: tuple[int, int, int, int, int, int, int]) -> None:
-        """Write slot ``index``'s header words (see HEADER_USED for their order)."""
-        self.headers[index, :HEADER_USED] = words
-
-    def header(self, index: int) -> list[int]:
-        """Slot ``index``'s header words, as written by :meth:`write_header`."""
-        return self.headers[index, :HEADER_USED].tolist()
 
     def slot_buffer(self, index: int) -> Any:
         """The (cached) buffer object over slot ``index``'s data."""

@@ -21,33 +21,18 @@ import traceback
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from shmloader import _slots, protocol, writeinto
+from shmloader import _slots, wire, writeinto
 from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
 from shmloader.context import WorkerInfo, set_worker_info
 from shmloader.errors import BatchLayoutError
 from shmloader.layout import encode, split
-from shmloader.ring import Ring, attach_fd, numbers_offset
+from shmloader.ring import Ring, attach_fd
 
 _VIEW_CACHE_SIZE = 1024  # entries of the skeleton and view caches (ragged batches: a view set per shape)
-
-
-class _Wire(NamedTuple):
-    """What a batch puts in its slot after the arrays, in this order: the encoded
-    skeleton of its layout, the layout's numbers (int64, 8-aligned), its object leaves."""
-
-    data_bytes: int
-    skeleton: bytes
-    numbers: bytes
-    objects: bytes
-
-    @property
-    def total(self) -> int:
-        """Bytes the batch needs in a slot."""
-        return numbers_offset(self.data_bytes, len(self.skeleton)) + len(self.numbers) + len(self.objects)
 
 
 @dataclass
@@ -166,7 +151,7 @@ class _Worker:
         self.cfg = config
         self.conn = conn
         self.fd = conn.fileno()
-        self.reader = protocol.FrameReader(self.fd)
+        self.reader = wire.FrameReader(self.fd)
         self.ring = config.ring
         self.layout_cache: dict[Any, bytes] = {}
         self.views: dict[tuple[int, Any], list] = {}  # (slot, layout) -> views of the slot
@@ -202,7 +187,7 @@ class _Worker:
                 cfg.worker_init_fn(cfg.worker_id)
             except Exception as exc:
                 failure = WorkerFailure.capture(exc, cfg.worker_id, "running worker_init_fn", None)
-                self.conn.send_bytes(protocol.pack(protocol.RES_INIT_ERROR, payload=pickle.dumps(failure)))
+                self.conn.send_bytes(wire.pack(wire.RES_INIT_ERROR, payload=pickle.dumps(failure)))
                 return
         try:
             self.serve()
@@ -212,21 +197,21 @@ class _Worker:
     def serve(self) -> None:
         """Handle tasks until a stop message or EOF."""
         read = self.reader.read
-        header = protocol.HEADER
+        unpack = wire.unpack
         while True:
             messages = read()
             if messages is None:
                 raise EOFError
             for msg in messages:
-                kind, slot, seq = header.unpack_from(msg)
-                if kind == protocol.TASK_STOP:
+                kind, slot, seq = unpack(msg)
+                if kind == wire.TASK_STOP:
                     return
-                if kind == protocol.TASK_RING:
-                    num_slots, slot_bytes = np.frombuffer(msg, np.int64, 2, protocol.HEADER_BYTES).tolist()
+                if kind == wire.TASK_RING:
+                    num_slots, slot_bytes = wire.ring_info(msg)
                     self.ring = attach_fd(self.reader.take_fd(), num_slots, slot_bytes)
                     self.views.clear()
-                elif kind == protocol.TASK_EPOCH:
-                    self.start_epoch(int(np.frombuffer(msg, np.int64, 1, protocol.HEADER_BYTES)[0]))
+                elif kind == wire.TASK_EPOCH:
+                    self.start_epoch(wire.epoch_seed(msg))
                 else:
                     self.do_task(kind, slot, seq, msg)
 
@@ -235,19 +220,19 @@ class _Worker:
         indices = None
         where = "fetching"
         try:
-            if kind == protocol.TASK_ITER:
+            if kind == wire.TASK_ITER:
                 samples = self.next_samples()
                 if samples is None:
-                    self.conn.send_bytes(protocol.pack(protocol.RES_ITER_END, slot, seq))
+                    self.conn.send_bytes(wire.pack(wire.RES_ITER_END, slot, seq))
                     return
                 if cfg.report_state:  # the shard's position after this batch, for resume
                     state = pickle.dumps(cfg.dataset.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
-                    self.conn.send_bytes(protocol.pack(protocol.RES_SHARD_STATE, slot, seq, state))
+                    self.conn.send_bytes(wire.pack(wire.RES_SHARD_STATE, slot, seq, state))
             else:
-                if kind == protocol.TASK_INDICES:
-                    indices = np.frombuffer(msg, np.int64, offset=protocol.HEADER_BYTES).tolist()
+                if kind == wire.TASK_INDICES:
+                    indices = np.frombuffer(msg, np.int64, offset=wire.HEADER_BYTES).tolist()
                 else:
-                    indices = pickle.loads(msg[protocol.HEADER_BYTES :])
+                    indices = pickle.loads(msg[wire.HEADER_BYTES :])
                 samples = None if self.spec is not None else self.fetch(indices)
             where = "collating"
             if self.spec is not None and indices is not None:
@@ -268,7 +253,7 @@ class _Worker:
             self.deliver(slot, seq, treedef, leaves, fill)
         except Exception as exc:
             failure = WorkerFailure.capture(exc, cfg.worker_id, where, indices)
-            self.conn.send_bytes(protocol.pack(protocol.RES_ERROR, slot, seq, pickle.dumps(failure)))
+            self.conn.send_bytes(wire.pack(wire.RES_ERROR, slot, seq, pickle.dumps(failure)))
 
     def report_stats(self) -> None:
         """Send what the dataset's ``stats()`` counters gained since the last report (only
@@ -278,7 +263,7 @@ class _Worker:
         gained = {k: v - last.get(k, 0) for k, v in now.items() if v != last.get(k, 0)}
         if gained:
             self.stats_sent = dict(now)
-            self.conn.send_bytes(protocol.pack(protocol.RES_STATS, payload=pickle.dumps(gained)))
+            self.conn.send_bytes(wire.pack(wire.RES_STATS, payload=pickle.dumps(gained)))
 
     def fetch(self, indices: list[Any]) -> list[Any]:
         dataset = self.cfg.dataset
@@ -322,17 +307,17 @@ class _Worker:
                 self.layout_cache.clear()  # stay bounded (a skeleton per batch structure)
             encoded = self.layout_cache[skeleton] = encode(skeleton)
         objects_bytes = pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL) if objects else b""
-        wire = _Wire(data_bytes, encoded, array("q", numbers).tobytes(), objects_bytes)
+        content = wire.SlotContent(data_bytes, encoded, array("q", numbers).tobytes(), objects_bytes)
         ring = self.ring
-        total = wire.total
-        if slot == protocol.NO_SLOT or ring is None or total > ring.slot_bytes:
-            if slot != protocol.NO_SLOT and ring is not None and self.cfg.fixed_slot_bytes:
+        total = content.total
+        if slot == wire.NO_SLOT or ring is None or total > ring.slot_bytes:
+            if slot != wire.NO_SLOT and ring is not None and self.cfg.fixed_slot_bytes:
                 raise BatchLayoutError(
                     f"batch {seq} needs {total} bytes but slots hold {ring.slot_bytes} "
                     f"(slot_bytes was fixed). Pass a larger slot_bytes (at least {total}), "
                     "a smaller batch_size, or leave slot_bytes unset so the loader sizes it."
                 )
-            self.deliver_apart(slot, seq, layout, wire, objects, fill)
+            self.deliver_apart(slot, seq, layout, content, objects, fill)
             return
         # Views of a slot for a layout are made once: the steady state (same layout, the
         # ring's few slots) allocates no arrays here.
@@ -343,53 +328,56 @@ class _Worker:
                 self.views.clear()
             views = self.views[key] = array_views(layout, ring.slot_array(slot))
         fill(views)
-        self.publish(ring, slot, seq, wire)
+        self.publish(ring, slot, seq, content)
         if self.stats_fn is not None:
             # After the samples were made, before the result: the consumer may end the
             # epoch as soon as it has the last result.
             self.report_stats()
-        protocol.send_frame(self.fd, protocol.frame(protocol.pack(protocol.RES_READY, slot, seq)))
+        wire.send_frame(self.fd, wire.frame(wire.pack(wire.RES_READY, slot, seq)))
 
-    def deliver_apart(self, slot: int, seq: int, layout: Any, wire: _Wire, objects: list, fill: Any) -> None:
+    def deliver_apart(
+        self, slot: int, seq: int, layout: Any, content: wire.SlotContent, objects: list, fill: Any
+    ) -> None:
         """Deliver a batch that has no slot in the ring (the first, which sizes the ring, or
         one that outgrew its slot): in a one-off segment of its own whose descriptor goes
         with the result, so it is not copied on the way; pickled when no segment can be
         made (e.g. /dev/shm is full: the consumer's error then says so when it sizes the
         ring)."""
-        total = wire.total
+        total = content.total
         try:
             segment = Ring.create(1, total, populate=True)
         except Exception:  # no room, no /dev/shm, a posix_ipc error: the batch still goes
-            batch = build_in_memory(layout, wire.data_bytes, objects, fill)
-            payload = np.int64(total).tobytes() + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+            batch = build_in_memory(layout, content.data_bytes, objects, fill)
+            payload = wire.size_payload(total, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
             if self.stats_fn is not None:
                 self.report_stats()
-            self.conn.send_bytes(protocol.pack(protocol.RES_PICKLED, slot, seq, payload))
+            self.conn.send_bytes(wire.pack(wire.RES_PICKLED, slot, seq, payload))
             return
         try:
             fill(array_views(layout, segment.slot_array(0)))
-            self.publish(segment, 0, seq, wire)
+            self.publish(segment, 0, seq, content)
             if self.stats_fn is not None:
                 self.report_stats()
-            message = protocol.pack(protocol.RES_SEGMENT, slot, seq, np.int64(total).tobytes())
-            protocol.send_frame_with_fd(self.fd, protocol.frame(message), segment.fd)
+            message = wire.pack(wire.RES_SEGMENT, slot, seq, wire.size_payload(total))
+            wire.send_frame_with_fd(self.fd, wire.frame(message), segment.fd)
         finally:
             segment.close_fd()  # the consumer holds its own descriptor now; ours goes
 
     @staticmethod
-    def publish(ring: Ring, slot: int, seq: int, wire: _Wire) -> None:
+    def publish(ring: Ring, slot: int, seq: int, content: wire.SlotContent) -> None:
         """Write the layout, its numbers, the object leaves and the header after the
         arrays that are already in ``slot``, then mark it READY."""
         dst = ring.slot_array(slot)
-        lo = wire.data_bytes
-        dst[lo : lo + len(wire.skeleton)] = np.frombuffer(wire.skeleton, np.uint8)
-        start = numbers_offset(lo, len(wire.skeleton))
-        end = start + len(wire.numbers)
-        dst[start:end] = np.frombuffer(wire.numbers, np.uint8)
-        if wire.objects:
-            dst[end : end + len(wire.objects)] = np.frombuffer(wire.objects, np.uint8)
-        numbers = len(wire.numbers) // 8
-        ring.write_header(slot, (lo, lo, len(wire.skeleton), end, len(wire.objects), seq, numbers))
+        header = content.header(seq)
+        lo = header.layout_off
+        dst[lo : lo + header.layout_len] = np.frombuffer(content.skeleton, np.uint8)
+        start = wire.numbers_offset(lo, header.layout_len)
+        dst[start : header.objects_off] = np.frombuffer(content.numbers, np.uint8)
+        if header.objects_len:
+            dst[header.objects_off : header.objects_off + header.objects_len] = np.frombuffer(
+                content.objects, np.uint8
+            )
+        wire.write_header(ring, slot, header)
         # Release: the batch bytes and the header above are visible to the consumer
         # before it can observe READY.
         ring.states.store(slot, _slots.READY)

@@ -1,0 +1,321 @@
+"""The worker processes of one iterator: start, watch, stop, and the errors that name them.
+
+**Start.** Each worker gets one socket pair with the consumer (tasks one way, results the
+other, see wire.py); the consumer's end is non-blocking and written through a queue, so no
+write blocks its loop. SIGINT is blocked while workers start: they inherit the mask and
+discard a pending Ctrl-C (see worker.worker_main); the consumer handles it. A worker dies
+with the consumer through two mechanisms: ``PR_SET_PDEATHSIG`` where the consumer's main
+thread is its parent (fork, spawn), and the lifeline (EOF on its socket, watched by a
+thread in the worker) everywhere else (forkserver: the parent is the fork server; a
+non-main thread: the death signal would fire when that thread exits).
+
+**Watch.** One ``poll`` waits on every worker's socket and process sentinel at once: a
+worker's death is noticed the moment it happens. In-order loading waits on a second
+poller with only the due worker's socket (and every sentinel): a result that arrives early
+from another worker does not wake the consumer (on a small machine a wake-up costs as
+much CPU as a small batch); it is read when its batch is due, or when task bytes queued
+for some worker make the wait use the full poller (POLLOUT on that socket).
+
+**Stop.** A stop frame (only after whole frames), close the consumer's ends, join with a
+deadline, kill stragglers, reap.
+"""
+
+from __future__ import annotations
+
+import pickle
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shmloader import fdguard, wire
+from shmloader.errors import LoaderTimeoutError, WorkerDiedError
+from shmloader.leases import own_forks
+
+JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit before killing them
+KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
+_STOP_FRAME = wire.frame(wire.pack(wire.TASK_STOP))
+
+
+class WorkerHandle:
+    """One worker process and the consumer's end of its socket."""
+
+    __slots__ = ("conn", "fd", "id", "proc", "reader", "writer")
+
+    def __init__(self, wid: int, proc: Any, conn: Any) -> None:
+        self.id = wid
+        self.proc = proc
+        self.conn = conn
+        self.fd = conn.fileno()
+        self.reader = wire.FrameReader(self.fd)
+        # Non-blocking from here on: no write to a worker may block the consumer's loop.
+        self.writer = wire.FrameWriter(self.fd)
+
+
+def uses_pdeathsig(method: str) -> bool:
+    """Whether workers started now with ``method`` can rely on PR_SET_PDEATHSIG: only
+    when their parent thread is this process's main thread (fork, spawn). Elsewhere the
+    lifeline alone follows the consumer."""
+    return method in ("fork", "spawn") and threading.current_thread() is threading.main_thread()
+
+
+def unpicklable_error(exc: BaseException, method: str) -> BaseException:
+    """The error for a dataset, collate_fn or worker_init_fn that cannot reach a worker."""
+    return TypeError(
+        f"the DataLoader's dataset, collate_fn or worker_init_fn cannot be sent to a worker "
+        f"started with {method!r}: {exc}. Under 'spawn' and 'forkserver' they are pickled, "
+        "so define them at module level (no lambdas or local classes), or use "
+        "multiprocessing_context='fork'."
+    )
+
+
+def short_indices(indices: Any) -> str:
+    """The first few sample indices of a batch, for error messages."""
+    items = list(indices)
+    return f"{items[:8]}" + (f" (+{len(items) - 8} more)" if len(items) > 8 else "")
+
+
+class WorkerPool:
+    """The workers of one iterator, their sockets and sentinels, and one wait on all."""
+
+    def __init__(self) -> None:
+        self.workers: list[WorkerHandle] = []
+        self.poller = select.poll()  # every worker's socket and exit sentinel
+        self.focus_poller = select.poll()  # every sentinel, and the due worker's socket
+        self._focused: WorkerHandle | None = None
+        # fd -> (worker, is_sentinel), for every fd watched.
+        self.fd_owner: dict[int, tuple[WorkerHandle, bool]] = {}
+        # Workers whose writer holds queued bytes: polled for POLLOUT too, and the wait
+        # uses the full poller while any is.
+        self.sending: set[WorkerHandle] = set()
+
+    # --- start --------------------------------------------------------------------------
+
+    def start(
+        self, ctx: Any, num_workers: int, make_config: Callable[[int, bool], Any], target: Callable
+    ) -> None:
+        """Start ``num_workers`` processes running ``target(make_config(wid,
+        use_pdeathsig), conn)``. Raises TypeError (see :func:`unpicklable_error`) when the
+        config cannot be sent to a worker; the workers started so far stay in the pool
+        (stop them with :meth:`stop`)."""
+        method = ctx.get_start_method()
+        use_pdeathsig = uses_pdeathsig(method)
+        main_thread = threading.current_thread() is threading.main_thread()
+        if main_thread:
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for wid in range(num_workers):
+                ours, theirs = ctx.Pipe(duplex=True)
+                fdguard.register(ours, ours.fileno())
+                config = make_config(wid, use_pdeathsig)
+                proc = ctx.Process(
+                    target=target, args=(config, theirs), name=f"shmloader-worker-{wid}", daemon=True
+                )
+                try:
+                    with own_forks():  # our workers never read the consumer's batches
+                        proc.start()
+                except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                    fdguard.unregister(ours.fileno())
+                    ours.close()
+                    theirs.close()
+                    raise unpicklable_error(exc, method) from exc
+                theirs.close()
+                self._add(WorkerHandle(wid, proc, ours))
+        finally:
+            if main_thread:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+    def _add(self, handle: WorkerHandle) -> None:
+        self.workers.append(handle)
+        sentinel = handle.proc.sentinel
+        self.fd_owner[handle.fd] = (handle, False)
+        self.fd_owner[sentinel] = (handle, True)
+        self.poller.register(handle.fd, select.POLLIN)
+        self.poller.register(sentinel, select.POLLIN)
+        self.focus_poller.register(sentinel, select.POLLIN)
+
+    # --- send ---------------------------------------------------------------------------
+
+    def send(self, worker: WorkerHandle, framed: bytes, fd: int = -1) -> None:
+        """Send a frame to ``worker`` (``fd`` attached) without blocking: what its socket
+        does not take now is written as it becomes writable, during :meth:`wait`."""
+        if not worker.writer.send(framed, fd):
+            self.queued(worker)
+
+    def queued(self, worker: WorkerHandle) -> None:
+        """``worker``'s writer holds bytes its socket did not take: poll it for POLLOUT."""
+        if not worker.writer.pending or worker in self.sending:
+            return  # (not pending: the worker is gone, its sentinel tells)
+        self.sending.add(worker)
+        if worker.fd in self.fd_owner:
+            self.poller.modify(worker.fd, select.POLLIN | select.POLLOUT)
+
+    def _sent(self, worker: WorkerHandle) -> None:
+        self.sending.discard(worker)
+        if worker.fd in self.fd_owner:
+            self.poller.modify(worker.fd, select.POLLIN)
+
+    def _flush(self, events: list[tuple[int, int]]) -> bool:
+        """Write queued bytes to the sockets ``events`` say are writable; True when any
+        other event (a message, EOF, an exit) is among them."""
+        other = False
+        for fd, mask in events:
+            worker, is_sentinel = self.fd_owner.get(fd, (None, True))
+            writable = worker is not None and not is_sentinel and mask & select.POLLOUT
+            if writable and worker.writer.flush():  # type: ignore[union-attr]
+                self._sent(worker)  # type: ignore[arg-type]
+            if mask != select.POLLOUT:
+                other = True
+        return other
+
+    # --- watch --------------------------------------------------------------------------
+
+    def wait(self, focus: WorkerHandle | None, deadline: float | None) -> list[tuple[int, int]] | None:
+        """Block until a worker's socket has input (or EOF) or a worker exits; the poll
+        events, or None when ``deadline`` (``time.monotonic()``) passed first. ``focus``:
+        the worker whose batch is due (in order), the only socket waited on while no task
+        bytes are queued. Queued bytes are written meanwhile."""
+        while True:
+            poller = self._poller_for(focus)
+            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            events = poller.poll(wait_ms)
+            if events and (not self.sending or self._flush(events)):
+                return events
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def _poller_for(self, focus: WorkerHandle | None) -> Any:
+        if focus is None or focus.fd not in self.fd_owner or self.sending:
+            return self.poller
+        if self._focused is not focus:
+            if self._focused is not None:
+                _unpoll(self.focus_poller, self._focused.fd)
+            self.focus_poller.register(focus.fd, select.POLLIN)
+            self._focused = focus
+        return self.focus_poller
+
+    def readable_now(self) -> list[WorkerHandle]:
+        """Workers whose sockets have input now (without waiting)."""
+        out = []
+        for fd, mask in self.poller.poll(0):
+            worker, is_sentinel = self.fd_owner.get(fd, (None, True))
+            if worker is not None and not is_sentinel and mask != select.POLLOUT:
+                out.append(worker)
+        return out
+
+    @staticmethod
+    def has_input(worker: WorkerHandle) -> bool:
+        """Whether ``worker``'s socket has input (or EOF) now; False once closed."""
+        if worker.conn.closed:
+            return False
+        poller = select.poll()
+        poller.register(worker.fd, select.POLLIN)
+        return bool(poller.poll(0))
+
+    def forget_fd(self, fd: int) -> None:
+        """Stop watching ``fd`` (a socket at EOF, or an exited worker's sentinel); idempotent."""
+        owner = self.fd_owner.pop(fd, None)
+        if owner is not None:
+            self.sending.discard(owner[0])
+            _unpoll(self.poller, fd)
+            _unpoll(self.focus_poller, fd)
+        if self._focused is not None and self._focused.fd == fd:
+            self._focused = None
+
+    def forget(self, worker: WorkerHandle) -> None:
+        """Stop watching ``worker`` (it exited, its messages were read)."""
+        for fd in (worker.fd, worker.proc.sentinel):
+            self.forget_fd(fd)
+
+    # --- stop ---------------------------------------------------------------------------
+
+    def stop(self, graceful: bool = True) -> None:
+        """Stop and reap every worker. ``graceful``: a stop frame, then JOIN_TIMEOUT_S for
+        them to finish their batch and exit; else (and after that) kill them."""
+        # A stop frame, then closing our end of each socket: a worker idle in read gets the
+        # stop (or EOF), one blocked writing a result gets EPIPE. The stop frame goes only
+        # after whole frames (nothing queued) and never blocks: when it cannot go, the
+        # worker reads EOF instead, and exits the same way.
+        for w in self.workers:
+            if graceful and not w.writer.pending:
+                w.writer.send(_STOP_FRAME)
+            w.writer.close()
+            fdguard.unregister(w.fd)
+            w.conn.close()
+            w.reader.close()
+        self.sending.clear()
+        deadline = time.monotonic() + (JOIN_TIMEOUT_S if graceful else 0.0)
+        for w in self.workers:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            if w.proc.exitcode is None:
+                w.proc.kill()
+                w.proc.join(KILL_JOIN_TIMEOUT_S)
+
+    def release(self) -> None:
+        """Forget the stopped workers (their process objects closed where they exited)."""
+        for w in self.workers:
+            try:
+                w.proc.close()
+            except ValueError:
+                pass  # still running after the kill: leave it to multiprocessing's reaper
+        self.workers.clear()
+        self.fd_owner.clear()
+
+    # --- errors -------------------------------------------------------------------------
+
+    @staticmethod
+    def death_error(worker: WorkerHandle, batch: int | None, indices: Any) -> WorkerDiedError:
+        """The error for ``worker``'s unexpected exit: pid, signal or exit code, the
+        batch it was loading (``batch``, its sample ``indices``) and the remedy."""
+        proc = worker.proc
+        proc.join(0.1)
+        code = proc.exitcode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            how = f"was killed by signal {name}"
+            if -code == signal.SIGKILL:
+                how += (
+                    " (SIGKILL usually comes from the kernel's out-of-memory killer: check "
+                    "`dmesg`, and lower batch_size, num_workers or the dataset's memory use)"
+                )
+        elif code is not None:
+            how = f"exited with code {code}"
+        else:
+            how = "closed its connection unexpectedly"
+        what = f" while loading batch {batch}" if batch is not None else ""
+        if batch is not None and indices is not None:
+            what += f" (sample indices {short_indices(indices)})"
+        return WorkerDiedError(
+            f"DataLoader worker {worker.id} (pid {proc.pid}) {how}{what}. The other workers "
+            "were stopped; start a new iteration to go on.",
+            worker_id=worker.id,
+            pid=proc.pid,
+            exitcode=code,
+        )
+
+    @staticmethod
+    def timeout_error(
+        timeout: float, batch: int, indices: Any, busy: list[WorkerHandle]
+    ) -> LoaderTimeoutError:
+        """The error for ``timeout`` s without batch ``batch``, naming the busy workers."""
+        names = sorted({f"{w.id} (pid {w.proc.pid})" for w in busy})
+        what = f"batch {batch}"
+        if indices is not None:
+            what += f" (sample indices {short_indices(indices)})"
+        return LoaderTimeoutError(
+            f"DataLoader timed out after {timeout} s waiting for {what}; workers still busy: "
+            f"{', '.join(names) or 'none'}. Raise timeout, or find what makes the dataset slow."
+        )
+
+
+def _unpoll(poller: Any, fd: int) -> None:
+    try:
+        poller.unregister(fd)
+    except KeyError:
+        pass
