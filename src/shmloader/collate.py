@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shmloader.errors import BatchLayoutError
+from shmloader import tree as _tree
+from shmloader.errors import BatchLayoutError, BatchTypeError
 from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, RaggedLeaf, align, read_layout
 
 
@@ -69,8 +70,7 @@ class Padded(NamedTuple):
 COLLATE_MODES = ("stack", "pad", "list")
 
 
-def _path_text(path: tuple) -> str:
-    return "".join(f"[{p!r}]" for p in path) or "<sample>"
+_path_text = _tree.path_text
 
 
 def _torch_tensor_type() -> type | None:
@@ -78,16 +78,135 @@ def _torch_tensor_type() -> type | None:
     return getattr(torch, "Tensor", None) if torch is not None else None
 
 
-def _tensor_to_numpy(t: Any) -> np.ndarray:
-    return t.detach().cpu().numpy()
+def tensor_array(t: Any) -> tuple[np.ndarray, bool | str]:
+    """A CPU tensor's data as a numpy array sharing its memory, and the leaf's torch tag:
+    True, or for a dtype numpy lacks (bfloat16, float8) the torch dtype's name, the array
+    then holding the raw bytes as same-size integers (rebuilt with ``.view(dtype)``)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    try:
+        return t.numpy(), True
+    except TypeError:  # numpy has no such dtype
+        raw = _RAW_INT.get(t.element_size())
+        if raw is None:
+            raise
+        torch = sys.modules["torch"]
+        return t.view(getattr(torch, raw)).numpy(), str(t.dtype).removeprefix("torch.")
 
 
-def _object_array_error(path: tuple, context: str) -> BatchLayoutError:
-    return BatchLayoutError(
+_RAW_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+# Python and numpy scalar types the default collate batches into an array.
+_NUMBER_TYPES = (bool, int, float, complex, np.bool_, np.number)
+_TEXT_TYPES = (str, bytes)  # np.str_ and np.bytes_ subclass these: a list, as in torch
+# The dtype torch's collate infers for a Python scalar in a batch whose first sample is not
+# a Python float (torch.tensor / torch.as_tensor of the list); a float first makes float64.
+_PY_SCALAR_DTYPES = {
+    bool: np.dtype(np.bool_),
+    int: np.dtype(np.int64),
+    float: np.dtype(np.float32),  # torch's default dtype
+    complex: np.dtype(np.complex128),
+}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _object_array_error(path: tuple, context: Any) -> BatchLayoutError:
+    return BatchTypeError(
         f"{context}: the value at {_path_text(path)} is a numpy array of dtype object, which "
         "cannot be placed in shared memory. Return a numeric array, or a list/str if the "
         "field holds Python objects."
     )
+
+
+def _unsupported(context: Any, path: tuple, name: str, value: Any) -> BatchTypeError:
+    what = "None" if value is None else f"a {type(value).__name__} ({value!r:.60})"
+    return BatchTypeError(
+        f"{context}: field {_path_text(path)} of {name} is {what}; the default collate "
+        "batches arrays, tensors, numbers, str/bytes, dicts, lists and tuples (torch's "
+        "default_collate raises TypeError too). Return such values from __getitem__, or pass "
+        "a collate_fn that handles this one (e.g. one that filters out None samples)."
+    )
+
+
+def _scalar_dtype(values: list, types: set) -> np.dtype | None:
+    """The dtype torch's default_collate gives a batch of numbers of several ``types``
+    (None when one of them is not a number): a Python float first makes float64; else
+    each value's own dtype (Python int: int64, float: torch's default float32, bool:
+    bool), the highest kind (bool < int < float < complex) winning as torch promotes."""
+    if not all(issubclass(t, _NUMBER_TYPES) for t in types):
+        return None
+    if type(values[0]) is float:
+        return np.dtype(np.float64)
+    dtypes = []
+    for t in types:
+        if t in _PY_SCALAR_DTYPES:
+            dtypes.append(_PY_SCALAR_DTYPES[t])
+        elif issubclass(t, (np.bool_, np.number)):
+            dtypes.append(np.dtype(t))
+        elif issubclass(t, bool):  # bool/int/float subclasses: their base's dtype
+            dtypes.append(_PY_SCALAR_DTYPES[bool])
+        elif issubclass(t, (int, float, complex)):
+            dtypes.append(_PY_SCALAR_DTYPES[next(b for b in (int, float, complex) if issubclass(t, b))])
+        else:
+            return None
+    category = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
+    top = max(category[d.kind] for d in dtypes)
+    same_kind = [d for d in dtypes if category[d.kind] == top]
+    return np.result_type(*same_kind)
+
+
+def _scalar_leaf(values: list, path: tuple, context: Any, sample_name: Callable[[int], str]) -> np.ndarray:
+    """The array of a batch of numbers, with torch's default_collate dtypes; an error
+    naming the sample for a value that dtype cannot hold, or for a non-number."""
+    # Fast path, one C pass: for a Python bool, int, float or complex first, numpy's own
+    # inference agrees with torch's whenever it gives one of these dtypes.
+    fits = _FAST_DTYPES.get(type(values[0]))
+    if fits is not None:
+        try:
+            arr = np.array(values)
+        except (OverflowError, TypeError, ValueError):
+            arr = None
+        if arr is not None and arr.dtype in fits and arr.ndim == 1:
+            return arr
+    # Mixed types, or a value that does not fit: torch's rule, checked value by value.
+    types = set(map(type, values))
+    dtype = _scalar_dtype(values, types)
+    if dtype is None:
+        bad = next((i for i, v in enumerate(values) if not isinstance(v, _NUMBER_TYPES)), 0)
+        raise _unsupported(context, path, sample_name(bad), values[bad])
+    if dtype == np.int64:
+        _check_int64(values, path, context, sample_name)
+    try:
+        return np.array(values, dtype)
+    except (OverflowError, TypeError, ValueError):
+        _check_int64(values, path, context, sample_name)
+        raise BatchLayoutError(
+            f"{context}: the numbers of field {_path_text(path)} cannot share one dtype "
+            f"({sorted(t.__name__ for t in types)}). Return one type of number per field."
+        ) from None
+
+
+_FAST_DTYPES = {
+    int: (np.dtype(np.int64),),
+    bool: (np.dtype(np.bool_), np.dtype(np.int64)),
+    float: (np.dtype(np.float64),),
+    complex: (np.dtype(np.complex128),),
+}
+
+
+def _check_int64(values: list, path: tuple, context: Any, sample_name: Callable[[int], str]) -> None:
+    """Raise, naming the sample, when a Python int of ``values`` does not fit int64."""
+    for i, v in enumerate(values):
+        if isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX:
+            raise BatchLayoutError(
+                f"{context}: field {_path_text(path)} of {sample_name(i)} is the int {v}, "
+                "which no integer dtype of the batch holds: Python ints collate to int64 "
+                "(-2**63 .. 2**63-1), as in torch's default_collate (which raises ValueError). "
+                "Return it as a float, a string, or split it into smaller ints."
+            )
 
 
 def gather(
@@ -99,11 +218,16 @@ def gather(
 ) -> tuple[Any, list[Leaf]]:
     """Transpose ``samples`` into a treedef and leaves (the default collate).
 
-    ``mode`` says what happens to array fields whose shapes differ between samples:
-    ``"stack"`` refuses them, ``"pad"`` pads every array field of ndim >= 1 to the batch
-    maximum (a :class:`Padded` of values and lengths), ``"list"`` gives every such field
-    as a list of per-sample arrays. Raises :class:`BatchLayoutError` naming the batch,
-    the field path and the two differing shapes, dtypes or structures.
+    Types follow torch's ``default_collate``: numbers become one array (Python ints
+    int64, floats float64, bools bool, numpy scalars their dtype), arrays and tensors are
+    stacked, str/bytes give a list, dicts (and subclasses), namedtuples and lists keep
+    their type, tuples become lists; anything else (None included) is a
+    :class:`BatchTypeError`. ``mode`` says what happens to array fields whose shapes
+    differ between samples: ``"stack"`` refuses them, ``"pad"`` pads every array field of
+    ndim >= 1 to the batch maximum (a :class:`Padded` of values and lengths), ``"list"``
+    gives every such field as a list of per-sample arrays. Raises
+    :class:`BatchLayoutError` naming the batch, the field path and the two differing
+    shapes, dtypes or structures.
     """
     tensor_type = _torch_tensor_type()
     leaves: list[Leaf] = []
@@ -116,7 +240,7 @@ def gather(
 
     sample_name.context = context  # type: ignore[attr-defined]
 
-    def walk(values: list, path: tuple) -> Any:
+    def walk(values: list | tuple, path: tuple) -> Any:
         first = values[0]
         if isinstance(first, np.ndarray):
             if first.dtype.hasobject:
@@ -152,30 +276,34 @@ def gather(
             leaves.append(Leaf(path, values, "pad", (len(values), *top), dtype, pad_value=pad_value))
             leaves.append(Leaf((*path, "lengths"), lengths, "copy", lengths.shape, lengths.dtype))
             return ("n", Padded, (LEAF, LEAF))
-        if isinstance(first, (bool, int, float, complex, np.generic)) and not isinstance(
-            first, (np.str_, np.bytes_, np.object_)
-        ):
-            try:
-                arr = np.asarray(values)
-            except (ValueError, TypeError) as exc:
-                raise _mismatch(context, path, sample_name(0), first, "another sample", exc) from None
-            if arr.dtype.hasobject or arr.ndim != 1:
-                bad = next(i for i, v in enumerate(values) if type(v) is not type(first))
-                raise _mismatch(context, path, sample_name(0), first, sample_name(bad), values[bad])
+        if isinstance(first, _NUMBER_TYPES):
+            arr = _scalar_leaf(values, path, context, sample_name)
             leaves.append(Leaf(path, arr, "copy", arr.shape, arr.dtype))
             return LEAF
+        if isinstance(first, _TEXT_TYPES):
+            # As torch's collate gives them: the batch's list, or a field's column, which
+            # is a tuple for list/tuple samples (their columns come from zip).
+            leaves.append(Leaf(path, values, "object", (len(values),), None))
+            return LEAF
         if tensor_type is not None and isinstance(first, tensor_type):
-            arrays = [_tensor_to_numpy(v) if isinstance(v, tensor_type) else v for v in values]
+            tag: bool | str | None = None
+            arrays = []
+            for v in values:
+                if isinstance(v, tensor_type):
+                    v, v_tag = tensor_array(v)
+                    tag = v_tag if tag is None else tag
+                arrays.append(v)
             start = len(leaves)
             node = walk(arrays, path)
             for leaf in leaves[start:]:
-                leaf.torch = True
+                # (pad's lengths are int64 in any case: never viewed as another dtype)
+                leaf.torch = True if leaf.kind == "copy" else tag
             return node
-        if isinstance(first, Mapping):
+        kind = _tree.node_kind(first)
+        if kind == _tree.DICT:
             keys = tuple(first.keys())
-            ftype, n = type(first), len(keys)
             for i, v in enumerate(values):
-                if (type(v) is not ftype and not isinstance(v, Mapping)) or len(v) != n:
+                if not isinstance(v, Mapping):
                     raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
             try:
                 children = tuple(walk([v[k] for v in values], (*path, k)) for k in keys)
@@ -184,19 +312,17 @@ def gather(
                     f"{context}: the samples' dicts at {_path_text(path)} have different keys "
                     f"({exc.args[0]!r} is missing from one). Give every sample the same keys."
                 ) from None
-            return ("d", type(first), keys, children)
-        if isinstance(first, (tuple, list)):
-            ftype, n = type(first), len(first)
+            return (_tree.DICT, type(first), keys, children)
+        if kind is not None:  # a list, tuple or namedtuple
+            n = len(first)
             for i, v in enumerate(values):
-                if (type(v) is not ftype and not isinstance(v, (tuple, list))) or len(v) != n:
+                if not isinstance(v, (tuple, list)) or len(v) != n:
                     raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
-            children = tuple(walk(list(col), (*path, j)) for j, col in enumerate(zip(*values)))
-            if isinstance(first, tuple) and hasattr(first, "_fields"):
-                return ("n", type(first), children)
-            return ("l", children)  # tuples become lists, as torch's default_collate does
-        # str, bytes, None and other objects: the batch holds a list of them.
-        leaves.append(Leaf(path, list(values), "object", (len(values),), None))
-        return LEAF
+            children = tuple(walk(col, (*path, j)) for j, col in enumerate(zip(*values)))
+            if kind == _tree.NAMEDTUPLE:
+                return (_tree.NAMEDTUPLE, type(first), children)
+            return (_tree.LIST, children)  # tuples become lists, as torch's default_collate does
+        raise _unsupported(context, path, sample_name(0), first)
 
     if mode not in COLLATE_MODES:
         raise ValueError(f"collate must be one of {COLLATE_MODES}, got {mode!r}")
@@ -206,41 +332,40 @@ def gather(
     return treedef, leaves
 
 
-def flatten_tree(tree: Any) -> tuple[Any, list[Leaf]]:
-    """Leaves of an already collated tree (a user collate_fn's output, or an unbatched
-    sample), kept as they are: no new axis. Node types are preserved."""
+def converted(value: Any) -> Any:
+    """One leaf as torch's ``default_convert`` gives it (``batch_size=None`` without a
+    collate_fn), on the numpy side: a numpy scalar becomes a 0-d array; anything else
+    (arrays, tensors, Python numbers, str, None...) is kept as it is."""
+    return np.asarray(value) if isinstance(value, (np.bool_, np.number)) else value
+
+
+def slot_leaf(value: Any, index: int) -> Leaf:
+    """THE rule for a leaf of an already collated tree (a user collate_fn's output, or a
+    converted sample): a numpy array of a non-object dtype or a tensor goes into the slot
+    (zero copy for the consumer); anything else travels as an object, unchanged (torch
+    passes a collate_fn's output through untouched)."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            return Leaf((index,), value, "object", (), None)
+        return Leaf((index,), value, "copy", value.shape, value.dtype)
     tensor_type = _torch_tensor_type()
-    leaves: list[Leaf] = []
+    if tensor_type is not None and isinstance(value, tensor_type):
+        try:
+            arr, tag = tensor_array(value)
+        except (TypeError, RuntimeError):  # sparse, quantized...: no plain buffer to place
+            return Leaf((index,), value, "object", (), None)
+        return Leaf((index,), arr, "copy", arr.shape, arr.dtype, torch=tag)
+    return Leaf((index,), value, "object", (), None)
 
-    def walk(node: Any, path: tuple) -> Any:
-        if isinstance(node, np.ndarray):
-            if node.dtype.hasobject:
-                raise _object_array_error(path, "the collated batch")
-            leaves.append(Leaf(path, node, "copy", node.shape, node.dtype))
-            return LEAF
-        if isinstance(node, (bool, int, float, complex, np.generic)) and not isinstance(
-            node, (np.str_, np.bytes_, np.object_)
-        ):
-            arr = np.asarray(node)
-            leaves.append(Leaf(path, arr, "copy", arr.shape, arr.dtype))
-            return LEAF
-        if tensor_type is not None and isinstance(node, tensor_type):
-            walk(_tensor_to_numpy(node), path)
-            leaves[-1].torch = True
-            return LEAF
-        if isinstance(node, Mapping):
-            keys = tuple(node.keys())
-            return ("d", type(node), keys, tuple(walk(node[k], (*path, k)) for k in keys))
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            return ("n", type(node), tuple(walk(v, (*path, j)) for j, v in enumerate(node)))
-        if isinstance(node, (tuple, list)):
-            tag = "t" if isinstance(node, tuple) else "l"
-            return (tag, tuple(walk(v, (*path, j)) for j, v in enumerate(node)))
-        leaves.append(Leaf(path, node, "object", (), None))
-        return LEAF
 
-    treedef = walk(tree, ())
-    return treedef, leaves
+def flatten_tree(tree: Any, *, convert: bool = False) -> tuple[Any, list[Leaf]]:
+    """Leaves of an already collated tree (a user collate_fn's output, or with ``convert``
+    an unbatched sample, which first goes through :func:`converted`, its tuples becoming
+    lists as in torch's ``default_convert``), placed by :func:`slot_leaf`; no new axis."""
+    treedef, values = _tree.flatten(tree, tuples_as_lists=convert)
+    if convert:
+        values = [converted(v) for v in values]
+    return treedef, [slot_leaf(v, i) for i, v in enumerate(values)]
 
 
 def plan(treedef: Any, leaves: list[Leaf]) -> tuple[Layout, int, list[Any]]:
