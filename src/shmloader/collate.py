@@ -1,16 +1,17 @@
 """Collation: samples -> leaves -> a destination (a ring slot, or new arrays).
 
 ``gather`` walks the samples of one batch like torch's ``default_collate`` does (per
-node, not per sample), checking that they agree, and returns the batch's treedef and its
-leaves. ``place`` then lays the array leaves out and copies each one exactly once into
-its destination: a slot of the ring in a worker (zero further copies), or freshly
-allocated arrays when loading in the main process. Both paths share this code, so
-``num_workers=0`` gives the same batches as workers do.
+node, not per sample, with its types: see the docstring), checking that they agree, and
+returns the batch's treedef and its leaves. ``flatten_tree`` gives the leaves of a batch
+that is already collated (a collate_fn's output, or a ``batch_size=None`` sample), placed
+by the one rule of :func:`slot_leaf`. ``plan`` lays the array leaves out and
+``copy_leaves`` copies each one exactly once into its destination: a slot of the ring in
+a worker (zero further copies), or fresh memory in the main process. ``fetch.Recipe``
+drives both paths, so ``num_workers=0`` gives the same batches as workers do.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from math import prod
@@ -21,6 +22,14 @@ import numpy as np
 from shmloader import tree as _tree
 from shmloader.errors import BatchLayoutError, BatchTypeError
 from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, RaggedLeaf, align, read_layout
+from shmloader.scalars import (
+    NUMBER_TYPES,
+    TEXT_TYPES,
+    scalar_array,
+    tensor_array,
+    torch_tensor_type,
+    unsupported,
+)
 
 
 class Leaf:
@@ -73,140 +82,12 @@ COLLATE_MODES = ("stack", "pad", "list")
 _path_text = _tree.path_text
 
 
-def _torch_tensor_type() -> type | None:
-    torch = sys.modules.get("torch")
-    return getattr(torch, "Tensor", None) if torch is not None else None
-
-
-def tensor_array(t: Any) -> tuple[np.ndarray, bool | str]:
-    """A CPU tensor's data as a numpy array sharing its memory, and the leaf's torch tag:
-    True, or for a dtype numpy lacks (bfloat16, float8) the torch dtype's name, the array
-    then holding the raw bytes as same-size integers (rebuilt with ``.view(dtype)``)."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.is_conj() or t.is_neg():
-        t = t.resolve_conj().resolve_neg()
-    try:
-        return t.numpy(), True
-    except TypeError:  # numpy has no such dtype
-        raw = _RAW_INT.get(t.element_size())
-        if raw is None:
-            raise
-        torch = sys.modules["torch"]
-        return t.view(getattr(torch, raw)).numpy(), str(t.dtype).removeprefix("torch.")
-
-
-_RAW_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-
-# Python and numpy scalar types the default collate batches into an array.
-_NUMBER_TYPES = (bool, int, float, complex, np.bool_, np.number)
-_TEXT_TYPES = (str, bytes)  # np.str_ and np.bytes_ subclass these: a list, as in torch
-# The dtype torch's collate infers for a Python scalar in a batch whose first sample is not
-# a Python float (torch.tensor / torch.as_tensor of the list); a float first makes float64.
-_PY_SCALAR_DTYPES = {
-    bool: np.dtype(np.bool_),
-    int: np.dtype(np.int64),
-    float: np.dtype(np.float32),  # torch's default dtype
-    complex: np.dtype(np.complex128),
-}
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
 def _object_array_error(path: tuple, context: Any) -> BatchLayoutError:
     return BatchTypeError(
         f"{context}: the value at {_path_text(path)} is a numpy array of dtype object, which "
         "cannot be placed in shared memory. Return a numeric array, or a list/str if the "
         "field holds Python objects."
     )
-
-
-def _unsupported(context: Any, path: tuple, name: str, value: Any) -> BatchTypeError:
-    what = "None" if value is None else f"a {type(value).__name__} ({value!r:.60})"
-    return BatchTypeError(
-        f"{context}: field {_path_text(path)} of {name} is {what}; the default collate "
-        "batches arrays, tensors, numbers, str/bytes, dicts, lists and tuples (torch's "
-        "default_collate raises TypeError too). Return such values from __getitem__, or pass "
-        "a collate_fn that handles this one (e.g. one that filters out None samples)."
-    )
-
-
-def _scalar_dtype(values: list, types: set) -> np.dtype | None:
-    """The dtype torch's default_collate gives a batch of numbers of several ``types``
-    (None when one of them is not a number): a Python float first makes float64; else
-    each value's own dtype (Python int: int64, float: torch's default float32, bool:
-    bool), the highest kind (bool < int < float < complex) winning as torch promotes."""
-    if not all(issubclass(t, _NUMBER_TYPES) for t in types):
-        return None
-    if type(values[0]) is float:
-        return np.dtype(np.float64)
-    dtypes = []
-    for t in types:
-        if t in _PY_SCALAR_DTYPES:
-            dtypes.append(_PY_SCALAR_DTYPES[t])
-        elif issubclass(t, (np.bool_, np.number)):
-            dtypes.append(np.dtype(t))
-        elif issubclass(t, bool):  # bool/int/float subclasses: their base's dtype
-            dtypes.append(_PY_SCALAR_DTYPES[bool])
-        elif issubclass(t, (int, float, complex)):
-            dtypes.append(_PY_SCALAR_DTYPES[next(b for b in (int, float, complex) if issubclass(t, b))])
-        else:
-            return None
-    category = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
-    top = max(category[d.kind] for d in dtypes)
-    same_kind = [d for d in dtypes if category[d.kind] == top]
-    return np.result_type(*same_kind)
-
-
-def _scalar_leaf(values: list, path: tuple, context: Any, sample_name: Callable[[int], str]) -> np.ndarray:
-    """The array of a batch of numbers, with torch's default_collate dtypes; an error
-    naming the sample for a value that dtype cannot hold, or for a non-number."""
-    # Fast path, one C pass: for a Python bool, int, float or complex first, numpy's own
-    # inference agrees with torch's whenever it gives one of these dtypes.
-    fits = _FAST_DTYPES.get(type(values[0]))
-    if fits is not None:
-        try:
-            arr = np.array(values)
-        except (OverflowError, TypeError, ValueError):
-            arr = None
-        if arr is not None and arr.dtype in fits and arr.ndim == 1:
-            return arr
-    # Mixed types, or a value that does not fit: torch's rule, checked value by value.
-    types = set(map(type, values))
-    dtype = _scalar_dtype(values, types)
-    if dtype is None:
-        bad = next((i for i, v in enumerate(values) if not isinstance(v, _NUMBER_TYPES)), 0)
-        raise _unsupported(context, path, sample_name(bad), values[bad])
-    if dtype == np.int64:
-        _check_int64(values, path, context, sample_name)
-    try:
-        return np.array(values, dtype)
-    except (OverflowError, TypeError, ValueError):
-        _check_int64(values, path, context, sample_name)
-        raise BatchLayoutError(
-            f"{context}: the numbers of field {_path_text(path)} cannot share one dtype "
-            f"({sorted(t.__name__ for t in types)}). Return one type of number per field."
-        ) from None
-
-
-_FAST_DTYPES = {
-    int: (np.dtype(np.int64),),
-    bool: (np.dtype(np.bool_), np.dtype(np.int64)),
-    float: (np.dtype(np.float64),),
-    complex: (np.dtype(np.complex128),),
-}
-
-
-def _check_int64(values: list, path: tuple, context: Any, sample_name: Callable[[int], str]) -> None:
-    """Raise, naming the sample, when a Python int of ``values`` does not fit int64."""
-    for i, v in enumerate(values):
-        if isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX:
-            raise BatchLayoutError(
-                f"{context}: field {_path_text(path)} of {sample_name(i)} is the int {v}, "
-                "which no integer dtype of the batch holds: Python ints collate to int64 "
-                "(-2**63 .. 2**63-1), as in torch's default_collate (which raises ValueError). "
-                "Return it as a float, a string, or split it into smaller ints."
-            )
 
 
 def gather(
@@ -229,7 +110,7 @@ def gather(
     :class:`BatchLayoutError` naming the batch, the field path and the two differing
     shapes, dtypes or structures.
     """
-    tensor_type = _torch_tensor_type()
+    tensor_type = torch_tensor_type()
     leaves: list[Leaf] = []
     context = _LazyContext(batch_no, indices)
 
@@ -276,11 +157,11 @@ def gather(
             leaves.append(Leaf(path, values, "pad", (len(values), *top), dtype, pad_value=pad_value))
             leaves.append(Leaf((*path, "lengths"), lengths, "copy", lengths.shape, lengths.dtype))
             return ("n", Padded, (LEAF, LEAF))
-        if isinstance(first, _NUMBER_TYPES):
-            arr = _scalar_leaf(values, path, context, sample_name)
+        if isinstance(first, NUMBER_TYPES):
+            arr = scalar_array(values, path, context, sample_name)
             leaves.append(Leaf(path, arr, "copy", arr.shape, arr.dtype))
             return LEAF
-        if isinstance(first, _TEXT_TYPES):
+        if isinstance(first, TEXT_TYPES):
             # As torch's collate gives them: the batch's list, or a field's column, which
             # is a tuple for list/tuple samples (their columns come from zip).
             leaves.append(Leaf(path, values, "object", (len(values),), None))
@@ -322,7 +203,7 @@ def gather(
             if kind == _tree.NAMEDTUPLE:
                 return (_tree.NAMEDTUPLE, type(first), children)
             return (_tree.LIST, children)  # tuples become lists, as torch's default_collate does
-        raise _unsupported(context, path, sample_name(0), first)
+        raise unsupported(context, path, sample_name(0), first)
 
     if mode not in COLLATE_MODES:
         raise ValueError(f"collate must be one of {COLLATE_MODES}, got {mode!r}")
@@ -348,7 +229,7 @@ def slot_leaf(value: Any, index: int) -> Leaf:
         if value.dtype.hasobject:
             return Leaf((index,), value, "object", (), None)
         return Leaf((index,), value, "copy", value.shape, value.dtype)
-    tensor_type = _torch_tensor_type()
+    tensor_type = torch_tensor_type()
     if tensor_type is not None and isinstance(value, tensor_type):
         try:
             arr, tag = tensor_array(value)
@@ -484,12 +365,6 @@ def build_in_memory(
     buf = np.empty(max(data_bytes, 1), np.uint8)
     fill(array_views(layout, buf))
     return read_layout(layout, buf, objects)
-
-
-def build_arrays(treedef: Any, leaves: list[Leaf]) -> Any:
-    """The gathered batch as new arrays: same values as the ring path."""
-    layout, data_bytes, objects = plan(treedef, leaves)
-    return build_in_memory(layout, data_bytes, objects, copy_leaves(leaves))
 
 
 class _LazyContext:
