@@ -169,10 +169,11 @@ def gather(
         if tensor_type is not None and isinstance(first, tensor_type):
             tag: bool | str | None = None
             arrays = []
-            for v in values:
-                if isinstance(v, tensor_type):
-                    v, v_tag = tensor_array(v)
-                    tag = v_tag if tag is None else tag
+            for i, v in enumerate(values):
+                if not isinstance(v, tensor_type):  # torch.stack refuses it too (TypeError)
+                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+                v, v_tag = tensor_array(v)
+                tag = v_tag if tag is None else tag
                 arrays.append(v)
             start = len(leaves)
             node = walk(arrays, path)
@@ -193,7 +194,7 @@ def gather(
                     f"{context}: the samples' dicts at {_path_text(path)} have different keys "
                     f"({exc.args[0]!r} is missing from one). Give every sample the same keys."
                 ) from None
-            return (_tree.DICT, type(first), keys, children)
+            return (_tree.DICT, _tree.mapping_type(first), keys, children)
         if kind is not None:  # a list, tuple or namedtuple
             n = len(first)
             for i, v in enumerate(values):
@@ -408,7 +409,13 @@ def _structure_error(context, path, name_a, a, name_b, b) -> BatchLayoutError:
         n = len(v) if isinstance(v, (Mapping, tuple, list)) else None
         return f"a {type(v).__name__}" + (f" of {n} items" if n is not None else "")
 
-    return BatchLayoutError(
+    # Another kind of value (a dict where a list was, a leaf where a tensor was) is a
+    # TypeError in torch's collate, as here; the same kind of another length a ValueError.
+    same_kind = isinstance(b, (Mapping, tuple, list)) and isinstance(a, (Mapping, tuple, list))
+    error = (
+        BatchLayoutError if same_kind and isinstance(a, Mapping) == isinstance(b, Mapping) else BatchTypeError
+    )
+    return error(
         f"{context}: the samples' structure differs at {_path_text(path)}: {name_a} is "
         f"{kind(a)}, {name_b} is {kind(b)}. Return the same structure from every sample."
     )

@@ -10,7 +10,8 @@ A *treedef* describes the nodes (nested tuples, hashable and picklable, so layou
 key caches and cross processes)::
 
     LEAF                          a leaf
-    ("d", cls, keys, children)    a mapping (cls: dict, a dict subclass, or another Mapping)
+    ("d", cls, keys, children)    a mapping (cls: dict, a dict subclass, another Mapping,
+                                  or (defaultdict class, factory): see mapping_type)
     ("l", children)               a list
     ("t", children)               a tuple
     ("n", cls, children)          a namedtuple
@@ -18,6 +19,7 @@ key caches and cross processes)::
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -57,7 +59,7 @@ def flatten(tree: Any, *, tuples_as_lists: bool = False) -> tuple[Any, list[Any]
             return LEAF
         if kind == DICT:
             keys = tuple(node.keys())
-            return (DICT, type(node), keys, tuple(walk(node[k]) for k in keys))
+            return (DICT, mapping_type(node), keys, tuple(walk(node[k]) for k in keys))
         if kind == NAMEDTUPLE:
             return (NAMEDTUPLE, type(node), tuple(walk(v) for v in node))
         tag = LIST if tuples_as_lists else kind
@@ -145,10 +147,29 @@ def path_text(path: tuple) -> str:
     return "".join(f"[{p!r}]" for p in path) or "<sample>"
 
 
-def make_mapping(cls: type, items: dict) -> Any:
+def mapping_type(node: Any) -> Any:
+    """What a treedef records of a mapping's type: the class, or for a defaultdict the
+    pair (class, default_factory), so it comes back with its factory as torch keeps it."""
+    cls = type(node)
+    if cls is dict:
+        return dict
+    if isinstance(node, defaultdict):
+        factory = node.default_factory
+        # A class (list, int...) crosses processes in a layout; a lambda would not pickle.
+        return (cls, factory if isinstance(factory, type) else None)
+    return cls
+
+
+def make_mapping(cls: Any, items: dict) -> Any:
     """A mapping of type ``cls`` holding ``items`` (as torch's collate rebuilds one): the
-    type's own constructor, else (a constructor with other arguments, e.g. defaultdict's)
-    an empty instance updated with the items, else a plain dict."""
+    type's own constructor, else (a constructor with other arguments) an empty instance
+    updated with the items, else a plain dict. ``cls`` may be :func:`mapping_type`'s
+    (class, default_factory) pair."""
+    if type(cls) is tuple:
+        cls, factory = cls
+        out = cls.__new__(cls)
+        defaultdict.__init__(out, factory, items)
+        return out
     try:
         return cls(items)
     except TypeError:
