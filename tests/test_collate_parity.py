@@ -302,3 +302,22 @@ def test_reseeding_the_generator_repeats_the_order(nw, kind):
         tg = torch.Generator()
         tdl = TorchLoader(Items(list(range(16))), batch_size=4, shuffle=True, generator=tg)
         assert order(tdl, tg) == order(tdl, tg)
+
+
+class NumpyOnly:
+    """Samples with leaves torch has no dtype for (issue item 8's trigger)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"x": np.float32(i), "u": np.array(["a"]), "t": np.array(["2026-12-01"], "datetime64[D]")}
+
+
+def test_torch_output_keeps_numpy_only_dtypes_as_arrays_and_leaks_no_slot():
+    dl = DataLoader(NumpyOnly(), batch_size=2, num_workers=2, output="torch")
+    kinds = set()
+    for b in dl:  # each batch dropped before the next: its slot must come back
+        kinds.add((type(b["x"]), type(b["u"]), str(b["u"].dtype), str(b["t"].dtype)))
+    assert kinds == {(torch.Tensor, np.ndarray, "<U1", "datetime64[D]")}
+    assert dl.stats()["rings_created"] == 1, "no slot was leaked, so the ring never grew"
