@@ -184,8 +184,9 @@ def gather(
         kind = _tree.node_kind(first)
         if kind == _tree.DICT:
             keys = tuple(first.keys())
+            ftype = type(first)
             for i, v in enumerate(values):
-                if not isinstance(v, Mapping):
+                if type(v) is not ftype and not isinstance(v, Mapping):
                     raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
             try:
                 children = tuple(walk([v[k] for v in values], (*path, k)) for k in keys)
@@ -196,9 +197,10 @@ def gather(
                 ) from None
             return (_tree.DICT, _tree.mapping_type(first), keys, children)
         if kind is not None:  # a list, tuple or namedtuple
-            n = len(first)
+            ftype, n = type(first), len(first)
             for i, v in enumerate(values):
-                if not isinstance(v, (tuple, list)) or len(v) != n:
+                # (type(v) is ftype first: no isinstance call per sample in the common case)
+                if (type(v) is not ftype and not isinstance(v, (tuple, list))) or len(v) != n:
                     raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
             children = tuple(walk(col, (*path, j)) for j, col in enumerate(zip(*values)))
             if kind == _tree.NAMEDTUPLE:
