@@ -57,6 +57,10 @@ def sum_and_tuple(samples):
     return {"n": sum(samples), "t": (1, 2)}
 
 
+def reversed_arrays(samples):
+    return [np.arange(3)[::-1] + s for s in samples]
+
+
 def mixed_leaves(samples):
     return {
         "x": np.arange(3) + samples[0],
@@ -224,6 +228,15 @@ def test_non_numeric_leaves_pass_through_with_torch_output(nw, output):
     assert ours["s"] == "abc" and ours["f"] == 1.5 and ours["none"] is None
     assert isinstance(ours["u"], np.ndarray) and ours["u"].tolist() == ["a", "b"]
     assert type(ours["np"]) is np.float32
+
+
+@WORKERS
+def test_torch_output_of_a_collate_fn_with_negative_strides(nw):
+    out = list(
+        DataLoader(Items([0, 1]), batch_size=2, num_workers=nw, collate_fn=reversed_arrays, output="torch")
+    )
+    assert [[t.tolist() for t in b] for b in out] == [[[2, 1, 0], [3, 2, 1]]]
+    assert all(isinstance(t, torch.Tensor) for t in out[0])
 
 
 SAMPLES = {

@@ -60,6 +60,8 @@ def to_torch(batch: Any) -> Any:
 
     def convert(leaf: Any) -> Any:
         if isinstance(leaf, np.ndarray) and torch_can_hold(leaf.dtype):
+            if any(stride < 0 for stride in leaf.strides):  # from_numpy refuses them
+                leaf = leaf.copy()  # (a worker's slot holds a contiguous copy too)
             return torch.from_numpy(leaf)
         return leaf
 
