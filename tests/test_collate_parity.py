@@ -334,3 +334,21 @@ def test_torch_output_keeps_numpy_only_dtypes_as_arrays_and_leaks_no_slot():
         kinds.add((type(b["x"]), type(b["u"]), str(b["u"].dtype), str(b["t"].dtype)))
     assert kinds == {(torch.Tensor, np.ndarray, "<U1", "datetime64[D]")}
     assert dl.stats()["rings_created"] == 1, "no slot was leaked, so the ring never grew"
+
+
+@WORKERS
+def test_a_generator_loader_resumes_mid_epoch_exactly(nw):
+    def loader(seed):
+        g = torch.Generator().manual_seed(seed)
+        return DataLoader(Items(list(range(24))), batch_size=4, shuffle=True, generator=g, num_workers=nw)
+
+    a = loader(0)
+    list(a)  # epoch 0
+    it = iter(a)  # epoch 1: a seed drawn from the generator again
+    head = [next(it).tolist() for _ in range(2)]
+    state = a.state_dict()
+    rest = [b.tolist() for b in it]
+    b = loader(123)  # another generator state: the saved seed wins for the resumed epoch
+    b.load_state_dict(state)
+    assert [x.tolist() for x in b] == rest
+    assert sorted(i for batch in head + rest for i in batch) == list(range(24))

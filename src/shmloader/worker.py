@@ -279,6 +279,7 @@ class _Worker:
                     self.do_task(kind, slot, seq, msg)
 
     def do_task(self, kind: int, slot: int, seq: int, msg: bytes) -> None:
+        cfg = self.cfg
         indices = None
         where = "fetching"
         try:
@@ -287,8 +288,8 @@ class _Worker:
                 if samples is None:
                     self.conn.send_bytes(protocol.pack(protocol.RES_ITER_END, slot, seq))
                     return
-                if self.cfg.report_state:  # the shard's position after this batch, for resume
-                    state = pickle.dumps(self.cfg.dataset.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
+                if cfg.report_state:  # the shard's position after this batch, for resume
+                    state = pickle.dumps(cfg.dataset.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
                     self.conn.send_bytes(protocol.pack(protocol.RES_SHARD_STATE, slot, seq, state))
             else:
                 if kind == protocol.TASK_INDICES:
@@ -301,7 +302,7 @@ class _Worker:
             where = "writing samples (write_sample)" if samples is None else "writing the batch"
             self.deliver(slot, seq, batch.treedef, batch.leaves, batch.fill)
         except Exception as exc:
-            failure = WorkerFailure.capture(exc, self.cfg.worker_id, where, indices)
+            failure = WorkerFailure.capture(exc, cfg.worker_id, where, indices)
             self.conn.send_bytes(protocol.pack(protocol.RES_ERROR, slot, seq, pickle.dumps(failure)))
 
     def report_stats(self) -> None:
