@@ -196,6 +196,7 @@ def test_int64_bounds_are_kept_exactly(nw):
         [1, "a"],
         [{"a": 1}, [1]],
         [torch.zeros(2), np.zeros(2, np.float32)],
+        [1j, 2j],
     ],
 )
 def test_none_and_other_objects_are_a_type_error_as_in_torch(nw, items):
@@ -327,13 +328,23 @@ class NumpyOnly:
         return {"x": np.float32(i), "u": np.array(["a"]), "t": np.array(["2026-12-01"], "datetime64[D]")}
 
 
-def test_torch_output_keeps_numpy_only_dtypes_as_arrays_and_leaks_no_slot():
-    dl = DataLoader(NumpyOnly(), batch_size=2, num_workers=2, output="torch")
-    kinds = set()
-    for b in dl:  # each batch dropped before the next: its slot must come back
-        kinds.add((type(b["x"]), type(b["u"]), str(b["u"].dtype), str(b["t"].dtype)))
-    assert kinds == {(torch.Tensor, np.ndarray, "<U1", "datetime64[D]")}
-    assert dl.stats()["rings_created"] == 1, "no slot was leaked, so the ring never grew"
+@WORKERS
+def test_default_collate_refuses_numpy_only_dtypes_with_torch_output_as_torch_does(nw):
+    _, t_exc = run(TorchLoader(NumpyOnly(), batch_size=2))
+    ours, exc = run(DataLoader(NumpyOnly(), batch_size=2, num_workers=nw, output="torch"))
+    assert ours == [] and isinstance(t_exc, TypeError)
+    assert isinstance(exc, BatchTypeError) and "output='torch'" in str(exc)
+    (first, *_), _ = run(DataLoader(NumpyOnly(), batch_size=2, num_workers=nw))  # numpy: a superset
+    assert first["u"].dtype == "<U1" and first["t"].dtype == "datetime64[D]"
+
+
+@WORKERS
+def test_missing_key_is_a_key_error_as_in_torch(nw):
+    items = [{"a": 1}, {"b": 1}]
+    _, t_exc = run(TorchLoader(Items(items), batch_size=2))
+    _, exc = run(DataLoader(Items(items), batch_size=2, num_workers=nw))
+    assert isinstance(t_exc, KeyError) and isinstance(exc, KeyError) and isinstance(exc, BatchLayoutError)
+    assert str(exc).startswith("cannot collate batch 0") or "cannot collate batch 0" in str(exc)
 
 
 @WORKERS

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shmloader import tree as _tree
-from shmloader.errors import BatchLayoutError, BatchTypeError
+from shmloader.errors import BatchKeyError, BatchLayoutError, BatchTypeError
 from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, RaggedLeaf, align, read_layout
 from shmloader.scalars import (
     NUMBER_TYPES,
@@ -131,7 +131,17 @@ def gather(
                 # Not checked sample by sample here (a Python loop per sample costs more
                 # than the copy for small leaves): the strict copy in write_leaf refuses
                 # any other shape or dtype, and explain_stack_failure names the culprit.
-                leaves.append(Leaf(path, values, "stack", (len(values), *shape), dtype, namer=sample_name))
+                leaves.append(
+                    Leaf(
+                        path,
+                        values,
+                        "stack",
+                        (len(values), *shape),
+                        dtype,
+                        _numpy_only(dtype),
+                        namer=sample_name,
+                    )
+                )
                 return LEAF
             # One pass each for dtypes and ndims (not a loop of checks per sample).
             try:
@@ -143,7 +153,8 @@ def gather(
                     if not isinstance(v, np.ndarray) or v.ndim != first.ndim or v.dtype != dtype:
                         raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
             if mode == "list":
-                leaves.append(Leaf(path, values, "list", None, dtype, shapes=[v.shape for v in values]))
+                shapes = [v.shape for v in values]
+                leaves.append(Leaf(path, values, "list", None, dtype, _numpy_only(dtype), shapes=shapes))
                 return LEAF
             if first.ndim == 1:  # sequences: (batch,) lengths, and the longest one
                 sizes = list(map(len, values))
@@ -154,7 +165,10 @@ def gather(
                 lengths = np.fromiter(chain.from_iterable(v.shape for v in values), np.int64, count)
                 lengths = lengths.reshape(len(values), -1)
                 top = tuple(lengths.max(axis=0).tolist())
-            leaves.append(Leaf(path, values, "pad", (len(values), *top), dtype, pad_value=pad_value))
+            top_shape = (len(values), *top)
+            leaves.append(
+                Leaf(path, values, "pad", top_shape, dtype, _numpy_only(dtype), pad_value=pad_value)
+            )
             leaves.append(Leaf((*path, "lengths"), lengths, "copy", lengths.shape, lengths.dtype))
             return ("n", Padded, (LEAF, LEAF))
         if isinstance(first, NUMBER_TYPES):
@@ -191,7 +205,7 @@ def gather(
             try:
                 children = tuple(walk([v[k] for v in values], (*path, k)) for k in keys)
             except KeyError as exc:
-                raise BatchLayoutError(
+                raise BatchKeyError(
                     f"{context}: the samples' dicts at {_path_text(path)} have different keys "
                     f"({exc.args[0]!r} is missing from one). Give every sample the same keys."
                 ) from None
@@ -214,6 +228,13 @@ def gather(
         raise BatchLayoutError(f"{context}: the batch has no samples; a sampler yielded an empty batch.")
     treedef = walk(list(samples), ())
     return treedef, leaves
+
+
+def _numpy_only(dtype: np.dtype) -> bool | None:
+    """A default-collated array leaf's torch tag: False, or None for a dtype torch has no
+    tensor for (str, bytes, datetime...): output="torch" then refuses the batch with a
+    TypeError, as torch's collate does (a collate_fn's arrays pass through instead)."""
+    return False if dtype.kind in "biufc" else None
 
 
 def converted(value: Any) -> Any:

@@ -54,6 +54,14 @@ class BatchTypeError(BatchLayoutError, TypeError):
     torch's ``default_collate`` raises, and a :class:`BatchLayoutError` as documented."""
 
 
+class BatchKeyError(BatchLayoutError, KeyError):
+    """A sample's dict lacks a key the batch's first sample has: a ``KeyError`` as torch's
+    ``default_collate`` raises, and a :class:`BatchLayoutError` as documented."""
+
+    def __str__(self) -> str:  # the sentence, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""
+
+
 class StrayStopIteration(ShmLoaderError, RuntimeError):
     """Dataset, sampler-free fetch or collate code raised ``StopIteration`` while a batch
     was made. An epoch ends only when its sampler (or iterable dataset) is exhausted, so

@@ -35,6 +35,7 @@ from shmloader.collate import (
     plan,
 )
 from shmloader.errors import StrayStopIteration
+from shmloader.pinning import numpy_only_error
 from shmloader.tree import tree_map
 
 _AS_IS = object()  # Batch.tree when the batch must be built from its leaves
@@ -66,6 +67,7 @@ class Recipe:
         collate_fn: Callable[[Any], Any] | None,
         collate: str,
         pad_value: Any,
+        output: str = "numpy",
     ) -> None:
         self.dataset = dataset
         self.iterable = iterable
@@ -75,6 +77,7 @@ class Recipe:
         self.collate_fn = collate_fn
         self.mode = collate
         self.pad_value = pad_value
+        self.output = output  # in_memory only: a worker's slot is read by the consumer
         # The write-into protocol (map-style, default collate, dataset implements it).
         self.spec = writeinto.spec_for(
             dataset, iterable=iterable, auto_collation=auto_collation, collate_fn=collate_fn
@@ -147,6 +150,10 @@ class Recipe:
         if not self.auto_collation and self.collate_fn is None:
             assert samples is not None
             return tree_map(converted, samples[0], tuples_as_lists=True)
+        if self.output == "torch":  # as the consumer's torch_skeleton refuses a slot's batch
+            for leaf in batch.leaves:
+                if leaf.torch is None:
+                    raise numpy_only_error(leaf.dtype)
         layout, data_bytes, objects = plan(batch.treedef, batch.leaves)
         return build_in_memory(layout, data_bytes, objects, batch.fill)
 

@@ -40,7 +40,8 @@ class ArrayLeaf(NamedTuple):
     # The samples were torch tensors: hand out a tensor sharing the memory. A string
     # names a torch dtype numpy lacks (e.g. "bfloat16"): ``dtype`` is then a same-size
     # integer holding its bytes, and the tensor is rebuilt with ``.view(torch.<name>)``.
-    torch: bool | str
+    # None: a default-collated leaf of a dtype torch lacks (output="torch" refuses it).
+    torch: bool | str | None
 
 
 class RaggedLeaf(NamedTuple):
@@ -49,7 +50,7 @@ class RaggedLeaf(NamedTuple):
     offsets: tuple[int, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtype: str
-    torch: bool | str  # as ArrayLeaf.torch
+    torch: bool | str | None  # as ArrayLeaf.torch
 
 
 class ObjectLeaf(NamedTuple):

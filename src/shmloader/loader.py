@@ -479,6 +479,7 @@ class _SingleProcessIter:
             collate_fn=loader.collate_fn,
             collate=loader.collate,
             pad_value=loader.pad_value,
+            output=loader.output,
         )
 
     def __iter__(self) -> _SingleProcessIter:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from shmloader import _slots
+from shmloader.errors import BatchTypeError
 from shmloader.layout import Skeleton
 from shmloader.tree import tree_map
 
@@ -39,18 +40,35 @@ _CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context, as torch regi
 
 def torch_skeleton(skeleton: Skeleton) -> Skeleton:
     """``skeleton`` with every array leaf torch can hold handed out as a torch tensor
-    (numbers and bools in native byte order; str, datetime and other dtypes stay numpy
-    arrays, as :func:`to_torch` leaves them)."""
-    leaves = tuple(
-        leaf if leaf[0] == "o" or leaf[-1] or not torch_can_hold(np.dtype(leaf[1])) else (*leaf[:-1], True)
-        for leaf in skeleton.leaves
+    (numbers and bools; a collate_fn's str, datetime... arrays stay numpy arrays, as
+    :func:`to_torch` leaves them). Raises :func:`numpy_only_error` for a default-collated
+    leaf of such a dtype (torch's collate raises TypeError for it too)."""
+    leaves = []
+    for leaf in skeleton.leaves:
+        if leaf[0] != "o" and leaf[-1] is None:
+            raise numpy_only_error(np.dtype(leaf[1]))
+        if leaf[0] == "o" or leaf[-1] or not torch_can_hold(np.dtype(leaf[1])):
+            leaves.append(leaf)
+        else:
+            leaves.append((*leaf[:-1], True))
+    return skeleton._replace(leaves=tuple(leaves))
+
+
+def numpy_only_error(dtype: np.dtype) -> BatchTypeError:
+    """The error for a default-collated field of a dtype no tensor holds, with output="torch"."""
+    return BatchTypeError(
+        f"output='torch' cannot hand out a batch field of numpy dtype {dtype}: torch has no "
+        "such dtype (its default_collate raises TypeError too). Use output='numpy', convert "
+        "the field in the dataset (numbers, or str/bytes objects rather than arrays), or "
+        "pass a collate_fn (its output passes through as it is)."
     )
-    return skeleton._replace(leaves=leaves)
 
 
 def torch_can_hold(dtype: np.dtype) -> bool:
-    """Whether ``torch.from_numpy`` takes an array of ``dtype``."""
-    return dtype.kind in "biufc" and dtype.isnative
+    """Whether ``dtype`` is one torch has (numbers and bools): such arrays become tensors.
+    (A non-native byte order is one too: ``torch.from_numpy`` then raises ValueError, as
+    torch's own collate does.)"""
+    return dtype.kind in "biufc"
 
 
 def to_torch(batch: Any) -> Any:

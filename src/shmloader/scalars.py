@@ -50,7 +50,10 @@ def tensor_array(t: Any) -> tuple[np.ndarray, bool | str]:
 _RAW_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 # Python and numpy scalar types the default collate batches into an array.
-NUMBER_TYPES = (bool, int, float, complex, np.bool_, np.number)
+# A batch whose first value is one of these becomes one array (torch's collate has no
+# rule for a Python complex first: TypeError; one later in the batch promotes, as there).
+NUMBER_TYPES = (bool, int, float, np.bool_, np.number)
+_ANY_NUMBER = (*NUMBER_TYPES, complex)
 TEXT_TYPES = (str, bytes)  # np.str_ and np.bytes_ subclass these: a list, as in torch
 # The dtype torch's collate infers for a Python scalar in a batch whose first sample is not
 # a Python float (torch.tensor / torch.as_tensor of the list); a float first makes float64.
@@ -58,7 +61,7 @@ _PY_SCALAR_DTYPES = {
     bool: np.dtype(np.bool_),
     int: np.dtype(np.int64),
     float: np.dtype(np.float32),  # torch's default dtype
-    complex: np.dtype(np.complex128),
+    complex: np.dtype(np.complex64),  # torch's default complex dtype
 }
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -78,7 +81,7 @@ def _scalar_dtype(values: list, types: set) -> np.dtype | None:
     (None when one of them is not a number): a Python float first makes float64; else
     each value's own dtype (Python int: int64, float: torch's default float32, bool:
     bool), the highest kind (bool < int < float < complex) winning as torch promotes."""
-    if not all(issubclass(t, NUMBER_TYPES) for t in types):
+    if not all(issubclass(t, _ANY_NUMBER) for t in types):
         return None
     if type(values[0]) is float:
         return np.dtype(np.float64)
@@ -103,9 +106,14 @@ def _scalar_dtype(values: list, types: set) -> np.dtype | None:
 def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[[int], str]) -> np.ndarray:
     """The array of a batch of numbers, with torch's default_collate dtypes; an error
     naming the sample for a value that dtype cannot hold, or for a non-number."""
-    # Fast path, one C pass: for a Python bool, int, float or complex first, numpy's own
+    # Fast path, one C pass: for a Python bool, int or float first, numpy's own
     # inference agrees with torch's whenever it gives one of these dtypes.
-    fits = _FAST_DTYPES.get(type(values[0]))
+    first = type(values[0])
+    fits = _FAST_DTYPES.get(first)
+    if first is bool and not set(map(type, values)) <= _PY_INT_BOOL:
+        # torch.tensor refuses a bool first with arrays or numpy scalars after it (numpy
+        # takes them): checked for flags only, a field the hot W3/W4 paths do not have.
+        fits = None
     if fits is not None:
         try:
             arr = np.array(values)
@@ -117,7 +125,7 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
     types = set(map(type, values))
     dtype = _scalar_dtype(values, types)
     if dtype is None:
-        bad = next((i for i, v in enumerate(values) if not isinstance(v, NUMBER_TYPES)), 0)
+        bad = next((i for i, v in enumerate(values) if not isinstance(v, _ANY_NUMBER)), 0)
         raise unsupported(context, path, sample_name(bad), values[bad])
     if dtype == np.int64:
         _check_int64(values, path, context, sample_name)
@@ -131,11 +139,11 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
         ) from None
 
 
+_PY_INT_BOOL = frozenset({bool, int})
 _FAST_DTYPES = {
     int: (np.dtype(np.int64),),
     bool: (np.dtype(np.bool_), np.dtype(np.int64)),
     float: (np.dtype(np.float64),),
-    complex: (np.dtype(np.complex128),),
 }
 
 
