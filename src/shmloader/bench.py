@@ -35,11 +35,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from shmloader.tree import leaves as tree_leaves
 
 _CACHE_ITEMS = 16  # samples come from a cache this big, so the dataset's cost is ~0
 _WARMUP_BATCHES = 16
@@ -468,14 +470,7 @@ def _ceiling_sources(dataset: Any, batch_size: int) -> list[np.ndarray]:
     k = math.gcd(batch_size, _CACHE_ITEMS)
     samples = [dataset[i] for i in range(k)]
 
-    def leaves(s: Any) -> list[Any]:
-        if isinstance(s, dict):
-            return [v for key in s for v in leaves(s[key])]
-        if isinstance(s, (tuple, list)):
-            return [v for item in s for v in leaves(item)]
-        return [np.asarray(s)]
-
-    cols = list(zip(*(leaves(s) for s in samples), strict=True))
+    cols = list(zip(*([np.asarray(v) for v in tree_leaves(s)] for s in samples), strict=True))
     return [np.stack(col) for col in cols]
 
 
@@ -964,7 +959,7 @@ def _probe_main(spec: dict[str, Any]) -> dict[str, Any]:
     n = 0
     t0 = time.perf_counter()
     for batch in loader:
-        for leaf in _leaves(batch):
+        for leaf in tree_leaves(batch):
             arr = leaf.numpy() if hasattr(leaf, "numpy") else np.asarray(leaf)
             flat = arr.reshape(-1).view(np.uint8)
             int(flat[::4096].sum())  # touch every page, as a consumer reading it would
@@ -986,17 +981,6 @@ def _probe_main(spec: dict[str, Any]) -> dict[str, Any]:
         "shmem_delta_mb": (peaks["Shmem"] - base_shmem) * kib / 2**20 if base_shmem is not None else None,
         "dev_shm_delta_mb": (peaks["devshm"] - base_devshm) / 2**20 if base_devshm is not None else None,
     }
-
-
-def _leaves(tree: Any) -> Iterator[Any]:
-    if isinstance(tree, dict):
-        for v in tree.values():
-            yield from _leaves(v)
-    elif isinstance(tree, (tuple, list)):
-        for v in tree:
-            yield from _leaves(v)
-    else:
-        yield tree
 
 
 def _probe_memory(cfg: Config, loader: str, batches: int = 60, seconds: float = 3.0) -> dict[str, Any]:

@@ -1,16 +1,17 @@
 """Collation: samples -> leaves -> a destination (a ring slot, or new arrays).
 
 ``gather`` walks the samples of one batch like torch's ``default_collate`` does (per
-node, not per sample), checking that they agree, and returns the batch's treedef and its
-leaves. ``place`` then lays the array leaves out and copies each one exactly once into
-its destination: a slot of the ring in a worker (zero further copies), or freshly
-allocated arrays when loading in the main process. Both paths share this code, so
-``num_workers=0`` gives the same batches as workers do.
+node, not per sample, with its types: see the docstring), checking that they agree, and
+returns the batch's treedef and its leaves. ``flatten_tree`` gives the leaves of a batch
+that is already collated (a collate_fn's output, or a ``batch_size=None`` sample), placed
+by the one rule of :func:`slot_leaf`. ``plan`` lays the array leaves out and
+``copy_leaves`` copies each one exactly once into its destination: a slot of the ring in
+a worker (zero further copies), or fresh memory in the main process. ``fetch.Recipe``
+drives both paths, so ``num_workers=0`` gives the same batches as workers do.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from math import prod
@@ -18,8 +19,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shmloader.errors import BatchLayoutError
+from shmloader import tree as _tree
+from shmloader.errors import BatchKeyError, BatchLayoutError, BatchTypeError
 from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, RaggedLeaf, align, read_layout
+from shmloader.scalars import (
+    NUMBER_TYPES,
+    TEXT_TYPES,
+    scalar_array,
+    tensor_array,
+    torch_tensor_type,
+    unsupported,
+)
 
 
 class Leaf:
@@ -69,21 +79,11 @@ class Padded(NamedTuple):
 COLLATE_MODES = ("stack", "pad", "list")
 
 
-def _path_text(path: tuple) -> str:
-    return "".join(f"[{p!r}]" for p in path) or "<sample>"
+_path_text = _tree.path_text
 
 
-def _torch_tensor_type() -> type | None:
-    torch = sys.modules.get("torch")
-    return getattr(torch, "Tensor", None) if torch is not None else None
-
-
-def _tensor_to_numpy(t: Any) -> np.ndarray:
-    return t.detach().cpu().numpy()
-
-
-def _object_array_error(path: tuple, context: str) -> BatchLayoutError:
-    return BatchLayoutError(
+def _object_array_error(path: tuple, context: Any) -> BatchLayoutError:
+    return BatchTypeError(
         f"{context}: the value at {_path_text(path)} is a numpy array of dtype object, which "
         "cannot be placed in shared memory. Return a numeric array, or a list/str if the "
         "field holds Python objects."
@@ -99,13 +99,18 @@ def gather(
 ) -> tuple[Any, list[Leaf]]:
     """Transpose ``samples`` into a treedef and leaves (the default collate).
 
-    ``mode`` says what happens to array fields whose shapes differ between samples:
-    ``"stack"`` refuses them, ``"pad"`` pads every array field of ndim >= 1 to the batch
-    maximum (a :class:`Padded` of values and lengths), ``"list"`` gives every such field
-    as a list of per-sample arrays. Raises :class:`BatchLayoutError` naming the batch,
-    the field path and the two differing shapes, dtypes or structures.
+    Types follow torch's ``default_collate``: numbers become one array (Python ints
+    int64, floats float64, bools bool, numpy scalars their dtype), arrays and tensors are
+    stacked, str/bytes give a list, dicts (and subclasses), namedtuples and lists keep
+    their type, tuples become lists; anything else (None included) is a
+    :class:`BatchTypeError`. ``mode`` says what happens to array fields whose shapes
+    differ between samples: ``"stack"`` refuses them, ``"pad"`` pads every array field of
+    ndim >= 1 to the batch maximum (a :class:`Padded` of values and lengths), ``"list"``
+    gives every such field as a list of per-sample arrays. Raises
+    :class:`BatchLayoutError` naming the batch, the field path and the two differing
+    shapes, dtypes or structures.
     """
-    tensor_type = _torch_tensor_type()
+    tensor_type = torch_tensor_type()
     leaves: list[Leaf] = []
     context = _LazyContext(batch_no, indices)
 
@@ -116,7 +121,7 @@ def gather(
 
     sample_name.context = context  # type: ignore[attr-defined]
 
-    def walk(values: list, path: tuple) -> Any:
+    def walk(values: list | tuple, path: tuple) -> Any:
         first = values[0]
         if isinstance(first, np.ndarray):
             if first.dtype.hasobject:
@@ -126,7 +131,17 @@ def gather(
                 # Not checked sample by sample here (a Python loop per sample costs more
                 # than the copy for small leaves): the strict copy in write_leaf refuses
                 # any other shape or dtype, and explain_stack_failure names the culprit.
-                leaves.append(Leaf(path, values, "stack", (len(values), *shape), dtype, namer=sample_name))
+                leaves.append(
+                    Leaf(
+                        path,
+                        values,
+                        "stack",
+                        (len(values), *shape),
+                        dtype,
+                        _numpy_only(dtype),
+                        namer=sample_name,
+                    )
+                )
                 return LEAF
             # One pass each for dtypes and ndims (not a loop of checks per sample).
             try:
@@ -138,7 +153,8 @@ def gather(
                     if not isinstance(v, np.ndarray) or v.ndim != first.ndim or v.dtype != dtype:
                         raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
             if mode == "list":
-                leaves.append(Leaf(path, values, "list", None, dtype, shapes=[v.shape for v in values]))
+                shapes = [v.shape for v in values]
+                leaves.append(Leaf(path, values, "list", None, dtype, _numpy_only(dtype), shapes=shapes))
                 return LEAF
             if first.ndim == 1:  # sequences: (batch,) lengths, and the longest one
                 sizes = list(map(len, values))
@@ -149,54 +165,62 @@ def gather(
                 lengths = np.fromiter(chain.from_iterable(v.shape for v in values), np.int64, count)
                 lengths = lengths.reshape(len(values), -1)
                 top = tuple(lengths.max(axis=0).tolist())
-            leaves.append(Leaf(path, values, "pad", (len(values), *top), dtype, pad_value=pad_value))
+            top_shape = (len(values), *top)
+            leaves.append(
+                Leaf(path, values, "pad", top_shape, dtype, _numpy_only(dtype), pad_value=pad_value)
+            )
             leaves.append(Leaf((*path, "lengths"), lengths, "copy", lengths.shape, lengths.dtype))
             return ("n", Padded, (LEAF, LEAF))
-        if isinstance(first, (bool, int, float, complex, np.generic)) and not isinstance(
-            first, (np.str_, np.bytes_, np.object_)
-        ):
-            try:
-                arr = np.asarray(values)
-            except (ValueError, TypeError) as exc:
-                raise _mismatch(context, path, sample_name(0), first, "another sample", exc) from None
-            if arr.dtype.hasobject or arr.ndim != 1:
-                bad = next(i for i, v in enumerate(values) if type(v) is not type(first))
-                raise _mismatch(context, path, sample_name(0), first, sample_name(bad), values[bad])
+        if isinstance(first, NUMBER_TYPES):
+            arr = scalar_array(values, path, context, sample_name)
             leaves.append(Leaf(path, arr, "copy", arr.shape, arr.dtype))
             return LEAF
+        if isinstance(first, TEXT_TYPES):
+            # As torch's collate gives them: the batch's list, or a field's column, which
+            # is a tuple for list/tuple samples (their columns come from zip).
+            leaves.append(Leaf(path, values, "object", (len(values),), None))
+            return LEAF
         if tensor_type is not None and isinstance(first, tensor_type):
-            arrays = [_tensor_to_numpy(v) if isinstance(v, tensor_type) else v for v in values]
+            tag: bool | str | None = None
+            arrays = []
+            for i, v in enumerate(values):
+                if not isinstance(v, tensor_type):  # torch.stack refuses it too (TypeError)
+                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+                v, v_tag = tensor_array(v)
+                tag = v_tag if tag is None else tag
+                arrays.append(v)
             start = len(leaves)
             node = walk(arrays, path)
             for leaf in leaves[start:]:
-                leaf.torch = True
+                # (pad's lengths are int64 in any case: never viewed as another dtype)
+                leaf.torch = True if leaf.kind == "copy" else tag
             return node
-        if isinstance(first, Mapping):
+        kind = _tree.node_kind(first)
+        if kind == _tree.DICT:
             keys = tuple(first.keys())
-            ftype, n = type(first), len(keys)
+            ftype = type(first)
             for i, v in enumerate(values):
-                if (type(v) is not ftype and not isinstance(v, Mapping)) or len(v) != n:
+                if type(v) is not ftype and not isinstance(v, Mapping):
                     raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
             try:
                 children = tuple(walk([v[k] for v in values], (*path, k)) for k in keys)
             except KeyError as exc:
-                raise BatchLayoutError(
+                raise BatchKeyError(
                     f"{context}: the samples' dicts at {_path_text(path)} have different keys "
                     f"({exc.args[0]!r} is missing from one). Give every sample the same keys."
                 ) from None
-            return ("d", type(first), keys, children)
-        if isinstance(first, (tuple, list)):
+            return (_tree.DICT, _tree.mapping_type(first), keys, children)
+        if kind is not None:  # a list, tuple or namedtuple
             ftype, n = type(first), len(first)
             for i, v in enumerate(values):
+                # (type(v) is ftype first: no isinstance call per sample in the common case)
                 if (type(v) is not ftype and not isinstance(v, (tuple, list))) or len(v) != n:
                     raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
-            children = tuple(walk(list(col), (*path, j)) for j, col in enumerate(zip(*values)))
-            if isinstance(first, tuple) and hasattr(first, "_fields"):
-                return ("n", type(first), children)
-            return ("l", children)  # tuples become lists, as torch's default_collate does
-        # str, bytes, None and other objects: the batch holds a list of them.
-        leaves.append(Leaf(path, list(values), "object", (len(values),), None))
-        return LEAF
+            children = tuple(walk(col, (*path, j)) for j, col in enumerate(zip(*values)))
+            if kind == _tree.NAMEDTUPLE:
+                return (_tree.NAMEDTUPLE, type(first), children)
+            return (_tree.LIST, children)  # tuples become lists, as torch's default_collate does
+        raise unsupported(context, path, sample_name(0), first)
 
     if mode not in COLLATE_MODES:
         raise ValueError(f"collate must be one of {COLLATE_MODES}, got {mode!r}")
@@ -206,41 +230,47 @@ def gather(
     return treedef, leaves
 
 
-def flatten_tree(tree: Any) -> tuple[Any, list[Leaf]]:
-    """Leaves of an already collated tree (a user collate_fn's output, or an unbatched
-    sample), kept as they are: no new axis. Node types are preserved."""
-    tensor_type = _torch_tensor_type()
-    leaves: list[Leaf] = []
+def _numpy_only(dtype: np.dtype) -> bool | None:
+    """A default-collated array leaf's torch tag: False, or None for a dtype torch has no
+    tensor for (str, bytes, datetime...): output="torch" then refuses the batch with a
+    TypeError, as torch's collate does (a collate_fn's arrays pass through instead)."""
+    return False if dtype.kind in "biufc" else None
 
-    def walk(node: Any, path: tuple) -> Any:
-        if isinstance(node, np.ndarray):
-            if node.dtype.hasobject:
-                raise _object_array_error(path, "the collated batch")
-            leaves.append(Leaf(path, node, "copy", node.shape, node.dtype))
-            return LEAF
-        if isinstance(node, (bool, int, float, complex, np.generic)) and not isinstance(
-            node, (np.str_, np.bytes_, np.object_)
-        ):
-            arr = np.asarray(node)
-            leaves.append(Leaf(path, arr, "copy", arr.shape, arr.dtype))
-            return LEAF
-        if tensor_type is not None and isinstance(node, tensor_type):
-            walk(_tensor_to_numpy(node), path)
-            leaves[-1].torch = True
-            return LEAF
-        if isinstance(node, Mapping):
-            keys = tuple(node.keys())
-            return ("d", type(node), keys, tuple(walk(node[k], (*path, k)) for k in keys))
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            return ("n", type(node), tuple(walk(v, (*path, j)) for j, v in enumerate(node)))
-        if isinstance(node, (tuple, list)):
-            tag = "t" if isinstance(node, tuple) else "l"
-            return (tag, tuple(walk(v, (*path, j)) for j, v in enumerate(node)))
-        leaves.append(Leaf(path, node, "object", (), None))
-        return LEAF
 
-    treedef = walk(tree, ())
-    return treedef, leaves
+def converted(value: Any) -> Any:
+    """One leaf as torch's ``default_convert`` gives it (``batch_size=None`` without a
+    collate_fn), on the numpy side: a numpy scalar becomes a 0-d array; anything else
+    (arrays, tensors, Python numbers, str, None...) is kept as it is."""
+    return np.asarray(value) if isinstance(value, (np.bool_, np.number)) else value
+
+
+def slot_leaf(value: Any, index: int) -> Leaf:
+    """THE rule for a leaf of an already collated tree (a user collate_fn's output, or a
+    converted sample): a numpy array of a non-object dtype or a tensor goes into the slot
+    (zero copy for the consumer); anything else travels as an object, unchanged (torch
+    passes a collate_fn's output through untouched)."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            return Leaf((index,), value, "object", (), None)
+        return Leaf((index,), value, "copy", value.shape, value.dtype)
+    tensor_type = torch_tensor_type()
+    if tensor_type is not None and isinstance(value, tensor_type):
+        try:
+            arr, tag = tensor_array(value)
+        except (TypeError, RuntimeError):  # sparse, quantized...: no plain buffer to place
+            return Leaf((index,), value, "object", (), None)
+        return Leaf((index,), arr, "copy", arr.shape, arr.dtype, torch=tag)
+    return Leaf((index,), value, "object", (), None)
+
+
+def flatten_tree(tree: Any, *, convert: bool = False) -> tuple[Any, list[Leaf]]:
+    """Leaves of an already collated tree (a user collate_fn's output, or with ``convert``
+    an unbatched sample, which first goes through :func:`converted`, its tuples becoming
+    lists as in torch's ``default_convert``), placed by :func:`slot_leaf`; no new axis."""
+    treedef, values = _tree.flatten(tree, tuples_as_lists=convert)
+    if convert:
+        values = [converted(v) for v in values]
+    return treedef, [slot_leaf(v, i) for i, v in enumerate(values)]
 
 
 def plan(treedef: Any, leaves: list[Leaf]) -> tuple[Layout, int, list[Any]]:
@@ -361,12 +391,6 @@ def build_in_memory(
     return read_layout(layout, buf, objects)
 
 
-def build_arrays(treedef: Any, leaves: list[Leaf]) -> Any:
-    """The gathered batch as new arrays: same values as the ring path."""
-    layout, data_bytes, objects = plan(treedef, leaves)
-    return build_in_memory(layout, data_bytes, objects, copy_leaves(leaves))
-
-
 class _LazyContext:
     """ "cannot collate batch N (sample indices ...)", formatted only for an error message
     (gather runs once per batch; the text is needed once per bad batch)."""
@@ -408,7 +432,13 @@ def _structure_error(context, path, name_a, a, name_b, b) -> BatchLayoutError:
         n = len(v) if isinstance(v, (Mapping, tuple, list)) else None
         return f"a {type(v).__name__}" + (f" of {n} items" if n is not None else "")
 
-    return BatchLayoutError(
+    # Another kind of value (a dict where a list was, a leaf where a tensor was) is a
+    # TypeError in torch's collate, as here; the same kind of another length a ValueError.
+    same_kind = isinstance(b, (Mapping, tuple, list)) and isinstance(a, (Mapping, tuple, list))
+    error = (
+        BatchLayoutError if same_kind and isinstance(a, Mapping) == isinstance(b, Mapping) else BatchTypeError
+    )
+    return error(
         f"{context}: the samples' structure differs at {_path_text(path)}: {name_a} is "
         f"{kind(a)}, {name_b} is {kind(b)}. Return the same structure from every sample."
     )

@@ -48,6 +48,27 @@ class BatchLayoutError(ShmLoaderError, ValueError):
     batch does not fit a slot of a fixed ``slot_bytes``."""
 
 
+class BatchTypeError(BatchLayoutError, TypeError):
+    """A sample holds a value the default collate cannot batch: None, or an object that
+    is not an array, tensor, number, str/bytes, dict, list or tuple. A ``TypeError`` as
+    torch's ``default_collate`` raises, and a :class:`BatchLayoutError` as documented."""
+
+
+class BatchKeyError(BatchLayoutError, KeyError):
+    """A sample's dict lacks a key the batch's first sample has: a ``KeyError`` as torch's
+    ``default_collate`` raises, and a :class:`BatchLayoutError` as documented."""
+
+    def __str__(self) -> str:  # the sentence, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""
+
+
+class StrayStopIteration(ShmLoaderError, RuntimeError):
+    """Dataset, sampler-free fetch or collate code raised ``StopIteration`` while a batch
+    was made. An epoch ends only when its sampler (or iterable dataset) is exhausted, so
+    this is an error naming the batch and its samples, never a silent end of the epoch
+    (as Python turns a ``StopIteration`` leaking out of a generator into a RuntimeError)."""
+
+
 class RingLimitError(ShmLoaderError, MemoryError):
     """The ring would have to grow past ``max_shm_bytes``: the message says how many
     batches the consumer holds, the bytes they pin, and what to do."""

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import functools
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from math import prod
 from typing import Any, NamedTuple
 
 import numpy as np
 
-# Treedef nodes (nested tuples, hashable so layouts can key caches):
-#   LEAF                          a leaf
-#   ("d", cls, keys, children)    a dict (cls: dict or a dict subclass)
-#   ("l", children)               a list
-#   ("t", children)               a tuple
-#   ("n", cls, children)          a namedtuple
-LEAF = None
+from shmloader.tree import LEAF, builder, unflatten
+
+__all__ = ["LEAF", "builder", "unflatten"]  # re-exported: the tree functions live in tree.py
+
+# Treedefs are shmloader.tree's (nested tuples, hashable so layouts can key caches).
 
 ALIGN_BYTES = 64  # leaves start on cache-line boundaries
 
@@ -39,7 +37,11 @@ class ArrayLeaf(NamedTuple):
     offset: int
     shape: tuple[int, ...]
     dtype: str  # numpy dtype.str, e.g. '|u1', '<f4'
-    torch: bool  # the samples were torch tensors: hand out a tensor sharing the memory
+    # The samples were torch tensors: hand out a tensor sharing the memory. A string
+    # names a torch dtype numpy lacks (e.g. "bfloat16"): ``dtype`` is then a same-size
+    # integer holding its bytes, and the tensor is rebuilt with ``.view(torch.<name>)``.
+    # None: a default-collated leaf of a dtype torch lacks (output="torch" refuses it).
+    torch: bool | str | None
 
 
 class RaggedLeaf(NamedTuple):
@@ -48,7 +50,7 @@ class RaggedLeaf(NamedTuple):
     offsets: tuple[int, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtype: str
-    torch: bool
+    torch: bool | str | None  # as ArrayLeaf.torch
 
 
 class ObjectLeaf(NamedTuple):
@@ -110,53 +112,6 @@ def decode(data: bytes) -> Skeleton:
     return pickle.loads(data)
 
 
-def unflatten(treedef: Any, leaves: Iterator[Any]) -> Any:
-    """Rebuild the tree described by ``treedef``, taking leaves in order from ``leaves``."""
-    if treedef is LEAF:
-        return next(leaves)
-    tag = treedef[0]
-    if tag == "l":
-        return [unflatten(c, leaves) for c in treedef[1]]
-    if tag == "t":
-        return tuple(unflatten(c, leaves) for c in treedef[1])
-    if tag == "d":
-        _, cls, keys, children = treedef
-        items = {k: unflatten(c, leaves) for k, c in zip(keys, children)}
-        return items if cls is dict else _make_mapping(cls, items)
-    _, cls, children = treedef  # namedtuple
-    return cls(*(unflatten(c, leaves) for c in children))
-
-
-def builder(treedef: Any) -> Callable[[list[Any]], Any]:
-    """A function ``leaves -> tree`` equal to ``unflatten(treedef, iter(leaves))``, made
-    once per layout: for a flat tree (every child a leaf, the common case) it is one call,
-    without unflatten's walk. ``leaves`` must be a fresh list (a flat list tree is it)."""
-    if treedef is LEAF:
-        return lambda leaves: leaves[0]
-    flat = all(child is LEAF for child in treedef[-1])
-    if not flat:
-        return lambda leaves: unflatten(treedef, iter(leaves))
-    tag = treedef[0]
-    if tag == "l":
-        return lambda leaves: leaves
-    if tag == "t":
-        return tuple
-    if tag == "n":
-        cls = treedef[1]
-        return lambda leaves: cls(*leaves)
-    _, cls, keys, _ = treedef
-    if cls is dict:
-        return lambda leaves: dict(zip(keys, leaves))
-    return lambda leaves: _make_mapping(cls, dict(zip(keys, leaves)))
-
-
-def _make_mapping(cls: type, items: dict) -> Any:
-    try:
-        return cls(items)
-    except TypeError:  # a subclass whose constructor takes other arguments
-        return items
-
-
 @functools.lru_cache(maxsize=256)
 def _cached_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, list[int]], Any]:
     return make_reader(skeleton)
@@ -173,24 +128,24 @@ def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, l
     ``skeleton`` from a slot's root array, as views of it (no copy), the unpickled object
     leaves and the layout's numbers (see :func:`split`)."""
     torch = None
-    if any(leaf[-1] is True for leaf in skeleton.leaves if leaf[0] != "o"):
+    if any(leaf[-1] for leaf in skeleton.leaves if leaf[0] != "o"):
         import torch  # only when a sample was a tensor: torch is then installed
-    # One plan per leaf: (kind, dtype, ndim, count or object index, as_torch).
+    # One plan per leaf: (kind, dtype, ndim, count or object index, to_tensor or None).
     plans = []
     for leaf in skeleton.leaves:
         if leaf[0] == "a":
-            plans.append((_ARRAY, np.dtype(leaf[1]), leaf[2], 1, leaf[3]))
+            plans.append((_ARRAY, np.dtype(leaf[1]), leaf[2], 1, _tensor_maker(torch, leaf[3])))
         elif leaf[0] == "r":
-            plans.append((_RAGGED, np.dtype(leaf[1]), leaf[3], leaf[2], leaf[4]))
+            plans.append((_RAGGED, np.dtype(leaf[1]), leaf[3], leaf[2], _tensor_maker(torch, leaf[4])))
         else:
-            plans.append((_OBJECT, None, 0, leaf[1], False))
+            plans.append((_OBJECT, None, 0, leaf[1], None))
     build = builder(skeleton.treedef)
     frombuffer = np.frombuffer
 
     def read(root: np.ndarray, objects: list[Any] | None, numbers: list[int]) -> Any:
         out = []
         p = 0
-        for kind, dtype, ndim, count, as_torch in plans:
+        for kind, dtype, ndim, count, to_tensor in plans:
             if kind == _OBJECT:
                 out.append(objects[count])  # type: ignore[index]
                 continue
@@ -202,7 +157,7 @@ def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, l
                 # frombuffer on the root gives a view whose .base is the root, so the
                 # root (and the slot lease tied to it) lives as long as any view does.
                 view = frombuffer(root, dtype, prod(shape), offset).reshape(shape)
-                views.append(torch.from_numpy(view) if as_torch else view)
+                views.append(to_tensor(view) if to_tensor is not None else view)
             out.append(views[0] if kind == _ARRAY else views)
         return build(out)
 
@@ -210,3 +165,15 @@ def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, l
 
 
 _ARRAY, _RAGGED, _OBJECT = 0, 1, 2
+
+
+def _tensor_maker(torch: Any, tag: bool | str) -> Callable[[np.ndarray], Any] | None:
+    """How a leaf's array view becomes what the batch holds: None (the array itself),
+    ``torch.from_numpy``, or for a dtype numpy lacks, that viewed as the torch dtype."""
+    if not tag:
+        return None
+    if tag is True:
+        return torch.from_numpy
+    dtype = getattr(torch, tag)
+    from_numpy = torch.from_numpy
+    return lambda view: from_numpy(view).view(dtype)

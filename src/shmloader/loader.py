@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from shmloader import _slots, context, wire, writeinto
+from shmloader import _slots, context, fetch, wire
 from shmloader import distributed as _dist
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
-from shmloader.collate import COLLATE_MODES, build_arrays, build_in_memory, flatten_tree, gather, plan
+from shmloader.collate import COLLATE_MODES
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError, WorkerError
 from shmloader.layout import decode, make_reader
 from shmloader.pool import WorkerHandle, WorkerPool, short_indices
@@ -193,9 +193,15 @@ class DataLoader:
         self.pad_value = pad_value
         self.copy = copy
         self.generator = generator
-        self._rng = _make_rng(seed, generator)
         # Every epoch's order and worker seeds are functions of (_seed, epoch): see state.py.
-        self._seed = int(self._rng.integers(0, 2**62))
+        # With a generator, _seed is drawn from it again at each iter() (as torch's sampler
+        # and base seed are), so g.manual_seed(0) before each epoch repeats the order.
+        self._draw_seed = _seed_source(seed, generator)
+        self._reseed_each_epoch = generator is not None
+        self._seed = self._draw_seed()
+        self._rng = (
+            generator if isinstance(generator, np.random.Generator) else np.random.default_rng(self._seed)
+        )
         self._next_epoch = 0  # the epoch the next iter() loads (set_epoch, or one more)
         self._resume: dict | None = None  # a loaded position, for the next iter()
         self._plan: _state.EpochPlan | None = None
@@ -377,9 +383,13 @@ def _is_iterable_dataset(dataset: Any) -> bool:
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
 
 
-def _make_rng(seed: int | None, generator: Any) -> np.random.Generator:
+def _seed_source(seed: int | None, generator: Any) -> Callable[[], int]:
+    """A function drawing the loader's seed: from ``generator`` (a numpy or torch
+    Generator) at each call; else ``seed``, or (like torch's loader, following the global
+    RNG the user seeded) one draw from torch's global RNG when torch is imported, numpy's
+    otherwise."""
     if isinstance(generator, np.random.Generator):
-        return generator
+        return lambda: int(generator.integers(0, 2**62))
     if generator is not None:
         torch = sys.modules.get("torch")
         if torch is None or not isinstance(generator, torch.Generator):
@@ -387,16 +397,20 @@ def _make_rng(seed: int | None, generator: Any) -> np.random.Generator:
                 f"generator must be a numpy.random.Generator or a torch.Generator, got "
                 f"{type(generator).__name__}; or pass seed=<int>."
             )
-        seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        return lambda: _fold(int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()))
     if seed is None:
-        # Like torch's loader, follow the global RNG the user seeded: torch's when it is
-        # imported, numpy's otherwise.
         torch = sys.modules.get("torch")
         if torch is not None:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
         else:
             seed = int(np.random.randint(0, 2**62, dtype=np.int64))
-    return np.random.default_rng(seed)
+    fixed = _fold(seed)
+    return lambda: fixed
+
+
+def _fold(seed: int) -> int:
+    """A seed below 2**62 (the loader's seeds always were), drawn from ``seed``."""
+    return int(np.random.default_rng(seed & (2**64 - 1)).integers(0, 2**62))
 
 
 # ---------------------------------------------------------------------------------------
@@ -424,11 +438,16 @@ class _SingleProcessIter:
             self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan is not None else None)
         else:
             self._source = loader._index_sequence()
-        self._spec = writeinto.spec_for(
+        self._recipe = fetch.Recipe(
             loader.dataset,
             iterable=loader.iterable,
             auto_collation=loader._auto_collation,
+            batch_size=loader.batch_size,
+            drop_last=loader.drop_last,
             collate_fn=loader.collate_fn,
+            collate=loader.collate,
+            pad_value=loader.pad_value,
+            output=loader.output,
         )
 
     def __iter__(self) -> _SingleProcessIter:
@@ -454,35 +473,19 @@ class _SingleProcessIter:
         return self._seq
 
     def _next_batch(self) -> Any:
-        loader = self._loader
+        """The next batch, made by the same recipe a worker uses (fetch.Recipe); raises
+        StopIteration only when the sampler or the iterable dataset is exhausted."""
+        recipe = self._recipe
         seq, self._seq = self._seq, self._seq + 1
-        if loader.iterable:
-            samples = []
-            want = loader.batch_size if loader._auto_collation else 1
-            for sample in self._source:
-                samples.append(sample)
-                if len(samples) == want:
-                    break
-            if not samples or (len(samples) < want and loader.drop_last):
+        if self._loader.iterable:
+            samples = recipe.take(self._source, seq)
+            if samples is None:
                 raise StopIteration
             indices = None
         else:
-            indices = next(self._source)
-            if self._spec is not None:
-                treedef, specs = self._spec
-                leaves = writeinto.plan_leaves(treedef, specs, len(indices))
-                layout, data_bytes, objects = plan(treedef, leaves)
-                fill = writeinto.writer(loader.dataset, treedef, indices)
-                return build_in_memory(layout, data_bytes, objects, fill)
-            getitems = getattr(loader.dataset, "__getitems__", None)
-            samples = list(getitems(indices)) if getitems else [loader.dataset[i] for i in indices]
-        if not loader._auto_collation:
-            sample = samples[0]
-            tree = loader.collate_fn(sample) if loader.collate_fn else sample
-            return build_arrays(*flatten_tree(tree))
-        if loader.collate_fn is not None:
-            return loader.collate_fn(samples)
-        return build_arrays(*gather(samples, indices, seq, loader.collate, loader.pad_value))
+            indices = next(self._source)  # the sampler's end is the epoch's end
+            samples = recipe.fetch(indices, seq)
+        return recipe.in_memory(recipe.collate(samples, indices, seq), samples)
 
     def __len__(self) -> int:
         return len(self._loader)

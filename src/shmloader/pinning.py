@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 
 from shmloader import _slots
+from shmloader.errors import BatchTypeError
 from shmloader.layout import Skeleton
+from shmloader.tree import tree_map
 
 NO_CUDA_WARNING = "pin_memory=True but CUDA is not available; batches stay in shared host memory"
 _CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context, as torch registers memory
@@ -37,53 +39,64 @@ _CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context, as torch regi
 
 
 def torch_skeleton(skeleton: Skeleton) -> Skeleton:
-    """``skeleton`` with every array leaf handed out as a torch tensor."""
-    leaves = tuple(leaf if leaf[0] == "o" else (*leaf[:-1], True) for leaf in skeleton.leaves)
-    return skeleton._replace(leaves=leaves)
+    """``skeleton`` with every array leaf torch can hold handed out as a torch tensor
+    (numbers and bools; a collate_fn's str, datetime... arrays stay numpy arrays, as
+    :func:`to_torch` leaves them). Raises :func:`numpy_only_error` for a default-collated
+    leaf of such a dtype (torch's collate raises TypeError for it too)."""
+    leaves = []
+    for leaf in skeleton.leaves:
+        if leaf[0] != "o" and leaf[-1] is None:
+            raise numpy_only_error(np.dtype(leaf[1]))
+        if leaf[0] == "o" or leaf[-1] or not torch_can_hold(np.dtype(leaf[1])):
+            leaves.append(leaf)
+        else:
+            leaves.append((*leaf[:-1], True))
+    return skeleton._replace(leaves=tuple(leaves))
 
 
-def to_torch(tree: Any) -> Any:
-    """``tree`` with numpy arrays replaced by tensors sharing their memory (dicts, lists,
-    tuples and namedtuples are rebuilt; other leaves are kept)."""
+def numpy_only_error(dtype: np.dtype) -> BatchTypeError:
+    """The error for a default-collated field of a dtype no tensor holds, with output="torch"."""
+    return BatchTypeError(
+        f"output='torch' cannot hand out a batch field of numpy dtype {dtype}: torch has no "
+        "such dtype (its default_collate raises TypeError too). Use output='numpy', convert "
+        "the field in the dataset (numbers, or str/bytes objects rather than arrays), or "
+        "pass a collate_fn (its output passes through as it is)."
+    )
+
+
+def torch_can_hold(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is one torch has (numbers and bools): such arrays become tensors.
+    (A non-native byte order is one too: ``torch.from_numpy`` then raises ValueError, as
+    torch's own collate does.)"""
+    return dtype.kind in "biufc"
+
+
+def to_torch(batch: Any) -> Any:
+    """``batch`` with numpy arrays torch can hold replaced by tensors sharing their memory
+    (nodes rebuilt with their types by :mod:`shmloader.tree`; other leaves are kept)."""
     import torch
 
-    def convert(node: Any) -> Any:
-        if isinstance(node, np.ndarray):
-            return torch.from_numpy(node) if node.dtype.kind in "biufc" else node
-        if isinstance(node, dict):
-            items = {k: convert(v) for k, v in node.items()}
-            if type(node) is dict:
-                return items
-            try:
-                return type(node)(items)
-            except TypeError:
-                return items
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            return type(node)(*(convert(v) for v in node))
-        if isinstance(node, (list, tuple)):
-            return type(node)(convert(v) for v in node)
-        return node
+    def convert(leaf: Any) -> Any:
+        if isinstance(leaf, np.ndarray) and torch_can_hold(leaf.dtype):
+            if any(stride < 0 for stride in leaf.strides):  # from_numpy refuses them
+                leaf = leaf.copy()  # (a worker's slot holds a contiguous copy too)
+            return torch.from_numpy(leaf)
+        return leaf
 
-    return convert(tree)
+    return tree_map(convert, batch)
 
 
-def pin_tree(tree: Any) -> Any:
-    """``tree`` with every CPU tensor copied into page-locked memory (what torch's loader
+def pin_tree(batch: Any) -> Any:
+    """``batch`` with every CPU tensor copied into page-locked memory (what torch's loader
     does per batch; used only for batches that do not live in the ring)."""
     torch = sys.modules["torch"]
 
-    def pin(node: Any) -> Any:
-        if isinstance(node, torch.Tensor):
-            return node if node.is_pinned() else node.pin_memory()
-        if isinstance(node, dict):
-            return type(node)({k: pin(v) for k, v in node.items()}) if type(node) is dict else node
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            return type(node)(*(pin(v) for v in node))
-        if isinstance(node, (list, tuple)):
-            return type(node)(pin(v) for v in node)
-        return node
+    def pin(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and not leaf.is_pinned():
+            return leaf.pin_memory()
+        return leaf
 
-    return pin(tree)
+    return tree_map(pin, batch)
 
 
 # --- pinning ----------------------------------------------------------------------------

@@ -67,6 +67,16 @@ def _unit(loader: Any) -> str:
     return "samples" if loader._own_batching else "batches"
 
 
+def _midway(resume: dict[str, Any] | None) -> bool:
+    """Whether a loaded position is inside its epoch (some of it already consumed)."""
+    if resume is None:
+        return False
+    workers = resume.get("workers") or []
+    return bool(resume.get("consumed")) or any(
+        w.get("samples") or w.get("state") is not None for w in workers
+    )
+
+
 def begin_epoch(loader: Any) -> EpochPlan:
     """Start the next iteration of ``loader``: pick its epoch (``set_epoch``, or one more
     than the last), apply a loaded state, seed the epoch's order. Sets ``loader._plan``."""
@@ -74,13 +84,20 @@ def begin_epoch(loader: Any) -> EpochPlan:
     loader._next_epoch = epoch + 1
     resume = loader._resume if loader._resume is not None and loader._resume["epoch"] == epoch else None
     loader._resume = None
+    # generator=: a new seed from it at each iter(), as torch draws its order and base seed
+    # (a resume within an epoch keeps the saved one); the order is then a function of that
+    # seed alone, so reseeding the generator before an epoch repeats the epoch.
+    reseed = getattr(loader, "_reseed_each_epoch", False)
+    if reseed and not _midway(resume):
+        loader._seed = loader._draw_seed()
     seed = loader._seed
+    key = 0 if reseed else epoch  # what the epoch's seeds are derived from, with the seed
     unit = _unit(loader)
     sampler = loader.sampler if unit == "samples" else loader.batch_sampler
     presharded = unit != "iterable" and _dist.is_presharded(sampler)
     plan = EpochPlan(
         epoch=epoch,
-        epoch_seed=derive_epoch_seed(seed, epoch),
+        epoch_seed=derive_epoch_seed(seed, key),
         rank=loader.rank,
         world_size=1 if presharded else loader.world_size,
         unit=unit,
@@ -99,7 +116,7 @@ def begin_epoch(loader: Any) -> EpochPlan:
         if unit == "samples":
             plan.step = loader.batch_size if loader.batch_size is not None else 1
             if loader._own_shuffle:
-                sampler.generator = order_rng(seed, epoch)
+                sampler.generator = order_rng(seed, key)
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from shmloader import _slots, wire, writeinto
-from shmloader.collate import array_views, build_in_memory, copy_leaves, flatten_tree, gather, plan
+from shmloader import _slots, fetch, wire
+from shmloader.collate import array_views, build_in_memory, plan
 from shmloader.context import WorkerInfo, set_worker_info
-from shmloader.errors import BatchLayoutError
+from shmloader.errors import BatchLayoutError, StrayStopIteration
 from shmloader.layout import encode, split
 from shmloader.ring import Ring, attach_fd
 
@@ -163,11 +163,15 @@ class _Worker:
         self.stats_sent: dict[str, int] = dict(self.stats_fn()) if self.stats_fn else {}
         self.iterator: Any = None
         self.exhausted = False
-        self.spec = writeinto.spec_for(
+        self.recipe = fetch.Recipe(
             config.dataset,
             iterable=config.iterable,
             auto_collation=config.auto_collation,
+            batch_size=config.batch_size,
+            drop_last=config.drop_last,
             collate_fn=config.collate_fn,
+            collate=config.collate,
+            pad_value=config.pad_value,
         )
 
     def start_epoch(self, seed: int) -> None:
@@ -233,24 +237,11 @@ class _Worker:
                     indices = np.frombuffer(msg, np.int64, offset=wire.HEADER_BYTES).tolist()
                 else:
                     indices = pickle.loads(msg[wire.HEADER_BYTES :])
-                samples = None if self.spec is not None else self.fetch(indices)
+                samples = self.fetch(indices, seq)
             where = "collating"
-            if self.spec is not None and indices is not None:
-                treedef, specs = self.spec
-                leaves = writeinto.plan_leaves(treedef, specs, len(indices))
-                fill = writeinto.writer(cfg.dataset, treedef, indices)
-                where = "writing samples (write_sample)"
-            else:
-                if not cfg.auto_collation:  # one sample, as it is
-                    sample = samples[0]
-                    treedef, leaves = flatten_tree(cfg.collate_fn(sample) if cfg.collate_fn else sample)
-                elif cfg.collate_fn is not None:
-                    treedef, leaves = flatten_tree(cfg.collate_fn(samples))
-                else:
-                    treedef, leaves = gather(samples, indices, seq, cfg.collate, cfg.pad_value)
-                fill = copy_leaves(leaves)
-                where = "writing the batch"
-            self.deliver(slot, seq, treedef, leaves, fill)
+            batch = self.recipe.collate(samples, indices, seq)
+            where = "writing samples (write_sample)" if samples is None else "writing the batch"
+            self.deliver(slot, seq, batch.treedef, batch.leaves, batch.fill)
         except Exception as exc:
             failure = WorkerFailure.capture(exc, cfg.worker_id, where, indices)
             self.conn.send_bytes(wire.pack(wire.RES_ERROR, slot, seq, pickle.dumps(failure)))
@@ -265,12 +256,9 @@ class _Worker:
             self.stats_sent = dict(now)
             self.conn.send_bytes(wire.pack(wire.RES_STATS, payload=pickle.dumps(gained)))
 
-    def fetch(self, indices: list[Any]) -> list[Any]:
-        dataset = self.cfg.dataset
-        getitems = getattr(dataset, "__getitems__", None)
-        if getitems is not None:
-            return list(getitems(indices))
-        return [dataset[i] for i in indices]
+    def fetch(self, indices: list[Any], seq: int | None = None) -> list[Any] | None:
+        """The samples of ``indices`` (None under the write-into protocol): see fetch.Recipe."""
+        return self.recipe.fetch(indices, seq)
 
     def next_samples(self) -> list[Any] | None:
         """Up to batch_size samples from this worker's iterator; None when exhausted."""
@@ -278,23 +266,23 @@ class _Worker:
             return None
         if self.iterator is None:
             self.exhausted = True  # if iter() raises, this worker has nothing more to give
-            if self.cfg.resume is None:
-                self.iterator = iter(self.cfg.dataset)
-            else:  # the first epoch after load_state_dict: continue where the shard was
-                from shmloader.state import open_iterable
+            try:
+                if self.cfg.resume is None:
+                    self.iterator = iter(self.cfg.dataset)
+                else:  # the first epoch after load_state_dict: continue where the shard was
+                    from shmloader.state import open_iterable
 
-                resume, self.cfg.resume = self.cfg.resume, None
-                self.iterator = open_iterable(self.cfg.dataset, resume)
+                    resume, self.cfg.resume = self.cfg.resume, None
+                    self.iterator = open_iterable(self.cfg.dataset, resume)
+            except StopIteration as exc:  # from the dataset's __iter__: not an end of data
+                raise StrayStopIteration(
+                    f"the iterable dataset's __iter__ raised StopIteration{f': {exc}' if str(exc) else ''}; "
+                    "return an (empty) iterator instead."
+                ) from exc
             self.exhausted = False
-        want = self.cfg.batch_size if self.cfg.auto_collation else 1
-        samples = []
-        try:
-            for _ in range(want):
-                samples.append(next(self.iterator))
-        except StopIteration:
+        samples = self.recipe.take(self.iterator, None)
+        if samples is None or len(samples) < self.recipe.want:
             self.exhausted = True
-            if not samples or (self.cfg.drop_last and self.cfg.auto_collation):
-                return None
         return samples
 
     def deliver(self, slot: int, seq: int, treedef: Any, leaves: list, fill: Any) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from shmloader.collate import Leaf
 from shmloader.errors import BatchLayoutError
-from shmloader.layout import LEAF, unflatten
+from shmloader.tree import flatten, leaf_paths, path_text, unflatten
 
 
 @dataclass(frozen=True)
@@ -61,26 +61,13 @@ def spec_for(dataset: Any, *, iterable: bool, auto_collation: bool, collate_fn: 
 
 def parse_spec(spec: Any) -> tuple[Any, list[ArraySpec]]:
     """Treedef and leaves of a sample spec tree; a clear error for anything else."""
-    leaves: list[ArraySpec] = []
-
-    def walk(node: Any, path: str) -> Any:
-        if isinstance(node, ArraySpec):
-            leaves.append(node)
-            return LEAF
-        if isinstance(node, dict):
-            keys = tuple(node)
-            return ("d", type(node), keys, tuple(walk(node[k], f"{path}[{k!r}]") for k in keys))
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            return ("n", type(node), tuple(walk(v, f"{path}[{i}]") for i, v in enumerate(node)))
-        if isinstance(node, (tuple, list)):
-            tag = "t" if isinstance(node, tuple) else "l"
-            return (tag, tuple(walk(v, f"{path}[{i}]") for i, v in enumerate(node)))
-        raise BatchLayoutError(
-            f"sample_spec() returned {type(node).__name__} at {path or '<sample>'}; every leaf "
-            "must be a shmloader.ArraySpec(shape, dtype)."
-        )
-
-    treedef = walk(spec, "")
+    treedef, leaves = flatten(spec)
+    for path, leaf in zip(leaf_paths(spec), leaves):
+        if not isinstance(leaf, ArraySpec):
+            raise BatchLayoutError(
+                f"sample_spec() returned {type(leaf).__name__} at {path_text(path)}; every leaf "
+                "must be a shmloader.ArraySpec(shape, dtype)."
+            )
     if not leaves:
         raise BatchLayoutError("sample_spec() declared no arrays; declare at least one ArraySpec.")
     return treedef, leaves
