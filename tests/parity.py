@@ -1,0 +1,576 @@
+"""Helpers of the differential suite against torch (tests/test_torch_parity.py).
+
+Three parts, one concept each:
+
+- *schemas*: a random sample structure (a tree of containers whose leaves say what kind
+  of value they hold) and :func:`make_samples`, which draws a small dataset from a schema
+  with a numpy generator (the schema and the generator's seed are what hypothesis draws
+  and shrinks; the values themselves come from the seed, which is cheaper than drawing
+  every array through hypothesis);
+- *runners*: :func:`run_torch` and :func:`run_ours` load a dataset and return an
+  :class:`Outcome` (the batches, and the exception that ended the epoch, if any);
+- *comparison*: :func:`compare_outcomes` asserts that our outcome matches torch's under
+  the rules written in the docstring of tests/test_torch_parity.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections import OrderedDict, namedtuple
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+import shmloader
+from shmloader.errors import BatchLayoutError
+
+# Module-level namedtuples: a batch's structure travels from workers by reference, and a
+# namedtuple class must be importable for that.
+Pair = namedtuple("Pair", "a b")
+Triple = namedtuple("Triple", "x y z")
+Single = namedtuple("Single", "v")
+NAMEDTUPLES = (Single, Pair, Triple)
+
+# numpy dtypes torch holds, native and big-endian (torch refuses a non-native byte order:
+# see Rule 5 in test_torch_parity.py).
+NATIVE_DTYPES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128",
+)  # fmt: skip
+BIG_ENDIAN_DTYPES = (">i2", ">i4", ">i8", ">u4", ">f4", ">f8", ">c8", ">c16")
+NUMPY_SCALAR_DTYPES = ("bool", "int16", "int64", "uint8", "float16", "float32", "float64", "complex64")
+TORCH_DTYPES = (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+    "float64", "complex64",
+    *(d for d in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, d)),
+)  # fmt: skip
+
+# torch dtype -> the numpy dtype our output="numpy" batches must have for a leaf torch
+# hands out as a tensor of that dtype (Rule 2). bfloat16 and float8 have no numpy dtype:
+# their leaves come from tensor samples, which we hand out as tensors (Rule 3).
+NUMPY_OF_TORCH = {
+    torch.bool: np.dtype("bool"),
+    torch.uint8: np.dtype("uint8"),
+    torch.uint16: np.dtype("uint16"),
+    torch.uint32: np.dtype("uint32"),
+    torch.uint64: np.dtype("uint64"),
+    torch.int8: np.dtype("int8"),
+    torch.int16: np.dtype("int16"),
+    torch.int32: np.dtype("int32"),
+    torch.int64: np.dtype("int64"),
+    torch.float16: np.dtype("float16"),
+    torch.float32: np.dtype("float32"),
+    torch.float64: np.dtype("float64"),
+    torch.complex64: np.dtype("complex64"),
+    torch.complex128: np.dtype("complex128"),
+}
+
+
+# --- schemas ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A leaf of a schema: ``kind`` is one of ``np`` (an array: ``dtype``, ``shape``,
+    ``layout`` in c/fortran/strided/neg), ``npscalar``, ``tensor`` (``dtype`` a torch
+    dtype name), ``int`` (``span``: small, huge63 = [2**63, 2**64), huge64 >= 2**64,
+    neghuge < -2**63; huge values are put in one sample only, as a real dataset would),
+    ``float``, ``bool``, ``str``, ``bytes``, ``none``."""
+
+    kind: str
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    layout: str = "c"
+    span: str = "small"
+
+
+@dataclass(frozen=True)
+class Node:
+    """A container of a schema: ``kind`` is dict, odict, tuple, list or namedtuple."""
+
+    kind: str
+    children: tuple[Any, ...]
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One sample differs from the schema at one leaf (the error paths): ``what`` is
+    ``none`` (the value is None), ``shape`` (an array of another shape) or ``dtype`` (an
+    array or tensor of another dtype)."""
+
+    sample: int
+    leaf: int
+    what: str
+
+
+def leaves_of(schema: Any) -> list[Leaf]:
+    if isinstance(schema, Leaf):
+        return [schema]
+    return [leaf for c in schema.children for leaf in leaves_of(c)]
+
+
+def make_samples(schema: Any, n: int, seed: int, mutation: Mutation | None = None) -> list[Any]:
+    """``n`` samples of ``schema``, values drawn from ``np.random.default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    nleaves = len(leaves_of(schema))
+    huge_at = {i: int(rng.integers(n)) for i in range(nleaves)}  # the sample of a huge int
+    samples = []
+    for s in range(n):
+        counter = iter(range(nleaves))
+
+        def build(node: Any, s: int = s, counter: Any = counter) -> Any:
+            if isinstance(node, Leaf):
+                i = next(counter)
+                what = mutation.what if mutation and mutation.sample == s and mutation.leaf == i else None
+                return leaf_value(node, rng, huge=huge_at[i] == s, mutate=what)
+            values = [build(c) for c in node.children]
+            if node.kind == "dict":
+                return dict(zip(node.keys, values))
+            if node.kind == "odict":
+                return OrderedDict(zip(node.keys, values))
+            if node.kind == "tuple":
+                return tuple(values)
+            if node.kind == "list":
+                return values
+            return NAMEDTUPLES[len(values) - 1](*values)
+
+        samples.append(build(schema))
+    return samples
+
+
+def leaf_value(leaf: Leaf, rng: np.random.Generator, huge: bool, mutate: str | None) -> Any:
+    """One value of ``leaf`` (or its mutation)."""
+    if mutate == "none":
+        return None
+    kind = leaf.kind
+    if kind == "np":
+        dtype, shape = np.dtype(leaf.dtype), leaf.shape
+        if mutate == "shape":
+            shape = (*shape, 1) if len(shape) < 3 else shape[:-1]
+        if mutate == "dtype":
+            dtype = np.dtype("int32" if dtype != np.dtype("int32") else "int64")
+        return _array(rng, dtype, shape, leaf.layout)
+    if kind == "npscalar":
+        return _array(rng, np.dtype(leaf.dtype), (), "c")[()]
+    if kind == "tensor":
+        dtype = getattr(torch, leaf.dtype)
+        shape = leaf.shape
+        if mutate == "shape":
+            shape = (*shape, 1) if len(shape) < 3 else shape[:-1]
+        if mutate == "dtype":
+            dtype = torch.int32 if dtype != torch.int32 else torch.int64
+        values = torch.from_numpy(rng.normal(0, 50, shape).astype(np.float64))
+        if dtype == torch.bool:
+            return values > 0
+        if dtype.is_complex:
+            return values.to(dtype) * (1 + 1j)
+        if not dtype.is_floating_point:
+            return values.clamp(0 if dtype == torch.uint8 else -100, 100).to(dtype)
+        return values.to(dtype)
+    if kind == "int":
+        if huge and leaf.span == "huge63":
+            return 2**63 + int(rng.integers(0, 2**62))
+        if huge and leaf.span == "huge64":
+            return 2**64 + int(rng.integers(0, 2**62))
+        if huge and leaf.span == "neghuge":
+            return -(2**63) - 1 - int(rng.integers(0, 2**62))
+        return int(rng.integers(-(2**40), 2**40)) if rng.random() < 0.5 else int(rng.integers(-3, 4))
+    if kind == "float":
+        special = (math.nan, math.inf, -math.inf, -0.0, 1e-310)
+        return special[int(rng.integers(5))] if rng.random() < 0.2 else float(rng.normal(0, 1e3))
+    if kind == "bool":
+        return bool(rng.random() < 0.5)
+    if kind == "str":
+        return "".join(rng.choice(list("ab é中\n"), int(rng.integers(0, 5))).tolist())
+    if kind == "bytes":
+        return bytes(rng.integers(0, 256, int(rng.integers(0, 5))).astype(np.uint8).tolist())
+    assert kind == "none"
+    return None
+
+
+def _array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], layout: str) -> np.ndarray:
+    """An array of ``shape`` and ``dtype``, laid out as ``layout`` says: c (contiguous),
+    fortran (transposed strides), strided (every other element of a larger array) or neg
+    (negative strides)."""
+    full = shape
+    if layout == "strided" and shape:
+        full = (shape[0] * 2, *shape[1:])
+    raw = rng.normal(0, 100, full)
+    if dtype.kind == "b":
+        a = raw > 0
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        a = np.clip(raw, max(info.min, -1000), min(info.max, 1000)).astype(np.int64)
+    elif dtype.kind == "c":
+        a = raw + 1j * rng.normal(0, 100, full)
+    else:
+        a = raw
+        if a.size and rng.random() < 0.3:
+            a.flat[0] = (math.nan, math.inf, -0.0)[int(rng.integers(3))]
+    a = np.asarray(a).astype(dtype)
+    if layout == "strided" and shape:
+        return a[::2]
+    if layout == "fortran" and a.ndim >= 2:
+        return np.asfortranarray(a)
+    if layout == "neg" and a.ndim >= 1:
+        return a[::-1]
+    return a
+
+
+# --- runners ------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What one epoch gave: the batches before the end, and the exception that ended it
+    (None if the sampler was exhausted)."""
+
+    batches: list[Any] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def describe(self) -> str:
+        err = f", then {type(self.error).__name__}: {str(self.error)[:300]}" if self.error else ""
+        return f"{len(self.batches)} batches{err}"
+
+
+def run_torch(dataset: Any, **kwargs: Any) -> Outcome:
+    """One epoch of torch's DataLoader in this process. Its collate runs the same code in a
+    worker, so num_workers is left at 0: the oracle costs no process."""
+    out = Outcome()
+    try:
+        for batch in torch.utils.data.DataLoader(dataset, **kwargs):
+            out.batches.append(batch)
+    except Exception as exc:
+        out.error = exc
+    return out
+
+
+def run_ours(dataset: Any, epochs: int = 1, **kwargs: Any) -> list[Outcome]:
+    """``epochs`` epochs of shmloader's DataLoader (fork workers when num_workers > 0),
+    each stopped at its first exception; workers are stopped before returning."""
+    if kwargs.get("num_workers"):
+        kwargs.setdefault("multiprocessing_context", "fork")
+    outcomes = []
+    try:
+        loader = shmloader.DataLoader(dataset, **kwargs)
+    except Exception as exc:
+        return [Outcome(error=exc) for _ in range(epochs)]
+    try:
+        for _ in range(epochs):
+            out = Outcome()
+            it = iter(loader)
+            try:
+                for batch in it:
+                    out.batches.append(batch)
+            except Exception as exc:
+                out.error = exc
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+                del it
+            outcomes.append(out)
+    finally:
+        loader.shutdown()
+    return outcomes
+
+
+# --- comparison ---------------------------------------------------------------------------
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def tensor_paths(sample: Any, path: tuple = ()) -> set[tuple]:
+    """Paths of the leaves of ``sample`` that are torch tensors (Rule 3)."""
+    if isinstance(sample, torch.Tensor):
+        return {path}
+    if isinstance(sample, collections.abc.Mapping):
+        return set().union(*(tensor_paths(v, (*path, k)) for k, v in sample.items()))
+    if isinstance(sample, (tuple, list)):
+        return set().union(*(tensor_paths(v, (*path, i)) for i, v in enumerate(sample)))
+    return set()
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's values as bytes (every dtype, bfloat16 and float8 included; NaNs compare
+    by their bits)."""
+    if t.numel() == 0:
+        return b""
+    t = t.detach().contiguous().reshape(-1)
+    if t.is_complex():
+        t = torch.view_as_real(t).reshape(-1)
+    if t.dtype == torch.bool:
+        t = t.to(torch.uint8)
+    return t.view(torch.uint8).numpy().tobytes()
+
+
+def compare_batch(ours: Any, theirs: Any, *, as_torch: bool, tensors: set[tuple], path: tuple = ()) -> None:
+    """Assert that our batch ``ours`` matches torch's ``theirs`` (Rules 1-4, 6)."""
+    where = "batch" + "".join(f"[{p!r}]" for p in path)
+    if isinstance(theirs, torch.Tensor):
+        if as_torch or path in tensors:
+            if not isinstance(ours, torch.Tensor):
+                raise Mismatch(f"{where}: torch gives a tensor {_show(theirs)}, ours is {_show(ours)}")
+            if ours.dtype != theirs.dtype or tuple(ours.shape) != tuple(theirs.shape):
+                raise Mismatch(f"{where}: torch gives {_show(theirs)}, ours is {_show(ours)}")
+            if tensor_bytes(ours) != tensor_bytes(theirs):
+                raise Mismatch(f"{where}: values differ: torch {theirs!r}, ours {ours!r}")
+            return
+        if not isinstance(ours, np.ndarray):
+            raise Mismatch(f"{where}: torch gives a tensor {_show(theirs)}, ours (numpy) is {_show(ours)}")
+        want = NUMPY_OF_TORCH[theirs.dtype]
+        if ours.dtype.newbyteorder("=") != want or ours.shape != tuple(theirs.shape):
+            raise Mismatch(f"{where}: torch gives {_show(theirs)}, ours is {_show(ours)} (want {want})")
+        mine = np.ascontiguousarray(ours.astype(ours.dtype.newbyteorder("=")))
+        if mine.tobytes() != tensor_bytes(theirs):
+            raise Mismatch(f"{where}: values differ: torch {theirs!r}, ours {ours!r}")
+        return
+    if isinstance(theirs, np.ndarray) and as_torch and theirs.dtype.kind in "biufc":
+        # A numeric array torch hands out as it is (a user collate_fn's output) is a tensor
+        # with output="torch" (docs/training.md, "Torch tensors"). Rule 4.
+        theirs = torch.from_numpy(np.ascontiguousarray(theirs))
+        return compare_batch(ours, theirs, as_torch=as_torch, tensors=tensors, path=path)
+    if isinstance(theirs, np.ndarray):  # arrays torch passes through (strings, a collate_fn's output)
+        if type(ours) is not np.ndarray or ours.dtype != theirs.dtype or not np.array_equal(ours, theirs):
+            raise Mismatch(f"{where}: torch gives {_show(theirs)}, ours is {_show(ours)}")
+        return
+    if type(theirs) is tuple and type(ours) is list and theirs and isinstance(theirs[0], (str, bytes)):
+        # A batched field of strings or bytes is a list here; torch's collate_str_fn
+        # returns the samples' column as it gets it: a list below a dict, a tuple (from
+        # zip) below a tuple, list or namedtuple. Rule 4: strings as lists.
+        theirs = list(theirs)
+    if type(ours) is not type(theirs):
+        raise Mismatch(
+            f"{where}: torch gives a {_type(theirs)} ({theirs!r:.80}), ours a {_type(ours)} ({ours!r:.80})"
+        )
+    if isinstance(theirs, collections.abc.Mapping):
+        if list(ours.keys()) != list(theirs.keys()):
+            raise Mismatch(f"{where}: keys differ: torch {list(theirs)}, ours {list(ours)}")
+        for k in theirs:
+            compare_batch(ours[k], theirs[k], as_torch=as_torch, tensors=tensors, path=(*path, k))
+        return
+    if isinstance(theirs, (tuple, list)):
+        if len(ours) != len(theirs):
+            raise Mismatch(f"{where}: torch gives {len(theirs)} items, ours {len(ours)}")
+        for i, (o, t) in enumerate(zip(ours, theirs)):
+            # Below a list of Python leaves (strings, bytes, None...), the batch axis: the
+            # tensor paths of the samples do not apply.
+            compare_batch(o, t, as_torch=as_torch, tensors=tensors, path=(*path, i))
+        return
+    if isinstance(theirs, float) and math.isnan(theirs):
+        if not math.isnan(ours):
+            raise Mismatch(f"{where}: torch gives nan, ours {ours!r}")
+        return
+    if ours != theirs or (isinstance(theirs, float) and math.copysign(1, ours) != math.copysign(1, theirs)):
+        raise Mismatch(f"{where}: torch gives {theirs!r}, ours {ours!r}")
+
+
+def _type(v: Any) -> str:
+    return type(v).__qualname__
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"tensor of shape {tuple(v.shape)} and dtype {v.dtype}"
+    if isinstance(v, np.ndarray):
+        return f"ndarray of shape {v.shape} and dtype {v.dtype}"
+    return f"{_type(v)} {v!r:.80}"
+
+
+# --- exception kinds ----------------------------------------------------------------------
+
+BUILTIN_KINDS = (TypeError, ValueError, OverflowError, RuntimeError, IndexError, KeyError, MemoryError)
+
+
+def builtin_kind(exc: BaseException) -> type:
+    """The builtin exception class a user would catch ``exc`` by."""
+    for cls in type(exc).__mro__:
+        if cls in BUILTIN_KINDS:
+            return cls
+    return type(exc)
+
+
+def has_none(samples: list[Any]) -> bool:
+    """Whether some sample holds a None below its containers (Rule 7)."""
+
+    def nones(v: Any, path: tuple = ()) -> set:
+        if v is None:
+            return {path}
+        if isinstance(v, collections.abc.Mapping):
+            return set().union(*(nones(x, (*path, k)) for k, x in v.items()))
+        if isinstance(v, (tuple, list)):
+            return set().union(*(nones(x, (*path, i)) for i, x in enumerate(v)))
+        return set()
+
+    return any(nones(s) for s in samples)
+
+
+def dtype_differs(samples: list[Any]) -> bool:
+    """Whether two samples hold arrays or tensors of different dtypes at one place (torch
+    promotes them; we refuse: Rule 8)."""
+
+    def dtypes(v: Any, path: tuple = ()) -> dict:
+        if isinstance(v, (np.ndarray, torch.Tensor)):
+            return {path: str(v.dtype)}
+        out: dict = {}
+        if isinstance(v, collections.abc.Mapping):
+            for k, x in v.items():
+                out.update(dtypes(x, (*path, k)))
+        elif isinstance(v, (tuple, list)):
+            for i, x in enumerate(v):
+                out.update(dtypes(x, (*path, i)))
+        return out
+
+    maps = [dtypes(s) for s in samples]
+    return any(m.get(p, d) != d for m in maps[1:] for p, d in maps[0].items())
+
+
+def error_matches(ours: BaseException, theirs: BaseException, batch_samples: list[Any] | None) -> bool:
+    """Whether our exception is the same kind as torch's (Rule 7)."""
+    kind = builtin_kind(theirs)
+    if isinstance(ours, kind):
+        return True
+    # Documented: samples that cannot be stacked (shapes, structure, None) are a
+    # BatchLayoutError (a ValueError) where torch raises RuntimeError, or TypeError for a
+    # None sample. README "Reliability": rows "Samples of different shapes or dtypes in
+    # one batch" and "__getitem__ returns None"; errors.py BatchLayoutError.
+    if isinstance(ours, BatchLayoutError):
+        if kind is RuntimeError:
+            return True
+        if kind is TypeError and batch_samples is not None and has_none(batch_samples):
+            return True
+    return False
+
+
+def batch_samples(samples: list[Any], k: int, batch_size: int | None) -> list[Any]:
+    """The samples of batch ``k`` (sequential sampling)."""
+    if batch_size is None:
+        return samples[k : k + 1]
+    return samples[k * batch_size : (k + 1) * batch_size]
+
+
+def compare_outcomes(
+    ours: Outcome, theirs: Outcome, *, samples: list[Any], batch_size: int | None, as_torch: bool
+) -> None:
+    """Assert that our epoch matches torch's: the same batches, then the same kind of
+    exception or none (Rules 1-8 of test_torch_parity.py)."""
+    tensors = set().union(*map(tensor_paths, samples))
+    shared = min(len(ours.batches), len(theirs.batches))
+    for k in range(shared):
+        try:
+            compare_batch(ours.batches[k], theirs.batches[k], as_torch=as_torch, tensors=tensors)
+        except Mismatch as exc:
+            raise Mismatch(f"batch {k} of {batch_samples(samples, k, batch_size)!r:.300}: {exc}") from None
+    if ours.error is None and theirs.error is None:
+        if len(ours.batches) != len(theirs.batches):
+            raise Mismatch(
+                f"torch gives {len(theirs.batches)} batches, ours {len(ours.batches)}, without an error"
+            )
+        return
+    if theirs.error is not None and ours.error is None:
+        raise Mismatch(f"torch: {theirs.describe()}; ours: {ours.describe()}")
+    k = len(ours.batches)
+    culprits = batch_samples(samples, k, batch_size)
+    if theirs.error is None:
+        # Documented: samples of one batch with different dtypes are a BatchLayoutError
+        # where torch promotes them (README "Reliability", row "Samples of different
+        # shapes or dtypes in one batch"). Rule 8.
+        if isinstance(ours.error, BatchLayoutError) and dtype_differs(culprits):
+            return
+        raise Mismatch(f"torch: {theirs.describe()}; ours: {ours.describe()}")
+    if len(ours.batches) != len(theirs.batches):
+        raise Mismatch(f"torch: {theirs.describe()}; ours: {ours.describe()}")
+    if not error_matches(ours.error, theirs.error, culprits):
+        raise Mismatch(
+            f"another kind of exception: torch raises {builtin_kind(theirs.error).__name__} "
+            f"({theirs.describe()}), ours raises {type(ours.error).__name__} "
+            f"[{', '.join(c.__name__ for c in type(ours.error).__mro__[1:-2])}] ({ours.describe()}) "
+            f"on samples {culprits!r:.300}"
+        )
+
+
+def torch_input(samples: list[Any], *, as_torch: bool) -> list[Any]:
+    """The dataset torch's loader is given (Rule 5): arrays with negative strides copied
+    (torch cannot view them; we copy every leaf into the slot anyway), and, for
+    output="numpy", big-endian arrays in native byte order (torch has no such dtype;
+    numpy batches keep the sample's byte order)."""
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            if not as_torch and not v.dtype.isnative:
+                v = v.astype(v.dtype.newbyteorder("="))
+            return np.ascontiguousarray(v) if any(s < 0 for s in v.strides) else v
+        if isinstance(v, OrderedDict):
+            return OrderedDict((k, fix(x)) for k, x in v.items())
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, tuple) and hasattr(v, "_fields"):
+            return type(v)(*map(fix, v))
+        if isinstance(v, (tuple, list)):
+            return type(v)(map(fix, v))
+        return v
+
+    return [fix(s) for s in samples]
+
+
+def compare_exact(a: Any, b: Any, path: str = "batch") -> None:
+    """Assert two of our batches are the same: types, dtypes, shapes and bytes."""
+    if type(a) is not type(b):
+        raise Mismatch(f"{path}: {_type(a)} ({a!r:.80}) vs {_type(b)} ({b!r:.80})")
+    if isinstance(a, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape or tensor_bytes(a) != tensor_bytes(b):
+            raise Mismatch(f"{path}: {a!r} vs {b!r}")
+    elif isinstance(a, np.ndarray):
+        if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+            raise Mismatch(f"{path}: {a!r} vs {b!r}")
+    elif isinstance(a, collections.abc.Mapping):
+        if list(a) != list(b):
+            raise Mismatch(f"{path}: keys {list(a)} vs {list(b)}")
+        for k in a:
+            compare_exact(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (tuple, list)):
+        if len(a) != len(b):
+            raise Mismatch(f"{path}: {len(a)} vs {len(b)} items")
+        for i, (x, y) in enumerate(zip(a, b)):
+            compare_exact(x, y, f"{path}[{i}]")
+    elif not (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))):
+        raise Mismatch(f"{path}: {a!r} vs {b!r}")
+
+
+def parity_failure(
+    samples: list[Any],
+    *,
+    num_workers: int,
+    output: str,
+    batch_size: int | None,
+    drop_last: bool = False,
+    check_main_process: bool = False,
+    **kwargs: Any,
+) -> str | None:
+    """Load ``samples`` with both loaders and return what differs (None: nothing).
+
+    ``check_main_process``: also load with num_workers=0 and require the same batches
+    (Rule 9). Returns a message, not an exception, so that a failing test keeps no
+    reference to a batch (a held batch keeps its shared memory, which the leak check
+    would report as a second failure)."""
+    as_torch = output == "torch"
+    kw = {"batch_size": batch_size, "drop_last": drop_last, **kwargs}
+    theirs = run_torch(torch_input(samples, as_torch=as_torch), **kw)
+    (ours,) = run_ours(samples, num_workers=num_workers, output=output, **kw)
+    try:
+        compare_outcomes(ours, theirs, samples=samples, batch_size=batch_size, as_torch=as_torch)
+        if check_main_process:
+            (ours0,) = run_ours(samples, num_workers=0, output=output, **kw)
+            if len(ours.batches) != len(ours0.batches) or type(ours.error) is not type(ours0.error):
+                raise Mismatch(f"{num_workers} workers: {ours.describe()}; 0 workers: {ours0.describe()}")
+            for k, (a, b) in enumerate(zip(ours.batches, ours0.batches)):
+                compare_exact(a, b, f"batch {k} ({num_workers} workers vs 0)")
+    except Mismatch as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,287 @@
+"""Differential tests: shmloader.DataLoader against torch.utils.data.DataLoader.
+
+Hypothesis draws a sample structure (dicts, OrderedDicts, tuples, lists, namedtuples,
+nested) whose leaves are numpy arrays of every dtype torch holds (bool, float16, complex,
+big-endian, 0-d, zero-size, Fortran-ordered, strided, negative strides), numpy scalars,
+Python ints (huge ones too: >= 2**63, >= 2**64, < -2**63), floats (nan, inf, -0.0,
+subnormal), bools, strings, bytes, None, and torch tensors (bfloat16 and float8 included);
+then a tiny dataset of 4-7 samples of it (sometimes with one sample that differs: a None,
+another shape, another dtype), a batch_size (None, 1, 3), drop_last and output, and loads
+one epoch with both loaders. Sampling is sequential, so batch k is the same samples in both.
+
+Comparison rules (each check says which rule it applies):
+
+1. Both epochs give the same number of batches, and end the same way: the sampler
+   exhausted, or the same kind of exception (rules 6-8) after the same batches. An epoch
+   that ends early without an error is a failure (no silent truncation).
+2. ``output="numpy"``: a leaf that torch hands out as a tensor and whose samples were not
+   tensors is a numpy array here, of the numpy dtype of torch's dtype (``NUMPY_OF_TORCH``
+   in tests/parity.py: float32 <-> float32, bool <-> bool, ...), the same shape and the
+   same bytes (NaNs by their bits, -0.0 is not 0.0). README, "Migration": "batch type:
+   numpy.ndarray views of the ring; torch.Tensor when the samples were tensors".
+3. A leaf whose samples were tensors is a tensor in both outputs, of torch's dtype, shape
+   and bytes (README, same row; docs/training.md, "Torch tensors": "Samples that are torch
+   tensors ... come back as tensors, whatever output says").
+4. ``output="torch"``: every leaf torch hands out as a tensor is a tensor here, same dtype,
+   shape and bytes (docs/training.md, "Torch tensors"). In both outputs, every other node is
+   what torch gives, of the same type: dict / OrderedDict (same key order), list (tuples are
+   collated to lists, README "Migration"), namedtuple; strings and bytes as lists of them
+   (torch's collate_str_fn); Python ints, floats, bools, None where torch leaves them as
+   they are (``batch_size=None``, a user ``collate_fn``): the same type and value.
+5. Numpy layouts torch cannot express: torch refuses arrays with negative strides
+   (``ValueError``: ``as_tensor`` cannot view them), a limit of viewing that we do not have
+   (every leaf is copied into the slot), so torch is given those arrays copied. Big-endian
+   arrays: with ``output="numpy"`` torch is given them in native byte order and our dtype
+   is compared up to byte order (a numpy batch keeps its samples' dtype); with
+   ``output="torch"`` torch's own refusal (``ValueError``) is expected of us. Neither is
+   written in README or docs yet: finding P7 of the parity notes.
+6. Exceptions: ours must be an instance of the builtin class torch raised (``TypeError``,
+   ``ValueError``, ``RuntimeError``...); our errors derive from those builtins
+   (src/shmloader/errors.py). Where torch raises at batch k, we raise at batch k too.
+7. Documented kinds: samples that cannot be stacked (another shape, another structure, a
+   ``None``) are a ``BatchLayoutError`` (a ``ValueError``) where torch raises
+   ``RuntimeError``, and a ``None`` in a batch is a ``BatchLayoutError`` where torch raises
+   ``TypeError`` (README, "Reliability", rows "Samples of different shapes or dtypes in one
+   batch" and "__getitem__ returns None").
+8. Documented: samples whose arrays or tensors have different dtypes are a
+   ``BatchLayoutError`` where torch promotes them to a common dtype (README, "Reliability",
+   row "Samples of different shapes or dtypes in one batch").
+9. ``num_workers`` never changes a batch: with 2 workers every batch is the same as with 0
+   (types, dtypes, shapes, bytes) and an epoch ends with the same exception type.
+10. The oracle is torch's loader with ``num_workers=0``: its workers run the same collate
+    function and re-raise its exceptions with their type, and it costs no process.
+
+Cost: bounded numbers of examples (``settings`` below); worker examples use fork and tiny
+datasets. ``SHMLOADER_PARITY_SCALE=10`` runs ten times as many examples (locally).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import shmloader  # noqa: E402
+from tests import parity  # noqa: E402
+from tests.parity import Leaf, Mutation, Node  # noqa: E402
+
+_SCALE = float(os.environ.get("SHMLOADER_PARITY_SCALE", "1"))
+
+# derandomize: the examples are a function of the test's code, so CI runs the same ones
+# on every run (a failure there reproduces here with the same command, and a green run
+# is not luck of the draw); no example database is written, and no explain phase (it
+# writes patch files into the checkout and costs a rerun of each failure).
+_SETTINGS = {
+    "phases": [Phase.explicit, Phase.generate, Phase.shrink],
+    "deadline": None,
+    "derandomize": True,
+    "database": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+}
+
+
+# --- strategies ---------------------------------------------------------------------------
+
+_INT_SPANS = ("small", "small", "huge63", "huge64", "neghuge")
+_shapes = st.lists(st.integers(0, 3), max_size=3).map(tuple)
+_np_leaf = st.builds(
+    Leaf,
+    kind=st.just("np"),
+    dtype=st.sampled_from(parity.NATIVE_DTYPES + parity.BIG_ENDIAN_DTYPES),
+    shape=_shapes,
+    layout=st.sampled_from(("c", "c", "fortran", "strided", "neg")),
+)
+_leaf = st.one_of(
+    _np_leaf,
+    st.builds(Leaf, kind=st.just("npscalar"), dtype=st.sampled_from(parity.NUMPY_SCALAR_DTYPES)),
+    st.builds(
+        Leaf,
+        kind=st.just("tensor"),
+        dtype=st.sampled_from(parity.TORCH_DTYPES),
+        shape=st.lists(st.integers(0, 3), max_size=2).map(tuple),
+    ),
+    st.builds(Leaf, kind=st.just("int"), span=st.sampled_from(_INT_SPANS)),
+    st.sampled_from([Leaf("float"), Leaf("bool"), Leaf("str"), Leaf("bytes"), Leaf("none")]),
+)
+_KEYS = ("x", "a", "m")  # not sorted: key order must be kept
+
+
+def _node(children: st.SearchStrategy) -> st.SearchStrategy:
+    kids = st.lists(children, min_size=1, max_size=3).map(tuple)
+    return st.one_of(
+        kids.map(lambda c: Node("dict", c, _KEYS[: len(c)])),
+        kids.map(lambda c: Node("odict", c, _KEYS[: len(c)])),
+        kids.map(lambda c: Node("tuple", c)),
+        kids.map(lambda c: Node("list", c)),
+        kids.map(lambda c: Node("namedtuple", c)),
+    )
+
+
+_schema = st.recursive(_leaf, _node, max_leaves=5)
+
+
+@st.composite
+def _case(draw: st.DrawFn) -> dict:
+    schema = draw(_schema)
+    n = draw(st.integers(4, 7))
+    mutation = None
+    if draw(st.integers(0, 3)) == 0:
+        mutation = Mutation(
+            sample=draw(st.integers(0, n - 1)),
+            leaf=draw(st.integers(0, len(parity.leaves_of(schema)) - 1)),
+            what=draw(st.sampled_from(("none", "shape", "dtype"))),
+        )
+    samples = parity.make_samples(schema, n, draw(st.integers(0, 2**32 - 1)), mutation)
+    batch_size = draw(st.sampled_from((None, 1, 3)))
+    drop_last = draw(st.booleans())
+    output = draw(st.sampled_from(("numpy", "torch")))
+    return {"samples": samples, "batch_size": batch_size, "drop_last": drop_last, "output": output}
+
+
+def _check(case: dict, num_workers: int) -> None:
+    failure = parity.parity_failure(
+        case["samples"],
+        num_workers=num_workers,
+        output=case["output"],
+        batch_size=case["batch_size"],
+        drop_last=case["drop_last"],
+        check_main_process=num_workers > 0,
+    )
+    assert failure is None, failure
+
+
+# --- the differential tests ---------------------------------------------------------------
+
+
+@settings(max_examples=int(200 * _SCALE), **_SETTINGS)
+@given(case=_case())
+def test_main_process_matches_torch(case: dict) -> None:
+    """num_workers=0: the same batches, types, dtypes and exceptions as torch (rules 1-8)."""
+    _check(case, num_workers=0)
+
+
+@pytest.mark.timeout(90)
+@settings(max_examples=int(30 * _SCALE), **_SETTINGS)
+@given(case=_case())
+def test_workers_match_torch_and_main_process(case: dict) -> None:
+    """num_workers=2 matches torch (rules 1-8) and never changes a batch (rule 9)."""
+    _check(case, num_workers=2)
+
+
+# --- targeted cases -----------------------------------------------------------------------
+
+
+def _user_collate(samples: list) -> dict:
+    # Module level: a worker under spawn could import it (these tests use fork).
+    return {"n": sum(samples), "t": (1, 2), "f": 0.5, "s": "x", "none": None, "arr": np.arange(len(samples))}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_user_collate_fn_output_is_kept(num_workers: int, output: str) -> None:
+    """A collate_fn's result is handed out as torch hands it out: Python scalars, tuples,
+    strings and None unchanged (rule 4); a numpy array stays an array with output="numpy"
+    and becomes a tensor with output="torch" (docs/training.md, "Torch tensors")."""
+    samples = [1, 2, 3, 4, 5]
+    kw = {"batch_size": 2, "collate_fn": _user_collate}
+    failure = parity.parity_failure(samples, num_workers=num_workers, output=output, **kw)
+    assert failure is None, failure
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_unbatched_python_scalars_are_kept(num_workers: int, output: str) -> None:
+    """batch_size=None: torch hands out each sample through default_convert, which leaves
+    Python ints, floats, bools, strings and None as they are and turns tuples into lists
+    (rule 4)."""
+    samples = [3, 2.5, True, "s", None, (1, 2.0), {"k": (7, "v")}, 2**70]
+    assert parity.run_torch(samples, batch_size=None).error is None  # the oracle loads them all
+    failure = parity.parity_failure(samples, num_workers=num_workers, output=output, batch_size=None)
+    assert failure is None, failure
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_generator_reseeded_repeats_the_order(num_workers: int) -> None:
+    """``g.manual_seed(0)`` before each epoch repeats torch's shuffled order; it must
+    repeat ours too (the generator is read at each epoch, not once)."""
+
+    def epochs(make_loader) -> list[list[int]]:
+        g = torch.Generator()
+        loader = make_loader(g)
+        orders = []
+        try:
+            for _ in range(3):
+                g.manual_seed(0)
+                orders.append([int(x) for b in loader for x in np.asarray(b).reshape(-1)])
+        finally:
+            getattr(loader, "shutdown", lambda: None)()
+        return orders
+
+    data = list(range(12))
+    torch_orders = epochs(
+        lambda g: torch.utils.data.DataLoader(data, batch_size=3, shuffle=True, generator=g)
+    )
+    assert torch_orders[0] == torch_orders[1] == torch_orders[2]  # the oracle's behaviour
+    kw = {"batch_size": 3, "shuffle": True, "num_workers": num_workers}
+    if num_workers:
+        kw["multiprocessing_context"] = "fork"
+    ours = epochs(lambda g: shmloader.DataLoader(data, generator=g, **kw))
+    assert sorted(ours[0]) == data
+    assert ours[0] == ours[1] == ours[2], f"torch repeats {torch_orders[0]}; ours gives {ours}"
+
+
+# Numpy dtypes torch has no tensor for: torch's collate raises TypeError for them.
+_NUMPY_ONLY = {
+    "str": np.array(["ab", "c"]),
+    "bytes": np.array([b"ab", b"c"]),
+    "datetime64": np.array(["2020-01-01", "2021-06-30"], dtype="datetime64[D]"),
+    "timedelta64": np.array([1, 2], dtype="timedelta64[s]"),
+    "longdouble": np.array([1.5, 2.5], dtype=np.longdouble),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", sorted(_NUMPY_ONLY))
+def test_numpy_only_dtypes(name: str, num_workers: int) -> None:
+    """Arrays of a dtype torch cannot hold, batched: torch raises TypeError. With
+    output="torch" we cannot hand out a tensor either and must raise the same kind (rule 6).
+    With output="numpy" the batch is the stacked numpy array (README, "Migration": numpy
+    batches; finding P8 of the parity notes: not written down yet)."""
+    samples = [{"v": _NUMPY_ONLY[name], "i": i} for i in range(4)]
+    theirs = parity.run_torch(samples, batch_size=2)
+    assert isinstance(theirs.error, TypeError), theirs.describe()
+    (ours_t,) = parity.run_ours(samples, num_workers=num_workers, output="torch", batch_size=2)
+    parity.compare_outcomes(ours_t, theirs, samples=samples, batch_size=2, as_torch=True)
+    (ours_n,) = parity.run_ours(samples, num_workers=num_workers, output="numpy", batch_size=2)
+    assert ours_n.error is None and len(ours_n.batches) == 2, ours_n.describe()
+    for k, batch in enumerate(ours_n.batches):
+        want = np.stack([s["v"] for s in samples[2 * k : 2 * k + 2]])
+        assert batch["v"].dtype == want.dtype and np.array_equal(batch["v"], want), (batch, want)
+        np.testing.assert_array_equal(batch["i"], [2 * k, 2 * k + 1])
+
+
+def test_ordered_dict_and_key_order_survive() -> None:
+    """A reminder that the comparison itself can fail: a deliberately wrong batch (keys
+    reordered, a tuple for a list, float64 for float32) is caught by compare_batch."""
+    theirs = OrderedDict(b=torch.zeros(2), a=[torch.ones(1)])
+    for wrong in (
+        OrderedDict(a=[np.ones(1, np.float32)], b=np.zeros(2, np.float32)),
+        OrderedDict(b=np.zeros(2, np.float32), a=(np.ones(1, np.float32),)),
+        OrderedDict(b=np.zeros(2), a=[np.ones(1, np.float32)]),
+        {"b": np.zeros(2, np.float32), "a": [np.ones(1, np.float32)]},
+    ):
+        with pytest.raises(parity.Mismatch):
+            parity.compare_batch(wrong, theirs, as_torch=False, tensors=set())
+    right = OrderedDict(b=np.zeros(2, np.float32), a=[np.ones(1, np.float32)])
+    parity.compare_batch(right, theirs, as_torch=False, tensors=set())
