@@ -16,8 +16,9 @@ Three parts, one concept each:
 from __future__ import annotations
 
 import collections
+import copy
 import math
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict, defaultdict, namedtuple
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,11 @@ Pair = namedtuple("Pair", "a b")
 Triple = namedtuple("Triple", "x y z")
 Single = namedtuple("Single", "v")
 NAMEDTUPLES = (Single, Pair, Triple)
+
+
+class Record(dict):
+    """A dict subclass a dataset might return (module level, for the same reason)."""
+
 
 # numpy dtypes torch holds, native and big-endian (torch refuses a non-native byte order:
 # see Rule 5 in test_torch_parity.py).
@@ -78,7 +84,7 @@ class Leaf:
     ``layout`` in c/fortran/strided/neg), ``npscalar``, ``tensor`` (``dtype`` a torch
     dtype name), ``int`` (``span``: small, huge63 = [2**63, 2**64), huge64 >= 2**64,
     neghuge < -2**63; huge values are put in one sample only, as a real dataset would),
-    ``float``, ``bool``, ``str``, ``bytes``, ``none``."""
+    ``float``, ``bool``, ``complex``, ``str``, ``bytes``, ``none``."""
 
     kind: str
     dtype: str = ""
@@ -89,7 +95,8 @@ class Leaf:
 
 @dataclass(frozen=True)
 class Node:
-    """A container of a schema: ``kind`` is dict, odict, tuple, list or namedtuple."""
+    """A container of a schema: ``kind`` is dict, odict (OrderedDict), ddict (a
+    defaultdict), record (a dict subclass), tuple, list or namedtuple."""
 
     kind: str
     children: tuple[Any, ...]
@@ -99,8 +106,10 @@ class Node:
 @dataclass(frozen=True)
 class Mutation:
     """One sample differs from the schema at one leaf (the error paths): ``what`` is
-    ``none`` (the value is None), ``shape`` (an array of another shape) or ``dtype`` (an
-    array or tensor of another dtype)."""
+    ``none`` (the value is None), ``shape`` (an array of another shape), ``dtype`` (an
+    array or tensor of another dtype), ``kind`` (a value of a neighbouring kind: an int
+    for a float, a tensor for an array, ...), ``kind2`` (a farther kind: a number as a
+    string, an array as a list) or ``wrap`` (the value in a list)."""
 
     sample: int
     leaf: int
@@ -132,6 +141,10 @@ def make_samples(schema: Any, n: int, seed: int, mutation: Mutation | None = Non
                 return dict(zip(node.keys, values))
             if node.kind == "odict":
                 return OrderedDict(zip(node.keys, values))
+            if node.kind == "ddict":
+                return defaultdict(list, zip(node.keys, values))
+            if node.kind == "record":
+                return Record(zip(node.keys, values))
             if node.kind == "tuple":
                 return tuple(values)
             if node.kind == "list":
@@ -146,6 +159,11 @@ def leaf_value(leaf: Leaf, rng: np.random.Generator, huge: bool, mutate: str | N
     """One value of ``leaf`` (or its mutation)."""
     if mutate == "none":
         return None
+    if mutate in ("kind", "kind2", "wrap"):
+        value = leaf_value(leaf, rng, huge, None)
+        if mutate == "wrap":
+            return [value]
+        return _other_kind(value) if mutate == "kind" else _far_kind(value)
     kind = leaf.kind
     if kind == "np":
         dtype, shape = np.dtype(leaf.dtype), leaf.shape
@@ -184,12 +202,46 @@ def leaf_value(leaf: Leaf, rng: np.random.Generator, huge: bool, mutate: str | N
         return special[int(rng.integers(5))] if rng.random() < 0.2 else float(rng.normal(0, 1e3))
     if kind == "bool":
         return bool(rng.random() < 0.5)
+    if kind == "complex":
+        return complex(float(rng.normal(0, 10)), float(rng.normal(0, 10)))
     if kind == "str":
         return "".join(rng.choice(list("ab é中\n"), int(rng.integers(0, 5))).tolist())
     if kind == "bytes":
         return bytes(rng.integers(0, 256, int(rng.integers(0, 5))).astype(np.uint8).tolist())
     assert kind == "none"
     return None
+
+
+def _other_kind(value: Any) -> Any:
+    """``value`` as a neighbouring kind of leaf."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.astype(value.dtype.newbyteorder("=")))
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in NUMPY_OF_TORCH:  # bfloat16, float8: no numpy dtype
+            value = value.to(torch.float32)
+        return value.numpy()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) else True
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes):
+        return 7
+    return "none"
+
+
+def _far_kind(value: Any) -> Any:
+    """``value`` as a less related kind of leaf (numbers as strings, arrays as lists)."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return value.tolist()
+    if isinstance(value, (bool, int, float, complex, np.generic)):
+        return str(value)
+    return 1.5
 
 
 def _array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], layout: str) -> np.ndarray:
@@ -302,7 +354,9 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     by their bits)."""
     if t.numel() == 0:
         return b""
-    t = t.detach().contiguous().reshape(-1)
+    # A fresh contiguous copy: contiguous() keeps the stride of a one-element tensor,
+    # which view() then refuses.
+    t = torch.empty(t.numel(), dtype=t.dtype).copy_(t.detach().reshape(-1))
     if t.is_complex():
         t = torch.view_as_real(t).reshape(-1)
     if t.dtype == torch.bool:
@@ -460,9 +514,11 @@ def compare_outcomes(
 ) -> None:
     """Assert that our epoch matches torch's: the same batches, then the same kind of
     exception or none (Rules 1-8 of test_torch_parity.py)."""
-    tensors = set().union(*map(tensor_paths, samples))
     shared = min(len(ours.batches), len(theirs.batches))
     for k in range(shared):
+        # Rule 3: tensors where the batch's first sample holds a tensor (both collates
+        # decide a field's kind by its first sample).
+        tensors = tensor_paths(batch_samples(samples, k, batch_size)[0])
         try:
             compare_batch(ours.batches[k], theirs.batches[k], as_torch=as_torch, tensors=tensors)
         except Mismatch as exc:
@@ -505,11 +561,13 @@ def torch_input(samples: list[Any], *, as_torch: bool) -> list[Any]:
         if isinstance(v, np.ndarray):
             if not as_torch and not v.dtype.isnative:
                 v = v.astype(v.dtype.newbyteorder("="))
-            return np.ascontiguousarray(v) if any(s < 0 for s in v.strides) else v
-        if isinstance(v, OrderedDict):
-            return OrderedDict((k, fix(x)) for k, x in v.items())
+            # copy(), not ascontiguousarray: an array of one element counts as contiguous
+            # whatever its stride, and torch still refuses a negative one.
+            return v.copy() if any(s < 0 for s in v.strides) else v
         if isinstance(v, dict):
-            return {k: fix(x) for k, x in v.items()}
+            out = copy.copy(v)  # the same type (OrderedDict, defaultdict, subclasses)
+            out.update({k: fix(x) for k, x in v.items()})
+            return out
         if isinstance(v, tuple) and hasattr(v, "_fields"):
             return type(v)(*map(fix, v))
         if isinstance(v, (tuple, list)):

@@ -4,9 +4,10 @@ Hypothesis draws a sample structure (dicts, OrderedDicts, tuples, lists, namedtu
 nested) whose leaves are numpy arrays of every dtype torch holds (bool, float16, complex,
 big-endian, 0-d, zero-size, Fortran-ordered, strided, negative strides), numpy scalars,
 Python ints (huge ones too: >= 2**63, >= 2**64, < -2**63), floats (nan, inf, -0.0,
-subnormal), bools, strings, bytes, None, and torch tensors (bfloat16 and float8 included);
-then a tiny dataset of 4-7 samples of it (sometimes with one sample that differs: a None,
-another shape, another dtype), a batch_size (None, 1, 3), drop_last and output, and loads
+subnormal), bools, complex numbers, strings, bytes, None, and torch tensors (bfloat16 and float8 included);
+then a tiny dataset of 4-7 samples of it (sometimes with one sample that differs at one
+leaf: a None, another shape, another dtype, another kind of value, the value in a list), a
+batch_size (None, 1, 3), drop_last and output, and loads
 one epoch with both loaders. Sampling is sequential, so batch k is the same samples in both.
 
 Comparison rules (each check says which rule it applies):
@@ -20,13 +21,15 @@ Comparison rules (each check says which rule it applies):
    same bytes (NaNs by their bits, -0.0 is not 0.0). README, "Migration": "batch type:
    numpy.ndarray views of the ring; torch.Tensor when the samples were tensors".
 3. A leaf whose samples were tensors is a tensor in both outputs, of torch's dtype, shape
-   and bytes (README, same row; docs/training.md, "Torch tensors": "Samples that are torch
-   tensors ... come back as tensors, whatever output says").
+   and bytes; the batch's first sample decides, as in both collates (README, same row;
+   docs/training.md, "Torch tensors": "Samples that are torch tensors ... come back as
+   tensors, whatever output says").
 4. ``output="torch"``: every leaf torch hands out as a tensor is a tensor here, same dtype,
    shape and bytes (docs/training.md, "Torch tensors"). In both outputs, every other node is
-   what torch gives, of the same type: dict / OrderedDict (same key order), list (tuples are
-   collated to lists, README "Migration"), namedtuple; strings and bytes as lists of them
-   (torch's collate_str_fn); Python ints, floats, bools, None where torch leaves them as
+   what torch gives, of the same type: dict / OrderedDict / defaultdict / dict subclasses
+   (same key order), list (tuples are collated to lists, README "Migration"), namedtuple;
+   strings and bytes as lists of them (torch's collate_str_fn returns the column it gets:
+   a list below a dict, a tuple below a sequence; we always give a list, as asked); Python ints, floats, bools, None where torch leaves them as
    they are (``batch_size=None``, a user ``collate_fn``): the same type and value.
 5. Numpy layouts torch cannot express: torch refuses arrays with negative strides
    (``ValueError``: ``as_tensor`` cannot view them), a limit of viewing that we do not have
@@ -108,7 +111,7 @@ _leaf = st.one_of(
         shape=st.lists(st.integers(0, 3), max_size=2).map(tuple),
     ),
     st.builds(Leaf, kind=st.just("int"), span=st.sampled_from(_INT_SPANS)),
-    st.sampled_from([Leaf("float"), Leaf("bool"), Leaf("str"), Leaf("bytes"), Leaf("none")]),
+    st.sampled_from([Leaf("float"), Leaf("bool"), Leaf("complex"), Leaf("str"), Leaf("bytes"), Leaf("none")]),
 )
 _KEYS = ("x", "a", "m")  # not sorted: key order must be kept
 
@@ -118,6 +121,8 @@ def _node(children: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(
         kids.map(lambda c: Node("dict", c, _KEYS[: len(c)])),
         kids.map(lambda c: Node("odict", c, _KEYS[: len(c)])),
+        kids.map(lambda c: Node("ddict", c, _KEYS[: len(c)])),
+        kids.map(lambda c: Node("record", c, _KEYS[: len(c)])),
         kids.map(lambda c: Node("tuple", c)),
         kids.map(lambda c: Node("list", c)),
         kids.map(lambda c: Node("namedtuple", c)),
@@ -136,7 +141,7 @@ def _case(draw: st.DrawFn) -> dict:
         mutation = Mutation(
             sample=draw(st.integers(0, n - 1)),
             leaf=draw(st.integers(0, len(parity.leaves_of(schema)) - 1)),
-            what=draw(st.sampled_from(("none", "shape", "dtype"))),
+            what=draw(st.sampled_from(("none", "shape", "dtype", "kind", "kind2", "wrap"))),
         )
     samples = parity.make_samples(schema, n, draw(st.integers(0, 2**32 - 1)), mutation)
     batch_size = draw(st.sampled_from((None, 1, 3)))
@@ -285,3 +290,27 @@ def test_ordered_dict_and_key_order_survive() -> None:
             parity.compare_batch(wrong, theirs, as_torch=False, tensors=set())
     right = OrderedDict(b=np.zeros(2, np.float32), a=[np.ones(1, np.float32)])
     parity.compare_batch(right, theirs, as_torch=False, tensors=set())
+
+
+_MISMATCHED = {
+    "keys differ": [{"a": 1}, {"b": 1}],
+    "extra key": [{"a": 1}, {"a": 1, "b": 2}],
+    "dict then list": [{"a": 1}, [1]],
+    "list then dict": [[1], {"a": 1}],
+    "lengths differ": [[1, 2], [1]],
+    "leaf then list": [{"x": 1}, {"x": [1]}],
+    "int then str": [1, "a"],
+    "float then bytes": [1.5, b"a"],
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", list(_MISMATCHED))
+def test_samples_that_do_not_match(name: str, num_workers: int) -> None:
+    """Samples of one batch that differ in structure or kind: torch's exception kind, or
+    a BatchLayoutError where README documents one (rules 6, 7)."""
+    failure = parity.parity_failure(
+        _MISMATCHED[name] * 2, num_workers=num_workers, output="numpy", batch_size=2
+    )
+    assert failure is None, failure
