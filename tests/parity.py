@@ -502,27 +502,43 @@ def error_matches(ours: BaseException, theirs: BaseException, batch_samples: lis
     return False
 
 
-def batch_samples(samples: list[Any], k: int, batch_size: int | None) -> list[Any]:
-    """The samples of batch ``k`` (sequential sampling)."""
+def batch_plan(
+    n: int,
+    *,
+    batch_size: int | None = 1,
+    drop_last: bool = False,
+    sampler: list[int] | None = None,
+    batch_sampler: list[list[int]] | None = None,
+) -> list[list[int]]:
+    """The sample indices of each batch a loader over ``n`` samples yields."""
+    if batch_sampler is not None:
+        return [list(b) for b in batch_sampler]
+    order = list(sampler) if sampler is not None else list(range(n))
     if batch_size is None:
-        return samples[k : k + 1]
-    return samples[k * batch_size : (k + 1) * batch_size]
+        return [[i] for i in order]
+    plan = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+    if drop_last and plan and len(plan[-1]) < batch_size:
+        plan.pop()
+    return plan
 
 
-def compare_outcomes(
-    ours: Outcome, theirs: Outcome, *, samples: list[Any], batch_size: int | None, as_torch: bool
-) -> None:
+def compare_outcomes(ours: Outcome, theirs: Outcome, *, batches: list[list[Any]], as_torch: bool) -> None:
     """Assert that our epoch matches torch's: the same batches, then the same kind of
-    exception or none (Rules 1-8 of test_torch_parity.py)."""
+    exception or none (Rules 1-8 of test_torch_parity.py). ``batches``: the samples of
+    each batch the sampler yields."""
+
+    def batch_samples(k: int) -> list[Any]:
+        return batches[k] if k < len(batches) else []
+
     shared = min(len(ours.batches), len(theirs.batches))
     for k in range(shared):
         # Rule 3: tensors where the batch's first sample holds a tensor (both collates
         # decide a field's kind by its first sample).
-        tensors = tensor_paths(batch_samples(samples, k, batch_size)[0])
+        tensors = set().union(*map(tensor_paths, batch_samples(k)[:1]))
         try:
             compare_batch(ours.batches[k], theirs.batches[k], as_torch=as_torch, tensors=tensors)
         except Mismatch as exc:
-            raise Mismatch(f"batch {k} of {batch_samples(samples, k, batch_size)!r:.300}: {exc}") from None
+            raise Mismatch(f"batch {k} of {batch_samples(k)!r:.300}: {exc}") from None
     if ours.error is None and theirs.error is None:
         if len(ours.batches) != len(theirs.batches):
             raise Mismatch(
@@ -532,7 +548,7 @@ def compare_outcomes(
     if theirs.error is not None and ours.error is None:
         raise Mismatch(f"torch: {theirs.describe()}; ours: {ours.describe()}")
     k = len(ours.batches)
-    culprits = batch_samples(samples, k, batch_size)
+    culprits = batch_samples(k)
     if theirs.error is None:
         # Documented: samples of one batch with different dtypes are a BatchLayoutError
         # where torch promotes them (README "Reliability", row "Samples of different
@@ -601,30 +617,72 @@ def compare_exact(a: Any, b: Any, path: str = "batch") -> None:
         raise Mismatch(f"{path}: {a!r} vs {b!r}")
 
 
+class IterableSamples(torch.utils.data.IterableDataset):
+    """An iterable dataset over a list (torch's class, which both loaders accept)."""
+
+    def __init__(self, samples: list[Any]) -> None:
+        self.samples = samples
+
+    def __iter__(self) -> Any:
+        return iter(self.samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
 def parity_failure(
     samples: list[Any],
     *,
     num_workers: int,
     output: str,
-    batch_size: int | None,
+    batch_size: int | None = 1,
     drop_last: bool = False,
+    sampler: list[int] | None = None,
+    batch_sampler: list[list[int]] | None = None,
+    iterable: bool = False,
+    epochs: int = 1,
+    ours_kw: dict[str, Any] | None = None,
     check_main_process: bool = False,
     **kwargs: Any,
 ) -> str | None:
     """Load ``samples`` with both loaders and return what differs (None: nothing).
 
+    Both loaders get ``batch_size``, ``drop_last``, ``sampler``, ``batch_sampler`` and
+    ``kwargs``; ours also ``ours_kw`` (``copy``, ``persistent_workers``...), for
+    ``epochs`` epochs, each compared with torch's one (sequential sampling repeats).
+    ``iterable``: the samples come from an IterableDataset (num_workers=0: with workers
+    each worker would yield every sample, in both loaders).
     ``check_main_process``: also load with num_workers=0 and require the same batches
     (Rule 9). Returns a message, not an exception, so that a failing test keeps no
     reference to a batch (a held batch keeps its shared memory, which the leak check
     would report as a second failure)."""
     as_torch = output == "torch"
-    kw = {"batch_size": batch_size, "drop_last": drop_last, **kwargs}
-    theirs = run_torch(torch_input(samples, as_torch=as_torch), **kw)
-    (ours,) = run_ours(samples, num_workers=num_workers, output=output, **kw)
+    kw = dict(kwargs)
+    if batch_sampler is not None:
+        kw["batch_sampler"] = batch_sampler
+    else:
+        kw.update(batch_size=batch_size, drop_last=drop_last)
+        if sampler is not None:
+            kw["sampler"] = sampler
+    plan = batch_plan(len(samples), batch_size=batch_size, drop_last=drop_last, sampler=sampler,
+                      batch_sampler=batch_sampler)  # fmt: skip
+    batches = [[samples[i] for i in b] for b in plan]
+
+    def dataset(values: list[Any]) -> Any:
+        return IterableSamples(values) if iterable else values
+
+    theirs = run_torch(dataset(torch_input(samples, as_torch=as_torch)), **kw)
+    outcomes = run_ours(dataset(samples), epochs=epochs, num_workers=num_workers, output=output,
+                        **kw, **(ours_kw or {}))  # fmt: skip
     try:
-        compare_outcomes(ours, theirs, samples=samples, batch_size=batch_size, as_torch=as_torch)
+        for epoch, ours in enumerate(outcomes):
+            try:
+                compare_outcomes(ours, theirs, batches=batches, as_torch=as_torch)
+            except Mismatch as exc:
+                raise Mismatch(f"epoch {epoch}: {exc}" if epoch else str(exc)) from None
         if check_main_process:
-            (ours0,) = run_ours(samples, num_workers=0, output=output, **kw)
+            ours = outcomes[0]
+            (ours0,) = run_ours(dataset(samples), num_workers=0, output=output, **kw)
             if len(ours.batches) != len(ours0.batches) or type(ours.error) is not type(ours0.error):
                 raise Mismatch(f"{num_workers} workers: {ours.describe()}; 0 workers: {ours0.describe()}")
             for k, (a, b) in enumerate(zip(ours.batches, ours0.batches)):
