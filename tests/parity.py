@@ -364,11 +364,16 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return t.view(torch.uint8).numpy().tobytes()
 
 
-def compare_batch(ours: Any, theirs: Any, *, as_torch: bool, tensors: set[tuple], path: tuple = ()) -> None:
-    """Assert that our batch ``ours`` matches torch's ``theirs`` (Rules 1-4, 6)."""
+def compare_batch(
+    ours: Any, theirs: Any, *, as_torch: bool, tensors: set[tuple] | None, path: tuple = ()
+) -> None:
+    """Assert that our batch ``ours`` matches torch's ``theirs`` (Rules 1-4, 6).
+
+    ``tensors``: the paths whose samples were tensors (Rule 3); None for the output of a
+    user collate_fn, which torch hands out unchanged: every tensor in it came from it."""
     where = "batch" + "".join(f"[{p!r}]" for p in path)
     if isinstance(theirs, torch.Tensor):
-        if as_torch or path in tensors:
+        if as_torch or tensors is None or path in tensors:
             if not isinstance(ours, torch.Tensor):
                 raise Mismatch(f"{where}: torch gives a tensor {_show(theirs)}, ours is {_show(ours)}")
             if ours.dtype != theirs.dtype or tuple(ours.shape) != tuple(theirs.shape):
@@ -388,10 +393,18 @@ def compare_batch(ours: Any, theirs: Any, *, as_torch: bool, tensors: set[tuple]
     if isinstance(theirs, np.ndarray) and as_torch and theirs.dtype.kind in "biufc":
         # A numeric array torch hands out as it is (a user collate_fn's output) is a tensor
         # with output="torch" (docs/training.md, "Torch tensors"). Rule 4.
-        theirs = torch.from_numpy(np.ascontiguousarray(theirs))
+        theirs = torch.from_numpy(theirs.copy())  # copy: keeps a 0-d array 0-d
         return compare_batch(ours, theirs, as_torch=as_torch, tensors=tensors, path=path)
     if isinstance(theirs, np.ndarray):  # arrays torch passes through (strings, a collate_fn's output)
-        if type(ours) is not np.ndarray or ours.dtype != theirs.dtype or not np.array_equal(ours, theirs):
+        # Byte order aside (Rule 5: torch was given native arrays).
+        same_dtype = type(ours) is np.ndarray and ours.dtype.newbyteorder("=") == theirs.dtype.newbyteorder(
+            "="
+        )
+        if (
+            not same_dtype
+            or ours.shape != theirs.shape
+            or not np.array_equal(ours, theirs, equal_nan=theirs.dtype.kind in "fc")
+        ):
             raise Mismatch(f"{where}: torch gives {_show(theirs)}, ours is {_show(ours)}")
         return
     if type(theirs) is tuple and type(ours) is list and theirs and isinstance(theirs[0], (str, bytes)):
@@ -417,12 +430,19 @@ def compare_batch(ours: Any, theirs: Any, *, as_torch: bool, tensors: set[tuple]
             # tensor paths of the samples do not apply.
             compare_batch(o, t, as_torch=as_torch, tensors=tensors, path=(*path, i))
         return
-    if isinstance(theirs, float) and math.isnan(theirs):
-        if not math.isnan(ours):
-            raise Mismatch(f"{where}: torch gives nan, ours {ours!r}")
-        return
-    if ours != theirs or (isinstance(theirs, float) and math.copysign(1, ours) != math.copysign(1, theirs)):
+    if not _same_scalar(ours, theirs):
         raise Mismatch(f"{where}: torch gives {theirs!r}, ours {ours!r}")
+
+
+def _same_scalar(a: Any, b: Any) -> bool:
+    """Equal values of one type; floats and complex numbers: NaN equals NaN, -0.0 is not 0.0."""
+    if isinstance(b, (complex, np.complexfloating)):
+        return _same_scalar(a.real, b.real) and _same_scalar(a.imag, b.imag)
+    if isinstance(b, (float, np.floating)):
+        if math.isnan(b):
+            return math.isnan(a)
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return a == b
 
 
 def _type(v: Any) -> str:
@@ -522,7 +542,9 @@ def batch_plan(
     return plan
 
 
-def compare_outcomes(ours: Outcome, theirs: Outcome, *, batches: list[list[Any]], as_torch: bool) -> None:
+def compare_outcomes(
+    ours: Outcome, theirs: Outcome, *, batches: list[list[Any]], as_torch: bool, user_collate: bool = False
+) -> None:
     """Assert that our epoch matches torch's: the same batches, then the same kind of
     exception or none (Rules 1-8 of test_torch_parity.py). ``batches``: the samples of
     each batch the sampler yields."""
@@ -534,7 +556,7 @@ def compare_outcomes(ours: Outcome, theirs: Outcome, *, batches: list[list[Any]]
     for k in range(shared):
         # Rule 3: tensors where the batch's first sample holds a tensor (both collates
         # decide a field's kind by its first sample).
-        tensors = set().union(*map(tensor_paths, batch_samples(k)[:1]))
+        tensors = None if user_collate else set().union(*map(tensor_paths, batch_samples(k)[:1]))
         try:
             compare_batch(ours.batches[k], theirs.batches[k], as_torch=as_torch, tensors=tensors)
         except Mismatch as exc:
@@ -617,6 +639,22 @@ def compare_exact(a: Any, b: Any, path: str = "batch") -> None:
         raise Mismatch(f"{path}: {a!r} vs {b!r}")
 
 
+def identity_collate(batch: Any) -> Any:
+    """A user collate_fn that returns what it gets: torch hands it out unchanged."""
+    return batch
+
+
+def has_big_endian(tree: Any) -> bool:
+    """Whether ``tree`` holds an array in non-native byte order."""
+    if isinstance(tree, np.ndarray):
+        return not tree.dtype.isnative
+    if isinstance(tree, dict):
+        return any(has_big_endian(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return any(has_big_endian(v) for v in tree)
+    return False
+
+
 class IterableSamples(torch.utils.data.IterableDataset):
     """An iterable dataset over a list (torch's class, which both loaders accept)."""
 
@@ -677,7 +715,8 @@ def parity_failure(
     try:
         for epoch, ours in enumerate(outcomes):
             try:
-                compare_outcomes(ours, theirs, batches=batches, as_torch=as_torch)
+                compare_outcomes(ours, theirs, batches=batches, as_torch=as_torch,
+                                 user_collate=kwargs.get("collate_fn") is not None)  # fmt: skip
             except Mismatch as exc:
                 raise Mismatch(f"epoch {epoch}: {exc}" if epoch else str(exc)) from None
         if check_main_process:

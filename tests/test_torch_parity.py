@@ -160,6 +160,11 @@ def _case(draw: st.DrawFn, num_workers: int) -> dict:
                                                 min_size=1, max_size=4))  # fmt: skip
     elif how == "iterable" and num_workers == 0:  # with workers, every worker yields every sample
         loader["iterable"] = True
+    # A user collate_fn: torch hands out its result unchanged (rule 4). Not with big-endian
+    # arrays and output="torch": torch has no tensor for them (rule 5).
+    big_endian_tensors = loader["output"] == "torch" and any(map(parity.has_big_endian, samples))
+    if draw(st.integers(0, 4)) == 0 and not big_endian_tensors:
+        loader["collate_fn"] = parity.identity_collate
     if num_workers and draw(st.booleans()):  # a second epoch through the same workers and ring
         loader["ours_kw"]["persistent_workers"] = True
         loader["epochs"] = 2
