@@ -29,7 +29,7 @@ Comparison rules (each check says which rule it applies):
    what torch gives, of the same type: dict / OrderedDict / defaultdict / dict subclasses
    (same key order), list (tuples are collated to lists, README "Migration"), namedtuple;
    strings and bytes as lists of them (torch's collate_str_fn returns the column it gets:
-   a list below a dict, a tuple below a sequence; we always give a list: finding P11);
+   a list below a dict, a tuple below a sequence; we always give a list: parity finding P11);
    Python ints, floats, bools, None where torch leaves them as they are
    (``batch_size=None``, a user ``collate_fn``): the same type and value.
 5. Numpy layouts torch cannot express: torch refuses arrays with negative strides
@@ -38,7 +38,7 @@ Comparison rules (each check says which rule it applies):
    arrays: with ``output="numpy"`` torch is given them in native byte order and our dtype
    is compared up to byte order (a numpy batch keeps its samples' dtype); with
    ``output="torch"`` torch's own refusal (``ValueError``) is expected of us. Neither is
-   written in README or docs yet: finding P7 of the parity notes.
+   written in README or docs yet (parity finding P10).
 6. Exceptions: ours must be an instance of the builtin class torch raised (``TypeError``,
    ``ValueError``, ``RuntimeError``...); our errors derive from those builtins
    (src/shmloader/errors.py). Where torch raises at batch k, we raise at batch k too.
@@ -62,7 +62,7 @@ datasets. ``SHMLOADER_PARITY_SCALE=10`` runs ten times as many examples (locally
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 
 import numpy as np
 import pytest
@@ -282,7 +282,7 @@ def test_numpy_only_dtypes(name: str, num_workers: int) -> None:
     """Arrays of a dtype torch cannot hold, batched: torch raises TypeError. With
     output="torch" we cannot hand out a tensor either and must raise the same kind (rule 6).
     With output="numpy" the batch is the stacked numpy array (README, "Migration": numpy
-    batches; finding P8 of the parity notes: not written down yet)."""
+    batches; parity finding P8: not written down yet)."""
     samples = [{"v": _NUMPY_ONLY[name], "i": i} for i in range(4)]
     assert isinstance(parity.run_torch(samples, batch_size=2).error, TypeError)
     failure = parity.parity_failure(samples, num_workers=num_workers, output="torch", batch_size=2)
@@ -394,4 +394,28 @@ def test_none_in_a_batch(name: str, num_workers: int) -> None:
     """A None in a batched sample: torch raises TypeError or RuntimeError; README promises
     a BatchLayoutError (rule 7)."""
     failure = parity.parity_failure(_NONES[name], num_workers=num_workers, output="numpy", batch_size=2)
+    assert failure is None, failure
+
+
+_SPECIAL_FIELDS = {
+    "defaultdict samples": [defaultdict(list, a=i) for i in range(4)],
+    "dict subclass samples": [parity.Record(a=i) for i in range(4)],
+    "int then float": [1, 2.5, 3, 4.5],
+    "numpy float32 then float": [np.float32(1.5), 2.5] * 2,
+    "Python complex": [1j, 2j] * 2,
+    "tensor then array": [torch.zeros(2), np.zeros(2, np.float32)] * 2,
+    "array then tensor": [np.zeros(2, np.float32), torch.zeros(2)] * 2,
+    "bool then 0-d array": [False, np.array(True)] * 2,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", list(_SPECIAL_FIELDS))
+def test_special_fields(name: str, num_workers: int) -> None:
+    """Sample types and mixes where torch's collate has a definite answer (a container type
+    it keeps, the dtype its first sample implies, an exception): the same here (rules 3, 4, 6)."""
+    failure = parity.parity_failure(
+        _SPECIAL_FIELDS[name], num_workers=num_workers, output="numpy", batch_size=2
+    )
     assert failure is None, failure
