@@ -668,6 +668,27 @@ class IterableSamples(torch.utils.data.IterableDataset):
         return len(self.samples)
 
 
+class SampleError(Exception):
+    """An exception of the user's own (one message argument: both loaders rebuild it)."""
+
+
+class RaisingSamples:
+    """A map-style dataset over a list whose ``__getitem__`` raises ``raise_at[index]``
+    for some indices (a failing decode, a missing file)."""
+
+    def __init__(self, samples: list[Any], raise_at: dict[int, type]) -> None:
+        self.samples = samples
+        self.raise_at = raise_at
+
+    def __getitem__(self, index: int) -> Any:
+        if index in self.raise_at:
+            raise self.raise_at[index](f"sample {index} cannot be loaded")
+        return self.samples[index]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
 def parity_failure(
     samples: list[Any],
     *,
@@ -678,6 +699,7 @@ def parity_failure(
     sampler: list[int] | None = None,
     batch_sampler: list[list[int]] | None = None,
     iterable: bool = False,
+    raise_at: dict[int, type] | None = None,
     epochs: int = 1,
     ours_kw: dict[str, Any] | None = None,
     check_main_process: bool = False,
@@ -689,7 +711,8 @@ def parity_failure(
     ``kwargs``; ours also ``ours_kw`` (``copy``, ``persistent_workers``...), for
     ``epochs`` epochs, each compared with torch's one (sequential sampling repeats).
     ``iterable``: the samples come from an IterableDataset (num_workers=0: with workers
-    each worker would yield every sample, in both loaders).
+    each worker would yield every sample, in both loaders). ``raise_at``: indices whose
+    ``__getitem__`` raises that exception type.
     ``check_main_process``: also load with num_workers=0 and require the same batches
     (Rule 9). Returns a message, not an exception, so that a failing test keeps no
     reference to a batch (a held batch keeps its shared memory, which the leak check
@@ -704,10 +727,13 @@ def parity_failure(
             kw["sampler"] = sampler
     plan = batch_plan(len(samples), batch_size=batch_size, drop_last=drop_last, sampler=sampler,
                       batch_sampler=batch_sampler)  # fmt: skip
-    batches = [[samples[i] for i in b] for b in plan]
+    # An index out of range (a batch sampler may yield one) stands for itself.
+    batches = [[samples[i] if 0 <= i < len(samples) else ("index", i) for i in b] for b in plan]
 
     def dataset(values: list[Any]) -> Any:
-        return IterableSamples(values) if iterable else values
+        if iterable:
+            return IterableSamples(values)
+        return RaisingSamples(values, raise_at) if raise_at else values
 
     theirs = run_torch(dataset(torch_input(samples, as_torch=as_torch)), **kw)
     outcomes = run_ours(dataset(samples), epochs=epochs, num_workers=num_workers, output=output,
