@@ -81,7 +81,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 import shmloader  # noqa: E402
 from tests import parity  # noqa: E402
-from tests.parity import Leaf, Mutation, Node  # noqa: E402
+from tests import parity_samples as ps  # noqa: E402
+from tests.parity_samples import Leaf, Mutation, Node  # noqa: E402
 
 _SCALE = float(os.environ.get("SHMLOADER_PARITY_SCALE", "1"))
 
@@ -105,17 +106,17 @@ _shapes = st.lists(st.integers(0, 3), max_size=3).map(tuple)
 _np_leaf = st.builds(
     Leaf,
     kind=st.just("np"),
-    dtype=st.sampled_from(parity.NATIVE_DTYPES + parity.BIG_ENDIAN_DTYPES),
+    dtype=st.sampled_from(ps.NATIVE_DTYPES + ps.BIG_ENDIAN_DTYPES),
     shape=_shapes,
     layout=st.sampled_from(("c", "c", "fortran", "strided", "neg")),
 )
 _leaf = st.one_of(
     _np_leaf,
-    st.builds(Leaf, kind=st.just("npscalar"), dtype=st.sampled_from(parity.NUMPY_SCALAR_DTYPES)),
+    st.builds(Leaf, kind=st.just("npscalar"), dtype=st.sampled_from(ps.NUMPY_SCALAR_DTYPES)),
     st.builds(
         Leaf,
         kind=st.just("tensor"),
-        dtype=st.sampled_from(parity.TORCH_DTYPES),
+        dtype=st.sampled_from(ps.TORCH_DTYPES),
         shape=st.lists(st.integers(0, 3), max_size=2).map(tuple),
     ),
     st.builds(Leaf, kind=st.just("int"), span=st.sampled_from(_INT_SPANS)),
@@ -148,10 +149,10 @@ def _case(draw: st.DrawFn, num_workers: int) -> dict:
     if draw(st.integers(0, 3)) == 0:
         mutation = Mutation(
             sample=draw(st.integers(0, n - 1)),
-            leaf=draw(st.integers(0, len(parity.leaves_of(schema)) - 1)),
+            leaf=draw(st.integers(0, len(ps.leaves_of(schema)) - 1)),
             what=draw(st.sampled_from(("none", "shape", "dtype", "kind", "kind2", "wrap"))),
         )
-    samples = parity.make_samples(schema, n, draw(st.integers(0, 2**32 - 1)), mutation)
+    samples = ps.make_samples(schema, n, draw(st.integers(0, 2**32 - 1)), mutation)
     loader = {
         "batch_size": draw(st.sampled_from((None, 1, 3))),
         "drop_last": draw(st.booleans()),
@@ -170,11 +171,11 @@ def _case(draw: st.DrawFn, num_workers: int) -> dict:
         loader["iterable"] = True
     # A user collate_fn: torch hands out its result unchanged (rule 4). Not with big-endian
     # arrays and output="torch": torch has no tensor for them (rule 5).
-    big_endian_tensors = loader["output"] == "torch" and any(map(parity.has_big_endian, samples))
+    big_endian_tensors = loader["output"] == "torch" and any(map(ps.has_big_endian, samples))
     if draw(st.integers(0, 4)) == 0 and not big_endian_tensors:
-        loader["collate_fn"] = parity.identity_collate
+        loader["collate_fn"] = ps.identity_collate
     if how != "iterable" and draw(st.integers(0, 7)) == 0:  # __getitem__ raises for one index
-        errors = (ValueError, KeyError, ZeroDivisionError, parity.SampleError)
+        errors = (ValueError, KeyError, ZeroDivisionError, ps.SampleError)
         loader["raise_at"] = {draw(st.integers(0, n - 1)): draw(st.sampled_from(errors))}
     if num_workers and draw(st.booleans()):  # a second epoch through the same workers and ring
         loader["ours_kw"]["persistent_workers"] = True
@@ -417,7 +418,7 @@ def test_none_in_a_batch(name: str, num_workers: int) -> None:
 
 _SPECIAL_FIELDS = {
     "defaultdict samples": [defaultdict(list, a=i) for i in range(4)],
-    "dict subclass samples": [parity.Record(a=i) for i in range(4)],
+    "dict subclass samples": [ps.Record(a=i) for i in range(4)],
     "int then float": [1, 2.5, 3, 4.5],
     "numpy float32 then float": [np.float32(1.5), 2.5] * 2,
     "Python complex": [1j, 2j] * 2,
