@@ -86,15 +86,18 @@ def run_ours(dataset: Any, epochs: int = 1, **kwargs: Any) -> list[Outcome]:
     try:
         for _ in range(epochs):
             out = Outcome()
-            it = iter(loader)
+            it = None
             try:
+                it = iter(loader)
                 for batch in it:
                     out.batches.append(batch)
             except Exception as exc:
                 out.error = exc
             finally:
+                # Persistent workers that finished their epoch stay for the next one (the
+                # case under test); loader.shutdown() below stops them.
                 close = getattr(it, "close", None)
-                if close is not None:
+                if close is not None and (out.error is not None or not kwargs.get("persistent_workers")):
                     close()
                 del it
             outcomes.append(out)
