@@ -152,6 +152,18 @@ def test_stop_iteration_from_collate_fn_is_an_error(nw):
     assert isinstance(exc, StrayStopIteration) and "batch 3" in str(exc) and "[6, 7]" in str(exc)
 
 
+def stopping_init(worker_id: int) -> None:
+    raise StopIteration
+
+
+def test_stop_iteration_from_worker_init_fn_is_an_error():
+    # Rebuilt in the consumer as its own type, a StopIteration raised from __next__ would
+    # end the epoch silently, with no batch at all.
+    loader = DataLoader(Items(list(range(8))), batch_size=2, num_workers=2, worker_init_fn=stopping_init)
+    ours, exc = run(loader)
+    assert ours == [] and isinstance(exc, StrayStopIteration) and "worker_init_fn" in str(exc)
+
+
 def test_stop_iteration_from_a_dataset_that_is_iterable_is_an_error():
     class Iter(torch.utils.data.IterableDataset):
         def __iter__(self):

@@ -6,11 +6,14 @@ from shmloader.context import ShardInfo, WorkerInfo, get_worker_info
 from shmloader.dataset import Dataset, IterableDataset
 from shmloader.distributed import get_shard_info
 from shmloader.errors import (
+    BatchKeyError,
     BatchLayoutError,
+    BatchTypeError,
     LoaderTimeoutError,
     RingLimitError,
     ShmLoaderError,
     ShmSpaceError,
+    StrayStopIteration,
     WorkerDiedError,
     WorkerError,
 )
@@ -21,8 +24,10 @@ from shmloader.writeinto import ArraySpec
 
 __all__ = [
     "ArraySpec",
+    "BatchKeyError",
     "BatchLayoutError",
     "BatchSampler",
+    "BatchTypeError",
     "BucketBatchSampler",
     "DataLoader",
     "Dataset",
@@ -36,6 +41,7 @@ __all__ = [
     "ShardInfo",
     "ShmLoaderError",
     "ShmSpaceError",
+    "StrayStopIteration",
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",

@@ -31,8 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 from shmloader import fdguard, wire
-from shmloader.errors import LoaderTimeoutError, WorkerDiedError
+from shmloader.errors import LoaderTimeoutError, StrayStopIteration, WorkerDiedError, WorkerError
 from shmloader.leases import own_forks
+from shmloader.worker import WorkerFailure
 
 JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit before killing them
 KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
@@ -319,3 +320,31 @@ def _unpoll(poller: Any, fd: int) -> None:
         poller.unregister(fd)
     except KeyError:
         pass
+
+
+def rebuild_error(failure: WorkerFailure, seq: int) -> BaseException:
+    """The worker's exception in the consumer: its own type where it can be rebuilt. A
+    ``StopIteration`` becomes :class:`StrayStopIteration`: raised from ``__next__`` it
+    would end the epoch silently."""
+    where = f" while {failure.where}" if failure.where else ""
+    batch = f" batch {seq}" if failure.where != "running worker_init_fn" else ""
+    indices = f" (sample indices {short_indices(failure.indices)})" if failure.indices is not None else ""
+    text = (
+        f"Caught {failure.type_name} in DataLoader worker {failure.worker_id}{where}{batch}"
+        f"{indices}.\nOriginal {failure.traceback}"
+    )
+    exc: BaseException | None = None
+    if failure.pickled is not None:
+        try:
+            original = pickle.loads(failure.pickled)
+            exc = type(original)(text)
+        except Exception:
+            exc = None
+    if isinstance(exc, StopIteration):
+        exc = StrayStopIteration(text)
+    if exc is None:
+        exc = WorkerError(text)
+    exc.worker_id = failure.worker_id  # type: ignore[attr-defined]
+    exc.indices = failure.indices  # type: ignore[attr-defined]
+    exc.worker_traceback = failure.traceback  # type: ignore[attr-defined]
+    return exc

@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import enum
 import os
+import pickle
 import struct
+from array import array
 from collections import deque
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from shmloader import _slots, fdguard
 
@@ -421,3 +425,22 @@ def send_frame_with_fd(sock: int, framed: bytes, fd: int) -> None:
     """Write ``framed`` (see :func:`frame`) to ``sock`` with the descriptor ``fd`` (a
     duplicate of it goes to the peer; ``fd`` stays open here)."""
     _slots.send_with_fd(sock, framed, fd)
+
+
+def task_payload(indices: Any) -> tuple[int, bytes]:
+    """A batch's sample indices as a task: int64 bytes when they are integers (bools and
+    other ``__index__`` types count as ints, as in Python's own indexing), else the
+    pickled list of keys, which reach the dataset as they were given."""
+    if type(indices) is list:  # a batch sampler's list
+        try:
+            return TASK_INDICES, array("q", indices).tobytes()
+        except (TypeError, OverflowError):  # str, tuple, float... keys; ints beyond int64
+            return TASK_KEYS, pickle.dumps(indices)
+    try:  # an array, a tuple, a range...
+        arr = np.asarray(indices) if len(indices) else np.empty(0, np.int64)
+    except ValueError:  # ragged keys (tuples of different lengths)
+        return TASK_KEYS, pickle.dumps(list(indices))
+    kind = arr.dtype.kind if arr.ndim == 1 else ""
+    if kind == "i" or (kind == "u" and (not len(arr) or int(arr.max()) < 2**63)):
+        return TASK_INDICES, arr.astype(np.int64, copy=False).tobytes()
+    return TASK_KEYS, pickle.dumps(list(indices))

@@ -1,0 +1,91 @@
+"""The iterator of an epoch loaded in the consumer's own process (``num_workers=0``).
+
+It makes each batch with the recipe a worker uses (:class:`~shmloader.fetch.Recipe`), so
+``num_workers`` never changes a batch, and builds it in this process's memory; while it
+loads, ``sample_rng`` and ``get_shard_info`` see its epoch (:mod:`shmloader.context`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shmloader import context, fetch
+from shmloader import distributed as _dist
+from shmloader import pinning as _pinning
+from shmloader import state as _state
+
+
+class InProcessIter:
+    """num_workers=0: fetch and collate in this process; same batches as with workers."""
+
+    def __init__(self, loader: Any, epoch_seed: int) -> None:
+        self._loader = loader
+        self._seq = 0
+        self._plan = plan = loader._plan
+        self._epoch_done = False
+        self._epoch_seed = epoch_seed
+        self._shard = _dist.ShardInfo(loader.rank, loader.world_size, 0, 1)
+        # What sample_rng() and get_shard_info() see in this process while we load.
+        context.enter_main_epoch(epoch_seed, self._shard)
+        # Applied to each batch, in order.
+        self._post: list[Callable[[Any], Any]] = []
+        if loader.output == "torch":
+            self._post.append(_pinning.to_torch)
+        if loader._pinner is not None:
+            self._post.append(_pinning.pin_tree)  # no ring here: pinned per batch, as torch does
+        if loader.iterable:
+            self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan is not None else None)
+        else:
+            self._source = loader._index_sequence()
+        self._recipe = fetch.Recipe(
+            loader.dataset,
+            iterable=loader.iterable,
+            auto_collation=loader._auto_collation,
+            batch_size=loader.batch_size,
+            drop_last=loader.drop_last,
+            collate_fn=loader.collate_fn,
+            collate=loader.collate,
+            pad_value=loader.pad_value,
+            output=loader.output,
+        )
+
+    def __iter__(self) -> InProcessIter:
+        return self
+
+    def __next__(self) -> Any:
+        context.enter_main_epoch(self._epoch_seed, self._shard)  # another loader may have run between
+        try:
+            batch = self._next_batch()
+        except StopIteration:
+            self._epoch_done = True
+            context.leave_main_epoch()  # outside an epoch, sample_rng follows np.random
+            raise
+        stats = self._loader._stats
+        stats["batches"] += 1
+        stats["batches_copied"] += 1  # built in this process's memory, not in a ring
+        for convert in self._post:
+            batch = convert(batch)
+        return batch
+
+    def _batches_handed_out(self) -> int:
+        """Batches handed out (or raised) this iteration, for state_dict()."""
+        return self._seq
+
+    def _next_batch(self) -> Any:
+        """The next batch, made by the same recipe a worker uses (fetch.Recipe); raises
+        StopIteration only when the sampler or the iterable dataset is exhausted."""
+        recipe = self._recipe
+        seq, self._seq = self._seq, self._seq + 1
+        if self._loader.iterable:
+            samples = recipe.take(self._source, seq)
+            if samples is None:
+                raise StopIteration
+            indices = None
+        else:
+            indices = next(self._source)  # the sampler's end is the epoch's end
+            samples = recipe.fetch(indices, seq)
+        return recipe.in_memory(recipe.collate(samples, indices, seq), samples)
+
+    def __len__(self) -> int:
+        return len(self._loader)

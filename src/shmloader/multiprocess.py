@@ -1,0 +1,537 @@
+"""The iterator of an epoch loaded by worker processes: the glue of the pieces.
+
+The consumer side of the data path: claim a FREE slot (:mod:`shmloader.leases`), send
+(slot, batch number, sample indices) to a worker, wait on every worker's socket and
+process sentinel at once, and when a slot comes back READY hand out views of it. A slot
+returns to FREE only when the last view of it dies (a lease on the batch's root array).
+
+The workers are a :class:`~shmloader.pool.WorkerPool` (start, watch, stop, death and
+timeout errors); which worker loads which batch and the order batches are handed out in
+is a :class:`~shmloader.scheduler.Scheduler`; the frames and the slot header are
+:mod:`shmloader.wire`'s; the rings and slot leases are :mod:`shmloader.leases`'.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import pickle
+import select
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from shmloader import _slots, wire
+from shmloader import leases as _leases
+from shmloader import pinning as _pinning
+from shmloader import state as _state
+from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
+from shmloader.layout import decode, make_reader
+from shmloader.pool import WorkerHandle, WorkerPool, rebuild_error
+from shmloader.ring import Ring, attach_fd
+from shmloader.scheduler import Scheduler
+from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
+
+_LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
+
+
+_WorkerHandle = WorkerHandle  # (the pool's)
+
+
+class _Task:
+    """One batch sent to a worker: its slot is in ``ring`` (the ring current when it was
+    sent; a ring that grows since keeps serving the tasks given before)."""
+
+    __slots__ = ("indices", "ring", "seq", "slot", "worker")
+
+    def __init__(self, seq: int, worker: _WorkerHandle, slot: int, indices: Any, ring: Ring | None) -> None:
+        self.seq = seq
+        self.worker = worker
+        self.slot = slot
+        self.indices = indices
+        self.ring = ring
+
+
+_live_iterators: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_iterators() -> None:
+    for it in list(_live_iterators):
+        it.close()
+
+
+def _forget_workers_after_fork() -> None:
+    """In a copy of the consumer made by os.fork(): the workers are not its children.
+    multiprocessing still lists them, and at the copy's exit its atexit hook would
+    SIGTERM them (killing the real consumer's epoch) and fail to join them."""
+    children = getattr(multiprocessing.process, "_children", None)
+    if children is None:
+        return
+    for it in list(_live_iterators):
+        for w in getattr(it, "_workers", ()):
+            children.discard(w.proc)
+
+
+os.register_at_fork(after_in_child=_forget_workers_after_fork)
+
+
+class MultiProcessIter:
+    """Iterator over one epoch with worker processes (reused across epochs when persistent)."""
+
+    def __init__(self, loader: Any, epoch_seed: int, copy: bool) -> None:
+        self._loader = loader
+        self._copy = copy
+        self._pid = os.getpid()
+        self.closed = False
+        # Start, watch (sockets and sentinels in one poll), stop; _workers is its list.
+        self._pool = WorkerPool()
+        self._workers = self._pool.workers
+        self._readers: dict[bytes, Callable[[np.ndarray, Any, list[int]], Any]] = {}
+        self._ring_wanted = 0  # bytes a batch that came outside the ring needs: a ring to make
+        ctx = loader.multiprocessing_context
+        if ctx is None or isinstance(ctx, str):
+            ctx = multiprocessing.get_context(ctx)
+        self._ctx = ctx
+        # A ring whose descriptor is closed (this process was forked from the one that
+        # made it) cannot be handed to new workers: the first batch sizes a new one.
+        ring = loader._ring
+        self._ring = ring if ring is not None and ring.fd is not None else None
+        # Round robin, reordering and the position for state_dict: state.py reads
+        # scheduler.handed_out(), .handed_out_per_worker() and .shard_states_handed_out().
+        # Its results dict is this iterator's _results for its whole life.
+        self.scheduler = Scheduler(loader.num_workers, loader.in_order, wire.RES_ITER_END)
+        self._results = self.scheduler.results
+        self._begin_epoch(epoch_seed)
+        _live_iterators.add(self)
+        try:
+            self._start_workers(epoch_seed)
+            self._dispatch()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- set-up -------------------------------------------------------------------------
+
+    def _begin_epoch(self, epoch_seed: int) -> None:
+        loader = self._loader
+        self._epoch_seed = epoch_seed
+        self._source = None if loader.iterable else loader._index_sequence()
+        self._source_done = False
+        self._tasks: dict[int, _Task] = {}
+        self._plan = plan = loader._plan
+        self._epoch_done = False
+        # Iterable datasets, for state_dict(): the round robin starts where the saved run
+        # would have gone on.
+        self.scheduler.begin_epoch(plan.start_worker if plan is not None else 0)
+
+    @property
+    def _send_seq(self) -> int:
+        """The next batch number to send."""
+        return self.scheduler.send_seq
+
+    @property
+    def _rcvd_seq(self) -> int:
+        """In order: the next batch number to hand out."""
+        return self.scheduler.rcvd_seq
+
+    def _start_workers(self, epoch_seed: int) -> None:
+        loader = self._loader
+
+        def config(wid: int, use_pdeathsig: bool) -> WorkerConfig:
+            return WorkerConfig(
+                worker_id=wid,
+                num_workers=loader.num_workers,
+                seed=epoch_seed + wid,
+                dataset=loader.dataset,
+                iterable=loader.iterable,
+                auto_collation=loader._auto_collation,
+                batch_size=loader.batch_size,
+                collate=loader.collate,
+                pad_value=loader.pad_value,
+                drop_last=loader.drop_last,
+                collate_fn=loader.collate_fn,
+                worker_init_fn=loader.worker_init_fn,
+                ring=self._ring,
+                fixed_slot_bytes=loader.slot_bytes is not None,
+                parent_pid=os.getpid(),
+                use_pdeathsig=use_pdeathsig,
+                rank=loader.rank,
+                world_size=loader.world_size,
+                resume=_state.worker_resume(self._plan, wid),
+                report_state=self._plan is not None and self._plan.stateful,
+            )
+
+        self._pool.start(self._ctx, loader.num_workers, config, worker_main)
+
+    # --- dispatch -----------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Send tasks until every worker has prefetch_factor of them (one each before the
+        ring exists: the first results size it)."""
+        if self._ring_wanted:
+            if self._tasks or self._results:
+                return  # __next__ makes the ring after handing out the batch that asked
+            self._make_wanted_ring()
+        loader = self._loader
+        per_worker = loader.prefetch_factor if self._ring is not None else 1
+        workers = self._workers
+        # Batches dispatched and not yet handed out, received or not: this bounds the
+        # slots in use by the loader, whatever order the workers finish in.
+        cap = per_worker * len(workers)
+        sched = self.scheduler
+        while not self._source_done and len(self._tasks) + len(self._results) < cap:
+            wid = sched.pick(cap)
+            if wid is None:
+                if not sched.any_active():
+                    self._source_done = True
+                return
+            worker = workers[wid]
+            if loader.iterable:
+                kind, payload, indices = wire.TASK_ITER, b"", None
+            else:
+                try:
+                    indices = next(self._source)  # type: ignore[arg-type]
+                except StopIteration:
+                    self._source_done = True
+                    return
+                kind, payload = wire.task_payload(indices)
+            slot = self._claim_slot()
+            seq = sched.assign(wid)
+            task = _Task(seq, worker, slot, indices, self._ring)
+            self._tasks[seq] = task
+            if not worker.writer.send(wire.frame(wire.pack(kind, slot, seq, payload))):
+                self._pool.queued(worker)  # a big task: the rest goes out on POLLOUT
+            if not sched.any_active():
+                return
+
+    def _claim_slot(self) -> int:
+        """A slot for the next task (NO_SLOT before the first batch sized the ring). The
+        leases may hand back a new ring (grown, or the old one shared with a forked
+        child): the workers get it before the task that uses it."""
+        if self._ring is None:
+            return wire.NO_SLOT
+        ring, slot = self._loader._leases.claim(self._send_seq)
+        if ring is not self._ring and ring is not None:
+            self._adopt_ring(ring)
+        return slot
+
+    # --- receive ------------------------------------------------------------------------
+
+    def __iter__(self) -> MultiProcessIter:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __next__(self) -> Any:
+        if self.closed:
+            raise StopIteration
+        try:
+            if self._ring_wanted:
+                self._make_wanted_ring()
+            item = self._next_result()
+            if item is not None and not self._ring_wanted:
+                # (A ring to make waits for the next call: this batch goes out first.)
+                self._dispatch()
+        except (WorkerDiedError, LoaderTimeoutError):
+            # Dead or hung workers: do not wait for a busy one to finish its batch
+            # (a timeout would otherwise surface only after pool.JOIN_TIMEOUT_S more).
+            self.close(graceful=False)
+            raise
+        except (RingLimitError, ShmSpaceError):
+            self.close()  # the epoch cannot go on: leave nothing running
+            raise
+        if item is None:
+            self._end_epoch()
+            raise StopIteration
+        kind, task, payload = item
+        return self._materialize(kind, task, payload)
+
+    def _next_result(self) -> tuple[int, _Task, bytes] | None:
+        """The next result to hand out, waiting for it; None at the end of the epoch."""
+        pop = self.scheduler.pop
+        while True:
+            item = pop()
+            if item is not None:
+                return item  # type: ignore[return-value]
+            if not self._tasks:
+                self._dispatch()
+                if not self._tasks:
+                    return None
+            self._wait()
+
+    def _wait(self) -> None:
+        """Block until at least one worker message or exit, and handle it; queued task
+        bytes are written as the sockets take them, meanwhile."""
+        timeout = self._loader.timeout
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        pool = self._pool
+        due = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
+        events = pool.wait(due.worker if due is not None else None, deadline)
+        if events is None:
+            raise self._timeout_error(timeout)
+        dead = []
+        owners = pool.fd_owner
+        for fd, mask in events:
+            worker, is_sentinel = owners.get(fd, (None, False))
+            if worker is None:
+                continue
+            if is_sentinel:
+                dead.append(worker)
+            elif mask != select.POLLOUT:
+                self._receive(worker)
+        for worker in dead:
+            self._drain(worker)
+            wid = worker.id
+            if self.scheduler.outstanding[wid] or (self.scheduler.active[wid] and not self._source_done):
+                raise self._death_error(worker)
+            pool.forget(worker)
+
+    def _receive(self, worker: _WorkerHandle) -> bool:
+        """Read what ``worker`` sent (one read: its socket is non-blocking) and handle
+        every message completed; False at EOF (the worker is gone)."""
+        try:
+            messages = worker.reader.read()
+        except OSError:
+            messages = None
+        if messages is None:
+            # EOF can be seen twice (its poll event, then _drain when the sentinel
+            # fires in the same round): forget_fd is idempotent.
+            self._pool.forget_fd(worker.fd)
+            return False
+        for msg in messages:
+            self._handle(worker, msg)
+        return True
+
+    def _handle(self, worker: _WorkerHandle, msg: bytes) -> None:
+        """Act on one message from ``worker``."""
+        kind, _slot, seq = wire.unpack(msg)
+        if kind >= wire.RES_INIT_ERROR:  # rare kinds, behind one comparison
+            if kind == wire.RES_SHARD_STATE:
+                self._shard_state(worker, seq, wire.body(msg))
+                return
+            if kind == wire.RES_STATS:
+                counts = self._loader._stats["dataset"]
+                for name, gained in pickle.loads(wire.body(msg)).items():
+                    counts[name] = counts.get(name, 0) + gained
+                return
+            self._init_failed(worker, wire.body(msg))
+            return
+        task = self._tasks.pop(seq, None)
+        if task is None:  # a result from before a reset; already discarded
+            if kind == wire.RES_SEGMENT:
+                os.close(worker.reader.take_fd())
+            return
+        self.scheduler.answered(worker.id)
+        if kind == wire.RES_READY:
+            payload = b""
+        else:
+            payload = wire.body(msg)
+            _leases.give_back(task.ring, task.slot)
+            task.slot = wire.NO_SLOT
+            if kind == wire.RES_SEGMENT or kind == wire.RES_PICKLED:
+                needed = wire.needed_bytes(payload)
+                if kind == wire.RES_SEGMENT:
+                    # The batch's own segment, mapped here (not pre-faulted: only what the
+                    # consumer reads comes in); its descriptor is closed at once.
+                    task.ring = attach_fd(worker.reader.take_fd(), 1, needed, populate=False)
+                    task.slot = 0
+                ring = self._ring
+                if ring is None or (needed > ring.slot_bytes and self._loader.slot_bytes is None):
+                    # The first batch sizes the ring; a batch that outgrew its slot makes
+                    # a ring of larger slots. Made at the next __next__, after this batch
+                    # is handed out (reserving a ring takes tens of ms).
+                    self._ring_wanted = max(self._ring_wanted, needed)
+            elif kind == wire.RES_ITER_END:
+                self.scheduler.ended(worker.id, seq)  # tasks sent from now on skip it
+        self.scheduler.put(seq, (kind, task, payload))
+
+    def _init_failed(self, worker: _WorkerHandle, payload: bytes) -> None:
+        """worker_init_fn raised: the worker sent that before reading any task (its
+        header carries no batch number) and exits. It answers for every task it was
+        given: the error takes the place of the first one, the others are dropped, and
+        the worker's exit is then expected (no WorkerDiedError)."""
+        mine = sorted(seq for seq, t in self._tasks.items() if t.worker is worker)
+        tasks = [self._tasks.pop(seq) for seq in mine]
+        for task in tasks:
+            _leases.give_back(task.ring, task.slot)
+            task.slot = wire.NO_SLOT
+        self.scheduler.retire(worker.id)
+        seq = mine[0] if mine else self._rcvd_seq
+        task = tasks[0] if tasks else _Task(seq, worker, wire.NO_SLOT, None, None)
+        self.scheduler.put(seq, (wire.RES_INIT_ERROR, task, payload))
+
+    def _drain(self, worker: _WorkerHandle) -> None:
+        """Handle everything ``worker`` sent before it exited."""
+        while self._pool.has_input(worker) and self._receive(worker):
+            pass
+
+    def _make_wanted_ring(self) -> None:
+        """Make the ring that a batch from outside it asked for (the first one, or one with
+        larger slots: the old ring retires as its batches die); hand it to the workers."""
+        wanted, self._ring_wanted = self._ring_wanted, 0
+        self._adopt_ring(self._loader._leases.ring_for_batch(wanted, self._ring))
+
+    def _adopt_ring(self, ring: Ring) -> None:
+        """Make ``ring`` this iterator's ring and hand it to every worker. Tasks sent
+        before keep their old ring: each worker reads its socket in order, so it finishes
+        them before it switches."""
+        self._ring = ring
+        message = wire.ring_frame(ring.num_slots, ring.slot_bytes)
+        for w in self._workers:
+            if w.proc.is_alive():  # (a dead worker is reported by its sentinel)
+                self._pool.send(w, message, ring.fd)
+
+    # --- position, for DataLoader.state_dict() -------------------------------------------
+
+    # The position, for state.py (until it calls self.scheduler's public methods).
+
+    def _shard_state(self, worker: _WorkerHandle, seq: int, blob: bytes) -> None:
+        """A worker's dataset state after batch ``seq`` (see Scheduler.keep_shard_state)."""
+        self.scheduler.keep_shard_state(worker.id, seq, blob)
+
+    def _batches_handed_out(self) -> int:
+        """Results handed out (or raised) this epoch: Scheduler.handed_out."""
+        return self.scheduler.handed_out()
+
+    def _handed_out_per_worker(self) -> tuple[list[int], int]:
+        """Scheduler.handed_out_per_worker."""
+        return self.scheduler.handed_out_per_worker()
+
+    def _shard_states_handed_out(self) -> dict[int, bytes]:
+        """Scheduler.shard_states_handed_out."""
+        return self.scheduler.shard_states_handed_out()
+
+    # --- hand-out -----------------------------------------------------------------------
+
+    def _materialize(self, kind: int, task: _Task, payload: bytes) -> Any:
+        if kind == wire.RES_READY:
+            return self._from_slot(task)
+        if kind == wire.RES_SEGMENT:
+            batch = self._from_slot(task, segment=True)
+            task.ring = None  # the segment lives as long as the batch's views, no longer
+            if self._loader._pinner is not None:
+                batch = _pinning.pin_tree(batch)  # not in a registered ring: pinned by copy
+            return batch
+        if kind == wire.RES_PICKLED:
+            self._loader._stats["batches"] += 1
+            self._loader._stats["batches_copied"] += 1
+            batch = pickle.loads(wire.pickled_batch(payload))
+            if self._loader.output == "torch":
+                batch = _pinning.to_torch(batch)
+            if self._loader._pinner is not None:
+                batch = _pinning.pin_tree(batch)  # not in the ring: pinned by copy
+            return batch
+        failure: WorkerFailure = pickle.loads(payload)
+        if kind == wire.RES_INIT_ERROR:
+            self.close()
+        raise rebuild_error(failure, task.seq)
+
+    def _from_slot(self, task: _Task, segment: bool = False) -> Any:
+        """The batch in ``task``'s slot, as views of it (or a copy, with copy=True);
+        ``segment``: the slot is a one-off segment's, not the ring's."""
+        ring = task.ring
+        slot = task.slot
+        states = ring.states  # type: ignore[union-attr]
+        states.store(slot, _slots.HELD)
+        root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
+        # Leased before anything can raise: the slot returns to FREE when the root dies,
+        # i.e. when the last view of it does, or when this returns (copy=True: the batch
+        # does not view the root) or raises. Every view keeps the mapping alive (its .base
+        # chain ends at the mapping's owner).
+        _leases.lease(root, ring, slot, None if segment or self._copy else self._loader._pinner)
+        data_end, lo, llen, ooff, olen, seq, count = wire.read_header(ring, slot)
+        if seq != task.seq:
+            raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
+        key = root[lo : lo + llen].tobytes()
+        reader = self._readers.get(key)
+        if reader is None:
+            if len(self._readers) >= _LAYOUT_CACHE_SIZE:
+                self._readers.clear()  # stay bounded (one per batch structure)
+            skeleton = decode(key)
+            if self._loader.output == "torch":
+                skeleton = _pinning.torch_skeleton(skeleton)
+            reader = self._readers[key] = make_reader(skeleton)
+        numbers = np.frombuffer(root, np.int64, count, wire.numbers_offset(lo, llen)).tolist()
+        objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
+        stats = self._loader._stats
+        stats["batches"] += 1
+        if segment:
+            stats["batches_copied"] += 1  # not in the ring (in its own segment)
+        if self._copy:
+            # Batches that own their memory: one copy of the slot's data, and the
+            # slot is free again at once (the root dies as this returns).
+            batch = reader(root[:data_end].copy(), objects, numbers)
+            stats["batches_copied"] += not segment
+            return batch
+        return reader(root, objects, numbers)
+
+    # --- errors -------------------------------------------------------------------------
+
+    def _death_error(self, worker: _WorkerHandle) -> WorkerDiedError:
+        pending = sorted(t.seq for t in self._tasks.values() if t.worker is worker)
+        task = self._tasks.get(pending[0]) if pending else None
+        return self._pool.death_error(worker, pending[0] if pending else None, task and task.indices)
+
+    def _timeout_error(self, timeout: float) -> LoaderTimeoutError:
+        # Results that arrived unread while waiting on one worker: those workers are not busy.
+        for worker in self._pool.readable_now():
+            self._receive(worker)
+        waiting = min(self._tasks) if self._tasks else self._rcvd_seq
+        task = self._tasks.get(waiting)
+        busy = [t.worker for t in self._tasks.values()]
+        return self._pool.timeout_error(timeout, waiting, task and task.indices, busy)
+
+    # --- epochs and shutdown ------------------------------------------------------------
+
+    def _end_epoch(self) -> None:
+        self._epoch_done = True
+        if not self._loader.persistent_workers:
+            self.close()
+
+    def reset(self, epoch_seed: int, copy: bool) -> None:
+        """Persistent workers: start a new epoch on the same workers and ring."""
+        self._copy = copy
+        # Results still owed by the workers must come back before their slots are reused.
+        while self._tasks:
+            self._wait()
+        for _, task, _ in self._results.values():
+            _leases.give_back(task.ring, task.slot)
+        self._begin_epoch(epoch_seed)
+        for w in self._workers:
+            self._pool.send(w, wire.epoch_frame(epoch_seed + w.id))
+        try:
+            self._dispatch()
+        except (RingLimitError, ShmSpaceError):
+            self.close()  # as in __next__: the epoch cannot start, leave nothing running
+            raise
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop and reap every worker, return unused slots; idempotent. ``graceful``:
+        give workers pool.JOIN_TIMEOUT_S to finish their batch and exit, else kill them."""
+        if self.closed:
+            return
+        self.closed = True
+        if os.getpid() != self._pid:
+            return  # a forked copy of the consumer: the workers are not ours to stop
+        self._pool.stop(graceful)
+        # The workers are gone: slots they were given but we never handed out are free.
+        for task in self._tasks.values():
+            _leases.give_back(task.ring, task.slot)
+        for _, task, _ in self._results.values():
+            _leases.give_back(task.ring, task.slot)
+        self._tasks.clear()
+        self._results.clear()  # (the scheduler's)
+        self._pool.release()
+        _live_iterators.discard(self)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
