@@ -17,14 +17,15 @@ from shmloader import state as _state
 
 
 class InProcessIter:
-    """num_workers=0: fetch and collate in this process; same batches as with workers."""
+    """num_workers=0: fetch and collate in this process; same batches as with workers.
+    A :class:`~shmloader.state.Positioned` for state_dict()."""
 
-    def __init__(self, loader: Any, epoch_seed: int) -> None:
+    def __init__(self, loader: Any, plan: _state.EpochPlan) -> None:
         self._loader = loader
         self._seq = 0
-        self._plan = plan = loader._plan
-        self._epoch_done = False
-        self._epoch_seed = epoch_seed
+        self.plan = plan
+        self.epoch_done = False
+        self._epoch_seed = epoch_seed = plan.epoch_seed
         self._shard = _dist.ShardInfo(loader.rank, loader.world_size, 0, 1)
         # What sample_rng() and get_shard_info() see in this process while we load.
         context.enter_main_epoch(epoch_seed, self._shard)
@@ -35,9 +36,9 @@ class InProcessIter:
         if loader._pinner is not None:
             self._post.append(_pinning.pin_tree)  # no ring here: pinned per batch, as torch does
         if loader.iterable:
-            self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan is not None else None)
+            self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan.workers else None)
         else:
-            self._source = loader._index_sequence()
+            self._source = _state.index_sequence(loader, plan)
         self._recipe = fetch.Recipe(
             loader.dataset,
             iterable=loader.iterable,
@@ -58,7 +59,7 @@ class InProcessIter:
         try:
             batch = self._next_batch()
         except StopIteration:
-            self._epoch_done = True
+            self.epoch_done = True
             context.leave_main_epoch()  # outside an epoch, sample_rng follows np.random
             raise
         stats = self._loader._stats
@@ -68,9 +69,14 @@ class InProcessIter:
             batch = convert(batch)
         return batch
 
-    def _batches_handed_out(self) -> int:
+    def handed_out(self) -> int:
         """Batches handed out (or raised) this iteration, for state_dict()."""
         return self._seq
+
+    def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
+        """Iterable datasets: this process is the one shard (see state.Positioned)."""
+        dataset = self._loader.dataset
+        return [self._seq], 0, ({0: dataset.state_dict()} if self.plan.stateful else {})
 
     def _next_batch(self) -> Any:
         """The next batch, made by the same recipe a worker uses (fetch.Recipe); raises

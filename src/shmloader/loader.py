@@ -10,7 +10,6 @@ and slot leases are :mod:`shmloader.leases`'.
 from __future__ import annotations
 
 import sys
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -177,23 +176,23 @@ class DataLoader:
         self.pad_value = pad_value
         self.copy = copy
         self.generator = generator
-        # Every epoch's order and worker seeds are functions of (_seed, epoch): see state.py.
-        # With a generator, _seed is drawn from it again at each iter() (as torch's sampler
-        # and base seed are), so g.manual_seed(0) before each epoch repeats the order.
-        self._draw_seed = _seed_source(seed, generator)
-        self._reseed_each_epoch = generator is not None
-        self._seed = self._draw_seed()
-        self._rng = (
-            generator if isinstance(generator, np.random.Generator) else np.random.default_rng(self._seed)
+        # Where the loader is between and within epochs: state.py's record (the seed every
+        # epoch's order and worker seeds derive from, the next epoch, a loaded position).
+        draw_seed = _seed_source(seed, generator)
+        self._cursor = _state.Cursor(
+            seed=draw_seed(),
+            draw_seed=draw_seed,
+            reseed_each_epoch=generator is not None,
+            own_shuffle=not self.iterable and sampler is None and shuffle,
+            own_batching=not self.iterable and batch_sampler is None,
         )
-        self._next_epoch = 0  # the epoch the next iter() loads (set_epoch, or one more)
-        self._resume: dict | None = None  # a loaded position, for the next iter()
-        self._plan: _state.EpochPlan | None = None
-        self._live_iter: weakref.ref | None = None
+        self._rng = (
+            generator
+            if isinstance(generator, np.random.Generator)
+            else np.random.default_rng(self._cursor.seed)
+        )
         self.output = output
         self.rank, self.world_size = _dist.detect(distributed, rank, world_size)
-        self._own_shuffle = not self.iterable and sampler is None and shuffle
-        self._own_batching = not self.iterable and batch_sampler is None
 
         if self.iterable:
             self.sampler = None
@@ -238,7 +237,7 @@ class DataLoader:
                 return n
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         if self.world_size > 1 and not _dist.is_presharded(self.sampler):
-            return _state.sharded_len(self)  # this rank's share
+            return _state.sharded_len(self, self._cursor)  # this rank's share
         if self.batch_sampler is not None:
             return len(self.batch_sampler)  # type: ignore[arg-type]
         return len(self.sampler)  # type: ignore[arg-type]
@@ -251,18 +250,18 @@ class DataLoader:
         loader's ``copy`` for this epoch (True: batches own their memory and release
         their slot at once, for consumers that keep them)."""
         copy = self.copy if copy is None else copy
-        epoch_seed = _state.begin_epoch(self).epoch_seed  # sets self._plan
+        plan = _state.begin_epoch(self, self._cursor)
         if self.num_workers == 0:
-            it: Any = InProcessIter(self, epoch_seed)
+            it: Any = InProcessIter(self, plan)
         elif self.persistent_workers:
             it = self._persistent_iter
             if it is None or it.closed:
-                it = self._persistent_iter = MultiProcessIter(self, epoch_seed, copy)
+                it = self._persistent_iter = MultiProcessIter(self, plan, copy)
             else:
-                it.reset(epoch_seed, copy)
+                it.reset(plan, copy)
         else:
-            it = MultiProcessIter(self, epoch_seed, copy)
-        self._live_iter = weakref.ref(it)  # the iterator state_dict() describes
+            it = MultiProcessIter(self, plan, copy)
+        _state.attach(self._cursor, it)  # the iterator state_dict() describes
         return it
 
     def stats(self) -> dict[str, Any]:
@@ -289,11 +288,7 @@ class DataLoader:
         """Load epoch ``epoch`` on the next ``iter()`` (as ``DistributedSampler.set_epoch``):
         its order and seeds are functions of the loader's seed and ``epoch``, the same on
         every rank. Without it, epochs count up from 0 by themselves."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch should be a non-negative integer (got {epoch!r}).")
-        if self._resume is not None and self._resume["epoch"] != epoch:
-            self._resume = None  # moving to another epoch than the loaded one
-        self._next_epoch = epoch
+        _state.set_epoch(self._cursor, epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, as plain Python data (safe in a torch checkpoint).
@@ -305,12 +300,12 @@ class DataLoader:
         survives a change of ``num_workers`` and of the world size: the rest of the epoch
         is split between the new ranks. Iterable datasets resume shard by shard (same
         rank, world size and ``num_workers``)."""
-        return _state.state_dict(self)
+        return _state.state_dict(self, self._cursor)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`) on the next ``iter()``. The
         loader adopts the saved seed, so the order and random draws match the saved run."""
-        _state.load_state_dict(self, state)
+        _state.load_state_dict(self, self._cursor, state)
 
     @property
     def ring(self) -> Ring | None:
@@ -337,11 +332,6 @@ class DataLoader:
         """Bytes of shared memory this loader's rings hold now: the current ring, and
         retired rings that batches the consumer still references keep alive."""
         return self._leases.pinned_bytes()
-
-    def _index_sequence(self) -> Iterator[Any]:
-        """This epoch's tasks: index lists (auto-collation) or single indices, this
-        rank's share of what is left of the epoch (see state.index_sequence)."""
-        return _state.index_sequence(self, self._plan)  # type: ignore[arg-type]
 
     def shutdown(self) -> None:
         """Stop persistent workers now (they also stop when the loader is collected)."""

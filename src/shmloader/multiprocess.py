@@ -81,9 +81,10 @@ os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
 class MultiProcessIter:
-    """Iterator over one epoch with worker processes (reused across epochs when persistent)."""
+    """Iterator over one epoch with worker processes (reused across epochs when
+    persistent); a :class:`~shmloader.state.Positioned` for state_dict()."""
 
-    def __init__(self, loader: Any, epoch_seed: int, copy: bool) -> None:
+    def __init__(self, loader: Any, plan: _state.EpochPlan, copy: bool) -> None:
         self._loader = loader
         self._copy = copy
         self._pid = os.getpid()
@@ -106,10 +107,10 @@ class MultiProcessIter:
         # Its results dict is this iterator's _results for its whole life.
         self.scheduler = Scheduler(loader.num_workers, loader.in_order, wire.RES_ITER_END)
         self._results = self.scheduler.results
-        self._begin_epoch(epoch_seed)
+        self._begin_epoch(plan)
         _live_iterators.add(self)
         try:
-            self._start_workers(epoch_seed)
+            self._start_workers(plan.epoch_seed)
             self._dispatch()
         except BaseException:
             self.close()
@@ -117,17 +118,16 @@ class MultiProcessIter:
 
     # --- set-up -------------------------------------------------------------------------
 
-    def _begin_epoch(self, epoch_seed: int) -> None:
+    def _begin_epoch(self, plan: _state.EpochPlan) -> None:
         loader = self._loader
-        self._epoch_seed = epoch_seed
-        self._source = None if loader.iterable else loader._index_sequence()
+        self._source = None if loader.iterable else _state.index_sequence(loader, plan)
         self._source_done = False
         self._tasks: dict[int, _Task] = {}
-        self._plan = plan = loader._plan
-        self._epoch_done = False
+        self.plan = plan
+        self.epoch_done = False
         # Iterable datasets, for state_dict(): the round robin starts where the saved run
         # would have gone on.
-        self.scheduler.begin_epoch(plan.start_worker if plan is not None else 0)
+        self.scheduler.begin_epoch(plan.start_worker)
 
     @property
     def _send_seq(self) -> int:
@@ -162,8 +162,8 @@ class MultiProcessIter:
                 use_pdeathsig=use_pdeathsig,
                 rank=loader.rank,
                 world_size=loader.world_size,
-                resume=_state.worker_resume(self._plan, wid),
-                report_state=self._plan is not None and self._plan.stateful,
+                resume=_state.worker_resume(self.plan, wid),
+                report_state=self.plan.stateful,
             )
 
         self._pool.start(self._ctx, loader.num_workers, config, worker_main)
@@ -395,17 +395,16 @@ class MultiProcessIter:
         """A worker's dataset state after batch ``seq`` (see Scheduler.keep_shard_state)."""
         self.scheduler.keep_shard_state(worker.id, seq, blob)
 
-    def _batches_handed_out(self) -> int:
-        """Results handed out (or raised) this epoch: Scheduler.handed_out."""
+    def handed_out(self) -> int:
+        """Results handed out (or raised) this epoch (see state.Positioned)."""
         return self.scheduler.handed_out()
 
-    def _handed_out_per_worker(self) -> tuple[list[int], int]:
-        """Scheduler.handed_out_per_worker."""
-        return self.scheduler.handed_out_per_worker()
-
-    def _shard_states_handed_out(self) -> dict[int, bytes]:
-        """Scheduler.shard_states_handed_out."""
-        return self.scheduler.shard_states_handed_out()
+    def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
+        """Iterable datasets: the scheduler's replay of the round robin, and the shard
+        states workers reported after their last handed-out batch (see state.Positioned)."""
+        counts, next_worker = self.scheduler.handed_out_per_worker()
+        states = {wid: pickle.loads(blob) for wid, blob in self.scheduler.shard_states_handed_out().items()}
+        return counts, next_worker, states
 
     # --- hand-out -----------------------------------------------------------------------
 
@@ -490,11 +489,11 @@ class MultiProcessIter:
     # --- epochs and shutdown ------------------------------------------------------------
 
     def _end_epoch(self) -> None:
-        self._epoch_done = True
+        self.epoch_done = True
         if not self._loader.persistent_workers:
             self.close()
 
-    def reset(self, epoch_seed: int, copy: bool) -> None:
+    def reset(self, plan: _state.EpochPlan, copy: bool) -> None:
         """Persistent workers: start a new epoch on the same workers and ring."""
         self._copy = copy
         # Results still owed by the workers must come back before their slots are reused.
@@ -502,9 +501,9 @@ class MultiProcessIter:
             self._wait()
         for _, task, _ in self._results.values():
             _leases.give_back(task.ring, task.slot)
-        self._begin_epoch(epoch_seed)
+        self._begin_epoch(plan)
         for w in self._workers:
-            self._pool.send(w, wire.epoch_frame(epoch_seed + w.id))
+            self._pool.send(w, wire.epoch_frame(plan.epoch_seed + w.id))
         try:
             self._dispatch()
         except (RingLimitError, ShmSpaceError):

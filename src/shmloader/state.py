@@ -15,16 +15,21 @@ produces), or by fast-forwarding past the samples it had delivered.
 
 The state is plain Python data (dicts, lists, ints, strings), safe in a torch checkpoint
 (``torch.load(..., weights_only=True)``).
+
+The contract between the pieces: the loader holds a :class:`Cursor` (this module's
+record of where it is between and within epochs: nothing here reads the loader's private
+fields), and the iterator of the running epoch is a :class:`Positioned`: it tells how
+many batches it handed out, and per shard how far each one got.
 """
 
 from __future__ import annotations
 
-import pickle
 import warnings
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from shmloader import distributed as _dist
 from shmloader.rng import derive_epoch_seed, order_rng
@@ -54,6 +59,40 @@ class EpochPlan:
     shard_states: dict[int, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Cursor:
+    """Where a loader is between and within epochs (the loader holds one; only this
+    module reads or moves it). Every epoch's order and worker seeds are functions of
+    ``seed`` and the epoch; with a ``generator=``, ``seed`` is drawn again from it at each
+    epoch (``draw_seed``), as torch draws its order and base seed, so reseeding the
+    generator before an epoch repeats it."""
+
+    seed: int
+    draw_seed: Callable[[], int]
+    reseed_each_epoch: bool
+    own_shuffle: bool  # the loader made the RandomSampler: its order is seeded from here
+    own_batching: bool  # the loader made the BatchSampler: positions count samples
+    next_epoch: int = 0  # the epoch the next iter() loads (set_epoch, or one more)
+    resume: dict[str, Any] | None = None  # a loaded position, for the next iter()
+    plan: EpochPlan | None = None  # the running (or last) epoch
+    live: weakref.ref | None = None  # its iterator, which state_dict() asks
+
+
+class Positioned(Protocol):
+    """What an epoch's iterator tells :func:`state_dict`."""
+
+    plan: EpochPlan  # the epoch it loads
+    epoch_done: bool  # it handed out its last batch
+
+    def handed_out(self) -> int:
+        """Batches handed out (or raised) so far this epoch."""
+
+    def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
+        """Iterable datasets: per local worker the batches handed out, the worker the
+        next batch comes from, and the dataset states (``state_dict()``) after each
+        worker's last handed-out batch, where the dataset has them."""
+
+
 def is_stateful(dataset: Any) -> bool:
     """Whether an iterable dataset saves and restores its own position."""
     return callable(getattr(dataset, "state_dict", None)) and callable(
@@ -61,10 +100,10 @@ def is_stateful(dataset: Any) -> bool:
     )
 
 
-def _unit(loader: Any) -> str:
+def _unit(loader: Any, cursor: Cursor) -> str:
     if loader.iterable:
         return "iterable"
-    return "samples" if loader._own_batching else "batches"
+    return "samples" if cursor.own_batching else "batches"
 
 
 def _midway(resume: dict[str, Any] | None) -> bool:
@@ -77,22 +116,22 @@ def _midway(resume: dict[str, Any] | None) -> bool:
     )
 
 
-def begin_epoch(loader: Any) -> EpochPlan:
+def begin_epoch(loader: Any, cursor: Cursor) -> EpochPlan:
     """Start the next iteration of ``loader``: pick its epoch (``set_epoch``, or one more
-    than the last), apply a loaded state, seed the epoch's order. Sets ``loader._plan``."""
-    epoch = loader._next_epoch
-    loader._next_epoch = epoch + 1
-    resume = loader._resume if loader._resume is not None and loader._resume["epoch"] == epoch else None
-    loader._resume = None
+    than the last), apply a loaded state, seed the epoch's order. Sets ``cursor.plan``."""
+    epoch = cursor.next_epoch
+    cursor.next_epoch = epoch + 1
+    resume = cursor.resume if cursor.resume is not None and cursor.resume["epoch"] == epoch else None
+    cursor.resume = None
     # generator=: a new seed from it at each iter(), as torch draws its order and base seed
     # (a resume within an epoch keeps the saved one); the order is then a function of that
     # seed alone, so reseeding the generator before an epoch repeats the epoch.
-    reseed = getattr(loader, "_reseed_each_epoch", False)
+    reseed = cursor.reseed_each_epoch
     if reseed and not _midway(resume):
-        loader._seed = loader._draw_seed()
-    seed = loader._seed
+        cursor.seed = cursor.draw_seed()
+    seed = cursor.seed
     key = 0 if reseed else epoch  # what the epoch's seeds are derived from, with the seed
-    unit = _unit(loader)
+    unit = _unit(loader, cursor)
     sampler = loader.sampler if unit == "samples" else loader.batch_sampler
     presharded = unit != "iterable" and _dist.is_presharded(sampler)
     plan = EpochPlan(
@@ -111,11 +150,11 @@ def begin_epoch(loader: Any) -> EpochPlan:
             plan.start_worker = int(resume["next_worker"]) % nw
         else:
             plan.workers = [{"samples": 0, "state": None} for _ in range(nw)]
-        plan.step = loader.batch_size if loader._auto_collation else 1
+        plan.step = loader.batch_size if loader.batch_size is not None else 1
     else:
         if unit == "samples":
             plan.step = loader.batch_size if loader.batch_size is not None else 1
-            if loader._own_shuffle:
+            if cursor.own_shuffle:
                 sampler.generator = order_rng(seed, key)
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
@@ -126,8 +165,22 @@ def begin_epoch(loader: Any) -> EpochPlan:
             plan.order_len = None
         if resume is not None:
             plan.start = int(resume["consumed"])
-    loader._plan = plan
+    cursor.plan = plan
     return plan
+
+
+def attach(cursor: Cursor, it: Positioned) -> None:
+    """``it`` loads ``cursor``'s running epoch: state_dict() asks it for the position."""
+    cursor.live = weakref.ref(it)
+
+
+def set_epoch(cursor: Cursor, epoch: int) -> None:
+    """The next iteration loads ``epoch``; see ``DataLoader.set_epoch``."""
+    if not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch should be a non-negative integer (got {epoch!r}).")
+    if cursor.resume is not None and cursor.resume["epoch"] != epoch:
+        cursor.resume = None  # moving to another epoch than the loaded one
+    cursor.next_epoch = epoch
 
 
 def index_sequence(loader: Any, plan: EpochPlan) -> Iterator[list[Any]]:
@@ -153,10 +206,10 @@ def index_sequence(loader: Any, plan: EpochPlan) -> Iterator[list[Any]]:
     return _dist.chunks(mine, plan.step, False)
 
 
-def sharded_len(loader: Any) -> int:
+def sharded_len(loader: Any, cursor: Cursor) -> int:
     """Batches one rank gets in a whole epoch (map-style, world_size > 1)."""
     world = loader.world_size
-    if loader._own_batching:
+    if cursor.own_batching:
         n = len(loader.sampler)
         size = loader.batch_size if loader.batch_size is not None else 1
         if loader.drop_last:
@@ -169,43 +222,33 @@ def sharded_len(loader: Any) -> int:
 # --- saving -----------------------------------------------------------------------------
 
 
-def _live_iterator(loader: Any) -> Any:
-    ref = loader._live_iter
-    return ref() if ref is not None else None
-
-
-def state_dict(loader: Any) -> dict[str, Any]:
+def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
     """The loader's position; see ``DataLoader.state_dict``."""
     base = {
         "format": FORMAT,
         "version": VERSION,
-        "seed": int(loader._seed),
-        "unit": _unit(loader),
+        "seed": int(cursor.seed),
+        "unit": _unit(loader, cursor),
         "rank": loader.rank,
         "world_size": loader.world_size,
         "num_workers": loader.num_workers,
         "batch_size": loader.batch_size,
         "dataset_len": _dataset_len(loader),
     }
-    it = _live_iterator(loader)
-    plan = getattr(loader, "_plan", None)
-    if (
-        it is None
-        or plan is None
-        or getattr(it, "_epoch_done", False)
-        or getattr(it, "_plan", None) is not plan
-    ):
-        if loader._resume is not None:  # loaded, not iterated yet: the loaded position
-            return {**base, **loader._resume}
-        return {**base, **_fresh_position(loader, loader._next_epoch)}
+    it: Positioned | None = cursor.live() if cursor.live is not None else None
+    plan = cursor.plan
+    if it is None or plan is None or it.epoch_done or it.plan is not plan:
+        if cursor.resume is not None:  # loaded, not iterated yet: the loaded position
+            return {**base, **cursor.resume}
+        return {**base, **_fresh_position(loader, cursor)}
     if not loader.in_order:
         raise ValueError(
             "state_dict() needs in_order=True: with in_order=False the batches handed out "
             "so far are not a prefix of the epoch, so no position describes them."
         )
-    handed = it._batches_handed_out()
     if plan.unit == "iterable":
-        return {**base, "epoch": plan.epoch, **_iterable_position(loader, it, plan, handed)}
+        return {**base, "epoch": plan.epoch, **_iterable_position(it, plan)}
+    handed = it.handed_out()
     consumed = plan.start + handed * plan.world_size * plan.step
     if plan.order_len is not None:
         consumed = min(consumed, plan.order_len)
@@ -219,7 +262,8 @@ def _dataset_len(loader: Any) -> int | None:
         return None
 
 
-def _fresh_position(loader: Any, epoch: int) -> dict[str, Any]:
+def _fresh_position(loader: Any, cursor: Cursor) -> dict[str, Any]:
+    epoch = cursor.next_epoch
     if loader.iterable:
         nw = max(loader.num_workers, 1)
         return {
@@ -227,30 +271,24 @@ def _fresh_position(loader: Any, epoch: int) -> dict[str, Any]:
             "workers": [{"samples": 0, "state": None} for _ in range(nw)],
             "next_worker": 0,
         }
-    sampler = loader.sampler if loader._own_batching else loader.batch_sampler
+    sampler = loader.sampler if cursor.own_batching else loader.batch_sampler
     return {"epoch": epoch, "consumed": 0, "presharded": _dist.is_presharded(sampler)}
 
 
-def _iterable_position(loader: Any, it: Any, plan: EpochPlan, handed: int) -> dict[str, Any]:
+def _iterable_position(it: Positioned, plan: EpochPlan) -> dict[str, Any]:
     workers = [dict(w) for w in plan.workers]  # type: ignore[union-attr]
-    if loader.num_workers == 0:
-        workers[0]["samples"] += handed * plan.step
-        if plan.stateful:
-            workers[0]["state"] = loader.dataset.state_dict()
-        return {"workers": workers, "next_worker": 0}
-    counts, next_worker = it._handed_out_per_worker()
+    counts, next_worker, states = it.shard_positions()
     for wid, n in enumerate(counts):
         workers[wid]["samples"] += n * plan.step
-    if plan.stateful:
-        for wid, blob in it._shard_states_handed_out().items():
-            workers[wid]["state"] = pickle.loads(blob)
+    for wid, state in states.items():
+        workers[wid]["state"] = state
     return {"workers": workers, "next_worker": next_worker}
 
 
 # --- loading ----------------------------------------------------------------------------
 
 
-def load_state_dict(loader: Any, state: dict[str, Any]) -> None:
+def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
     """Make the loader's next iteration continue from ``state``; see
     ``DataLoader.load_state_dict``."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -262,7 +300,7 @@ def load_state_dict(loader: Any, state: dict[str, Any]) -> None:
         raise ValueError(
             f"loader state version {state.get('version')!r} is not supported (expected {VERSION})."
         )
-    unit = _unit(loader)
+    unit = _unit(loader, cursor)
     if state["unit"] != unit:
         raise ValueError(
             f"this state was saved by a loader over {state['unit']} and this loader iterates "
@@ -296,10 +334,10 @@ def load_state_dict(loader: Any, state: dict[str, Any]) -> None:
             "Let shmloader shard (drop the DistributedSampler) to resume with another world size."
         )
     loader.shutdown()  # persistent workers start afresh, from the loaded position
-    loader._seed = int(state["seed"])
-    loader._next_epoch = int(state["epoch"])
-    loader._resume = resume
-    loader._live_iter = None
+    cursor.seed = int(state["seed"])
+    cursor.next_epoch = int(state["epoch"])
+    cursor.resume = resume
+    cursor.live = None
 
 
 def _check_iterable(loader: Any, state: dict[str, Any]) -> None:
