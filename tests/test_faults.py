@@ -37,6 +37,8 @@ CHILD_CODE = "from tests.faultcases import main; main()"
 ALL_METHODS = ["fork", "spawn", "forkserver"]
 METHODS = ["fork", "spawn"]
 CHILD_TIMEOUT_S = 90
+# Runs a child in a private mount namespace whose /dev/shm is a 16 MiB tmpfs (needs root).
+SMALL_SHM = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"', "sh"]
 
 
 @dataclass
@@ -407,15 +409,7 @@ def test_dev_shm_too_small(method):
     ShmSpaceError (a MemoryError) naming the bytes and the remedies; no SIGBUS."""
     if not _can_mount_tmpfs():
         pytest.skip("cannot mount a private tmpfs on /dev/shm here (needs root and unshare)")
-    prefix = [
-        "unshare",
-        "--mount",
-        "sh",
-        "-c",
-        'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"',
-        "sh",
-    ]
-    data = assert_clean(run_case("shm_small", prefix=prefix, method=method))
+    data = assert_clean(run_case("shm_small", prefix=SMALL_SHM, method=method))
     assert data["shm_size"] == 16 * 2**20
     for key in ("fixed", "sized"):
         sub = data[key]
@@ -553,15 +547,7 @@ def test_dev_shm_full_while_the_ring_grows_closes_the_iterator(method):
     reaped, as RingLimitError does (it left them running)."""
     if not _can_mount_tmpfs():
         pytest.skip("cannot mount a private tmpfs on /dev/shm here (needs root and unshare)")
-    prefix = [
-        "unshare",
-        "--mount",
-        "sh",
-        "-c",
-        'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"',
-        "sh",
-    ]
-    data = assert_clean(run_case("shm_full_mid_epoch", prefix=prefix, method=method))
+    data = assert_clean(run_case("shm_full_mid_epoch", prefix=SMALL_SHM, method=method))
     err = data["error"]
     assert err is not None and err["type"] == "ShmSpaceError", data
     assert "--shm-size" in err["msg"] and "num_slots" in err["msg"], err

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shmloader import context, fetch
+from shmloader import context
 from shmloader import distributed as _dist
 from shmloader import pinning as _pinning
 from shmloader import state as _state
@@ -39,17 +39,7 @@ class InProcessIter:
             self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan.workers else None)
         else:
             self._source = _state.index_sequence(loader, plan)
-        self._recipe = fetch.Recipe(
-            loader.dataset,
-            iterable=loader.iterable,
-            auto_collation=loader._auto_collation,
-            batch_size=loader.batch_size,
-            drop_last=loader.drop_last,
-            collate_fn=loader.collate_fn,
-            collate=loader.collate,
-            pad_value=loader.pad_value,
-            output=loader.output,
-        )
+        self._recipe = loader._recipe()
 
     def __iter__(self) -> InProcessIter:
         return self

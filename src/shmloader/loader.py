@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from shmloader import distributed as _dist
+from shmloader import fetch
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
@@ -229,6 +230,21 @@ class DataLoader:
         if self.iterable:
             return self.batch_size is not None
         return self.batch_sampler is not None
+
+    def _recipe(self) -> fetch.Recipe:
+        """How this loader's batches are made: the one recipe of the main process and of
+        every worker (so num_workers never changes a batch)."""
+        return fetch.Recipe(
+            self.dataset,
+            iterable=self.iterable,
+            auto_collation=self._auto_collation,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            collate_fn=self.collate_fn,
+            collate=self.collate,
+            pad_value=self.pad_value,
+            output=self.output,
+        )
 
     def __len__(self) -> int:
         if self.iterable:

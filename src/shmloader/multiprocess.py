@@ -141,6 +141,7 @@ class MultiProcessIter:
 
     def _start_workers(self, epoch_seed: int) -> None:
         loader = self._loader
+        recipe = loader._recipe()
 
         def config(wid: int, use_pdeathsig: bool) -> WorkerConfig:
             return WorkerConfig(
@@ -148,13 +149,7 @@ class MultiProcessIter:
                 num_workers=loader.num_workers,
                 seed=epoch_seed + wid,
                 dataset=loader.dataset,
-                iterable=loader.iterable,
-                auto_collation=loader._auto_collation,
-                batch_size=loader.batch_size,
-                collate=loader.collate,
-                pad_value=loader.pad_value,
-                drop_last=loader.drop_last,
-                collate_fn=loader.collate_fn,
+                recipe=recipe,
                 worker_init_fn=loader.worker_init_fn,
                 ring=self._ring,
                 fixed_slot_bytes=loader.slot_bytes is not None,

@@ -75,13 +75,7 @@ class WorkerConfig:
     num_workers: int
     seed: int
     dataset: Any
-    iterable: bool
-    auto_collation: bool  # False: batch_size=None, each sample is handed out as it is
-    batch_size: int | None  # samples per batch of an iterable dataset
-    collate: str  # "stack", "pad" or "list": see collate.gather
-    pad_value: Any
-    drop_last: bool
-    collate_fn: Callable[[Any], Any] | None
+    recipe: fetch.Recipe  # how batches are made: the loader's, the same as in the main process
     worker_init_fn: Callable[[int], None] | None
     ring: Ring | None
     fixed_slot_bytes: bool
@@ -163,16 +157,7 @@ class _Worker:
         self.stats_sent: dict[str, int] = dict(self.stats_fn()) if self.stats_fn else {}
         self.iterator: Any = None
         self.exhausted = False
-        self.recipe = fetch.Recipe(
-            config.dataset,
-            iterable=config.iterable,
-            auto_collation=config.auto_collation,
-            batch_size=config.batch_size,
-            drop_last=config.drop_last,
-            collate_fn=config.collate_fn,
-            collate=config.collate,
-            pad_value=config.pad_value,
-        )
+        self.recipe = config.recipe
 
     def start_epoch(self, seed: int) -> None:
         """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
