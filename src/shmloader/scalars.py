@@ -121,8 +121,11 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
             arr = None
         if arr is not None and arr.dtype in fits and arr.ndim == 1:
             return arr
-    # Mixed types, or a value that does not fit: torch's rule, checked value by value.
     types = set(map(type, values))
+    if fits is None and len(types) == 1 and issubclass(first, (np.bool_, np.number)):
+        # numpy scalars of one type: torch.as_tensor keeps their dtype, as numpy does.
+        return np.array(values, np.dtype(first))
+    # Mixed types, or a value that does not fit: torch's rule, checked value by value.
     dtype = _scalar_dtype(values, types)
     if dtype is None:
         bad = next((i for i, v in enumerate(values) if not isinstance(v, _ANY_NUMBER)), 0)
