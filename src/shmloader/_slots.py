@@ -95,13 +95,9 @@ class StateArray:
 
 
 def send_with_fd(sock: int, data: bytes, fd: int) -> None:
-    """Write all of ``data`` to the stream socket ``sock``, ``fd`` attached to its start."""
-    while True:
-        n = lib.sl_send_fd(sock, data, len(data), fd)
-        if n != -errno.EINTR:
-            break
-    if n < 0:
-        raise OSError(-n, f"sending a descriptor failed: {os.strerror(-n)}")
+    """Write all of ``data`` to the (blocking) stream socket ``sock``, ``fd`` attached to
+    its start."""
+    n = send_with_fd_once(sock, data, fd)
     if n < len(data):  # the descriptor went with the first part
         view = memoryview(data)
         while n < len(data):
