@@ -14,10 +14,11 @@ import os
 import numpy as np
 import pytest
 
-from shmloader import DataLoader, _slots, doctor
+from shmloader import _slots, doctor
 from shmloader.ring import ring_bytes
 
 from . import datasets as D
+from .datasets import NumpyLoader as DataLoader  # numpy output: these tests check numpy views
 from .faultcases import alive
 
 FORK = {"multiprocessing_context": "fork"}

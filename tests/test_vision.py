@@ -17,7 +17,6 @@ pytest.importorskip("simplejpeg")
 
 from PIL import Image
 
-from shmloader import DataLoader
 from shmloader.vision import (
     CenterCrop,
     ImageDecodeError,
@@ -34,6 +33,7 @@ from shmloader.vision.synth import encode_jpeg, synth_image
 from shmloader.writeinto import supports
 
 from .conftest import START_METHODS
+from .datasets import NumpyLoader as DataLoader  # numpy output: these tests check numpy views
 
 HAS_TORCH = __import__("importlib").util.find_spec("torch") is not None
 BACKENDS = ["pillow", "torch"] if HAS_TORCH else ["pillow"]

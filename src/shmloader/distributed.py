@@ -71,8 +71,12 @@ def detect(distributed: Any, rank: int | None, world_size: int | None) -> tuple[
 
 def is_presharded(sampler: Any) -> bool:
     """True for a sampler that already yields one rank's share (torch's
-    ``DistributedSampler``): the loader must not shard it again."""
-    return hasattr(sampler, "num_replicas") and hasattr(sampler, "rank")
+    ``DistributedSampler``), or a batch sampler over one (Lightning and Fabric inject
+    ``BatchSampler(DistributedSampler(...))``): the loader must not shard it again."""
+    for s in (sampler, getattr(sampler, "sampler", None)):
+        if hasattr(s, "num_replicas") and hasattr(s, "rank"):
+            return True
+    return False
 
 
 def rank_share(

@@ -9,14 +9,15 @@ and slot leases are :mod:`shmloader.leases`'.
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from shmloader import distributed as _dist
-from shmloader import fetch
+from shmloader import fetch, torchcompat
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
@@ -27,9 +28,16 @@ from shmloader.ring import Ring
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
 
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
+# What torch's DataLoader refuses to change after construction (the epoch plan reads them).
+_FIXED_AFTER_INIT = frozenset(
+    {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
+)
+_OUTPUTS = ("auto", "numpy", "torch")
+
+T_co = TypeVar("T_co", covariant=True)
 
 
-class DataLoader:
+class DataLoader(Generic[T_co]):
     """Loads batches from ``dataset`` with worker processes writing into a shared-memory ring.
 
     A drop-in for ``torch.utils.data.DataLoader``'s common use: the same arguments, the
@@ -46,11 +54,25 @@ class DataLoader:
     own their memory instead of viewing the ring), ``collate`` and ``pad_value`` (ragged
     samples: ``"stack"``, ``"pad"`` or ``"list"``).
 
-    Training (docs/training.md): ``output="torch"`` hands out tensors sharing the slot;
-    ``pin_memory=True`` page-locks the ring once (CUDA only); ``distributed="auto"``
-    (default), ``rank`` and ``world_size`` give each rank a disjoint share of every epoch;
+    ``output``: ``"auto"`` (default) hands out torch tensors exactly where torch's
+    ``default_collate`` would (sharing the slot's memory) when torch is imported in the
+    process when the loader is made, numpy arrays otherwise; ``"torch"`` or ``"numpy"``
+    choose. Where torch is imported the loader is also an instance of
+    ``torch.utils.data.DataLoader`` and its samplers of torch's samplers (see
+    :mod:`shmloader.torchcompat`), so training frameworks treat it as one.
+
+    Training (docs/training.md): ``pin_memory=True`` page-locks the ring once (CUDA only);
+    ``distributed="auto"`` (default), ``rank`` and ``world_size`` give each rank a disjoint
+    share of every epoch (the rank and world size are read when an epoch starts, so a
+    loader made before ``torch.distributed`` is initialized shards once it is);
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` give exact resume.
     """
+
+    _initialized = False  # set at the end of __init__: then _FIXED_AFTER_INIT is fixed
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # With torch imported: an instance of torch's DataLoader too (torchcompat.py).
+        return object.__new__(torchcompat.flavoured(cls, "DataLoader"))
 
     def __init__(
         self,
@@ -70,6 +92,7 @@ class DataLoader:
         *,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
+        pin_memory_device: str = "",
         in_order: bool = True,
         seed: int | None = None,
         num_slots: int | None = None,
@@ -78,7 +101,7 @@ class DataLoader:
         pad_value: Any = 0,
         copy: bool = False,
         max_shm_bytes: int | None = None,
-        output: str = "numpy",
+        output: str = "auto",
         distributed: Any = "auto",
         rank: int | None = None,
         world_size: int | None = None,
@@ -95,9 +118,9 @@ class DataLoader:
                 "prefetch_factor option could only be specified in multiprocessing. Let "
                 "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
-        if prefetch_factor is None:
-            prefetch_factor = 2
-        if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+        if prefetch_factor is None and num_workers > 0:
+            prefetch_factor = _leases.DEFAULT_PREFETCH_FACTOR
+        if num_workers > 0 and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
             raise ValueError(f"prefetch_factor should be a positive integer (got {prefetch_factor!r}).")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
@@ -116,15 +139,21 @@ class DataLoader:
             )
         if max_shm_bytes is not None and (not isinstance(max_shm_bytes, int) or max_shm_bytes < 1):
             raise ValueError(f"max_shm_bytes should be a positive integer (got {max_shm_bytes!r}).")
-        if output not in ("numpy", "torch"):
+        if output not in _OUTPUTS:
             raise ValueError(
-                f"output should be 'numpy' or 'torch' (got {output!r}): 'torch' hands out "
-                "tensors sharing the slot's memory."
+                f"output should be 'auto', 'numpy' or 'torch' (got {output!r}): 'torch' hands "
+                "out tensors sharing the slot's memory, 'auto' does so when torch is imported."
             )
+        if output == "auto":
+            output = "torch" if torchcompat.torch_module() is not None else "numpy"
 
         self.iterable = _is_iterable_dataset(dataset)
         if self.iterable:
-            if shuffle not in (False, None):
+            if torchcompat.is_datapipe(dataset):
+                if shuffle is not None:  # as torch: the DataPipe graph's shufflers follow it
+                    torch = torchcompat.torch_module()
+                    dataset = torch.utils.data.graph_settings.apply_shuffle_settings(dataset, shuffle=shuffle)
+            elif shuffle not in (False, None):
                 raise ValueError(
                     "DataLoader with IterableDataset: expected unspecified shuffle option, "
                     f"but got shuffle={shuffle}"
@@ -160,23 +189,34 @@ class DataLoader:
                 "batch_size=None option disables auto-batching and is mutually exclusive with drop_last"
             )
 
+        # Public attributes hold the constructor's arguments under their own names (torch's
+        # do): frameworks re-create a loader from them with another sampler (Lightning's
+        # DistributedSampler injection), so each must mean what it meant here.
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
+        self.multiprocessing_context = multiprocessing_context  # validated as torch does
         self.persistent_workers = persistent_workers
         self.in_order = in_order
-        self.collate_fn = collate_fn
+        # None: the default collate (torch reports its default_collate/default_convert).
+        auto_collation = batch_sampler is not None or batch_size is not None
+        self.collate_fn = (
+            collate_fn if collate_fn is not None else torchcompat.default_collate_of(auto_collation)
+        )
         self.drop_last = drop_last
-        self.num_slots = num_slots or _leases.default_num_slots(num_workers, prefetch_factor)
+        self.num_slots = num_slots or _leases.default_num_slots(
+            num_workers, prefetch_factor or _leases.DEFAULT_PREFETCH_FACTOR
+        )
         self.slot_bytes = slot_bytes
         self.collate = collate
         self.pad_value = pad_value
         self.copy = copy
         self.generator = generator
+        self.seed = seed
         # Where the loader is between and within epochs: state.py's record (the seed every
         # epoch's order and worker seeds derive from, the next epoch, a loaded position).
         draw_seed = _seed_source(seed, generator)
@@ -193,7 +233,12 @@ class DataLoader:
             else np.random.default_rng(self._cursor.seed)
         )
         self.output = output
-        self.rank, self.world_size = _dist.detect(distributed, rank, world_size)
+        # Rank and world size are read at each epoch (and len()), not frozen here: a loader
+        # made before torch.distributed is initialized shards once it is. Checked now, so a
+        # bad argument is an error at construction.
+        _dist.detect(distributed, rank, world_size)
+        self.distributed = distributed
+        self._rank_arg, self._world_arg = rank, world_size
 
         if self.iterable:
             self.sampler = None
@@ -223,6 +268,55 @@ class DataLoader:
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.
             self._leases.new_ring(self.num_slots, slot_bytes)
         self._persistent_iter: MultiProcessIter | None = None
+        self._initialized = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED_AFTER_INIT and self._initialized:
+            raise ValueError(
+                f"{name} attribute should not be set after {type(self).__name__} is initialized: "
+                "make a new loader with the new value."
+            )
+        object.__setattr__(self, name, value)
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        """The ``multiprocessing`` context workers start from (None: the platform's default);
+        a start method name given to the constructor is turned into its context."""
+        return self._mp_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context: Any) -> None:
+        if context is not None:
+            if self.num_workers == 0:
+                raise ValueError(
+                    "multiprocessing_context can only be used with multi-process loading "
+                    f"(num_workers > 0), but got num_workers={self.num_workers}"
+                )
+            if isinstance(context, str):
+                methods = multiprocessing.get_all_start_methods()
+                if context not in methods:
+                    raise ValueError(
+                        f"multiprocessing_context option should specify a valid start method in "
+                        f"{methods!r}, but got multiprocessing_context={context!r}"
+                    )
+                context = multiprocessing.get_context(context)
+            if not isinstance(context, multiprocessing.context.BaseContext):
+                raise TypeError(
+                    "multiprocessing_context option should be a valid context object or a "
+                    f"string specifying the start method, but got multiprocessing_context={context}"
+                )
+        self._mp_context = context
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, read now: ``rank=`` if given, else torch.distributed's or
+        the ``RANK`` environment variable's (``distributed="auto"``), else 0."""
+        return _dist.detect(self.distributed, self._rank_arg, self._world_arg)[0]
+
+    @property
+    def world_size(self) -> int:
+        """Ranks sharing each epoch, read now (as :attr:`rank`); 1 outside a distributed job."""
+        return _dist.detect(self.distributed, self._rank_arg, self._world_arg)[1]
 
     @property
     def _auto_collation(self) -> bool:
@@ -240,7 +334,13 @@ class DataLoader:
             auto_collation=self._auto_collation,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
-            collate_fn=self.collate_fn,
+            # torch's default collate (what collate_fn reports when none was given) is made
+            # by shmloader's own, straight into the ring: same batches, parity-tested.
+            collate_fn=(
+                None
+                if torchcompat.is_default_collate(self.collate_fn, self._auto_collation)
+                else self.collate_fn
+            ),
             collate=self.collate,
             pad_value=self.pad_value,
             output=self.output,
@@ -252,7 +352,8 @@ class DataLoader:
             if self.batch_size is None:
                 return n
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-        if self.world_size > 1 and not _dist.is_presharded(self.sampler):
+        sharded = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        if not _dist.is_presharded(sharded) and self.world_size > 1:
             return _state.sharded_len(self, self._cursor)  # this rank's share
         if self.batch_sampler is not None:
             return len(self.batch_sampler)  # type: ignore[arg-type]

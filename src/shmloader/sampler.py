@@ -3,18 +3,31 @@
 Same names and meanings as ``torch.utils.data``'s samplers. Randomness comes from a
 numpy ``Generator`` so a loader's ``seed`` fixes every epoch's order; each ``iter()`` of a
 :class:`RandomSampler` draws a new permutation from it.
+
+Where torch is imported, a sampler made here is also an instance of its torch counterpart
+(``torch.utils.data.RandomSampler`` for :class:`RandomSampler`, and so on; see
+:mod:`shmloader.torchcompat`), so frameworks that look for torch's classes recognise it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sized
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from shmloader import torchcompat
 
-class Sampler:
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Sampler(Generic[T_co]):
     """Base class of samplers: an iterable of sample indices (optionally sized)."""
+
+    _torch_name = "Sampler"  # the torch.utils.data class an instance also is, with torch
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return object.__new__(torchcompat.flavoured(cls, cls._torch_name))
 
     def __iter__(self) -> Iterator[Any]:
         raise NotImplementedError
@@ -22,6 +35,8 @@ class Sampler:
 
 class SequentialSampler(Sampler):
     """Indices ``0 .. len(data_source) - 1`` in order."""
+
+    _torch_name = "SequentialSampler"
 
     def __init__(self, data_source: Sized) -> None:
         self.data_source = data_source
@@ -39,6 +54,8 @@ class RandomSampler(Sampler):
     ``replacement=True`` draws ``num_samples`` indices with replacement. ``generator``
     is a numpy ``Generator`` (or None for fresh entropy).
     """
+
+    _torch_name = "RandomSampler"
 
     def __init__(
         self,
@@ -79,6 +96,8 @@ class RandomSampler(Sampler):
 class BatchSampler(Sampler):
     """Groups the indices of ``sampler`` into lists of ``batch_size``; ``drop_last``
     drops a final shorter list."""
+
+    _torch_name = "BatchSampler"
 
     def __init__(self, sampler: Iterable[Any], batch_size: int, drop_last: bool) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:

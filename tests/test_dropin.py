@@ -1,0 +1,225 @@
+"""shmloader.DataLoader as torch's DataLoader: the class, attributes, samplers, output
+types and argument checks that frameworks and torch code rely on. The oracle is
+torch.utils.data.DataLoader on the same dataset and arguments."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader import DataLoader
+
+torch = pytest.importorskip("torch")
+data = torch.utils.data
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class NumpySamples:
+    """Tutorial-style samples: a float32 image and a Python int label."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int):
+        return np.full((3, 4, 4), i, np.float32), i % 3
+
+
+class Mixed:
+    def __len__(self) -> int:
+        return 7
+
+    def __getitem__(self, i: int):
+        return {"x": np.arange(3) + i, "name": f"s{i}", "w": float(i), "flag": bool(i % 2)}
+
+
+def assert_same_batch(a, b) -> None:
+    """Same types and values as torch's batch, recursively."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(b, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(b, dict):
+        assert a.keys() == b.keys()
+        for k in b:
+            assert_same_batch(a[k], b[k])
+    elif isinstance(b, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_batch(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "make", [NumpySamples, Mixed, lambda: data.TensorDataset(torch.randn(9, 2), torch.arange(9))]
+)
+def test_default_output_is_torch_default_collate(make, num_workers):
+    """Only the import changes: batches are what torch's DataLoader gives (tensors where
+    default_collate makes them, strings stay lists), so `model(x)` and `.to()` work."""
+    ds = make()
+    ours = list(DataLoader(ds, batch_size=4, num_workers=num_workers))
+    theirs = list(data.DataLoader(ds, batch_size=4))
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert_same_batch(a, b)
+
+
+def test_tutorial_step_runs_on_default_output():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(NumpySamples(), batch_size=4, shuffle=True, num_workers=2):
+        loss = torch.nn.functional.cross_entropy(model(x.to("cpu")), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_without_torch_nothing_of_torch_is_imported():
+    """A numpy user never imports torch: numpy batches, a plain class."""
+    code = textwrap.dedent(
+        """
+        import sys, numpy as np, shmloader
+        class D:
+            def __len__(self): return 6
+            def __getitem__(self, i): return np.arange(2) + i, i
+        loader = shmloader.DataLoader(D(), batch_size=3, num_workers=2, shuffle=True)
+        batches = list(loader)
+        assert type(loader) is shmloader.DataLoader, type(loader).__mro__
+        assert type(loader.sampler) is shmloader.RandomSampler
+        assert isinstance(batches[0][0], np.ndarray) and isinstance(batches[0][1], np.ndarray)
+        assert loader.output == "numpy" and loader.collate_fn is None
+        assert "torch" not in sys.modules, "torch was imported"
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_is_a_torch_dataloader_with_torch_samplers():
+    ds = NumpySamples()
+    loader = DataLoader(ds, batch_size=4, shuffle=True)
+    assert isinstance(loader, data.DataLoader) and isinstance(loader, DataLoader)
+    assert isinstance(loader.sampler, data.RandomSampler)
+    assert isinstance(loader.sampler, shmloader.RandomSampler)
+    assert isinstance(loader.batch_sampler, data.BatchSampler)
+    assert loader.collate_fn is data.default_collate
+    assert loader.pin_memory_device == ""
+    assert len(loader) == len(data.DataLoader(ds, batch_size=4, shuffle=True)) == 3
+    plain = DataLoader(ds)
+    assert isinstance(plain.sampler, data.SequentialSampler)
+    unbatched = DataLoader(ds, batch_size=None)
+    assert unbatched.collate_fn is data.default_convert and unbatched.batch_sampler is None
+    assert isinstance(shmloader.BucketBatchSampler([1, 2, 3], 2), data.Sampler)
+    # Type hints written for torch: DataLoader[T] is subscriptable.
+    assert DataLoader[int] is not None and shmloader.Sampler[int] is not None
+
+
+def test_flavoured_objects_pickle():
+    sampler = pickle.loads(
+        pickle.dumps(shmloader.BatchSampler(shmloader.SequentialSampler(range(5)), 2, False))
+    )
+    assert isinstance(sampler, data.BatchSampler) and list(sampler) == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize(
+    "name", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"]
+)
+def test_fixed_attributes_refuse_changes_like_torch(name):
+    ds = NumpySamples()
+    for cls in (data.DataLoader, DataLoader):
+        loader = cls(ds, batch_size=2)
+        with pytest.raises(ValueError, match=f"{name} attribute should not be set after"):
+            setattr(loader, name, getattr(loader, name))
+    loader = DataLoader(ds, batch_size=2)
+    loader.collate_fn = lambda b: len(b)  # torch allows these
+    loader.worker_init_fn = print
+    assert list(loader) == [2] * 5
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"num_workers": 0, "multiprocessing_context": "spawn"}, ValueError),
+        ({"num_workers": 2, "multiprocessing_context": "no-such-method"}, ValueError),
+        ({"num_workers": 2, "multiprocessing_context": 3}, TypeError),
+    ],
+)
+def test_multiprocessing_context_checked_at_construction_like_torch(kwargs, error):
+    for cls in (data.DataLoader, DataLoader):
+        with pytest.raises(error):
+            cls(NumpySamples(), **kwargs)
+
+
+def test_multiprocessing_context_name_becomes_a_context():
+    loader = DataLoader(NumpySamples(), num_workers=2, multiprocessing_context="spawn")
+    assert isinstance(loader.multiprocessing_context, multiprocessing.context.BaseContext)
+    assert loader.multiprocessing_context.get_start_method() == "spawn"
+    assert DataLoader(NumpySamples(), num_workers=2).multiprocessing_context is None
+
+
+def test_rank_and_world_size_are_read_when_the_epoch_starts(monkeypatch):
+    """A loader made before the job's rank is known shards once it is, like torch's
+    DistributedSampler over the same order."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ds = NumpySamples()
+    loader = DataLoader(ds, batch_size=2)
+    assert len(loader) == 5 and loader.world_size == 1
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert (loader.rank, loader.world_size) == (1, 2)
+    reference = data.DataLoader(ds, batch_size=2, sampler=data.DistributedSampler(ds, 2, 1, shuffle=False))
+    ours = list(loader)
+    assert len(loader) == len(reference) == len(ours) == 3
+    for a, b in zip(ours, reference):
+        assert_same_batch(a, b)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lightning_sampler_injection_shards_once(monkeypatch, shuffle, num_workers):
+    """Lightning and Fabric rebuild a torch DataLoader from its attributes with a
+    DistributedSampler; the rebuilt loader is sharded exactly once on every rank."""
+    fabric_data = pytest.importorskip("lightning.fabric.utilities.data")
+    pl_data = pytest.importorskip("lightning.pytorch.utilities.data")
+    ds = NumpySamples()
+    loader = DataLoader(ds, batch_size=2, shuffle=shuffle, num_workers=num_workers)
+    assert pl_data._is_dataloader_shuffled(loader) is shuffle
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))  # what our own detection would shard by
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        sampler = data.DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=shuffle, seed=3)
+        rebuilt = fabric_data._update_dataloader(loader, sampler)
+        assert isinstance(rebuilt, DataLoader) and isinstance(rebuilt, data.DataLoader)
+        labels = [int(i) for x, _ in rebuilt for i in x[:, 0, 0, 0]]
+        assert len(rebuilt) == 3 and len(labels) == 5
+        reference = data.DataLoader(ds, batch_size=2, sampler=sampler)
+        assert labels == [int(i) for x, _ in reference for i in x[:, 0, 0, 0]]
+        seen.append(labels)
+    assert sorted(seen[0] + seen[1]) == list(range(10))
+
+
+def test_datapipe_accepts_shuffle_like_torch():
+    datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
+    pipe = datapipes.IterableWrapper(range(12)).shuffle()
+    assert list(DataLoader(pipe, batch_size=None, shuffle=False)) == list(range(12))
+    assert list(data.DataLoader(pipe, batch_size=None, shuffle=False)) == list(range(12))
+    shuffled = [int(x) for x in DataLoader(pipe, batch_size=None, shuffle=True)]
+    assert sorted(shuffled) == list(range(12))
+
+
+def test_output_numpy_stays_one_argument_away():
+    x, y = next(iter(DataLoader(NumpySamples(), batch_size=4, num_workers=2, output="numpy")))
+    assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
+    with pytest.raises(ValueError, match="output should be"):
+        DataLoader(NumpySamples(), output="jax")
