@@ -298,6 +298,36 @@ def test_worker_init_fn_sees_torch_worker_info(ctx):
     assert not hasattr(dataset, "init_by")
 
 
+def datapipe(n: int, shuffle: bool) -> Any:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    dp = IterableWrapper(range(n))
+    return (dp.shuffle() if shuffle else dp).sharding_filter()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_datapipe_is_sharded_and_shuffled_alike_in_workers(shuffle, batch_size):
+    """A torch DataPipe with shuffle() and sharding_filter(), 2 fork workers: as in
+    torch's loader, workers shuffle with one shared seed and each reads its shard, so
+    every sample comes once; a new shuffle every epoch."""
+    n = 30
+    kw = {"batch_size": batch_size, "num_workers": 2, "multiprocessing_context": "fork"}
+
+    def flat(batches: list) -> list[int]:
+        return [int(x) for b in batches for x in np.atleast_1d(b)]
+
+    theirs = flat(TorchLoader(datapipe(n, shuffle), **kw))
+    loader = ours(datapipe(n, shuffle), **kw)
+    epochs = [flat(loader) for _ in range(2)]
+    for got in epochs:
+        assert sorted(got) == sorted(theirs) == list(range(n))
+    if shuffle:
+        assert epochs[0] != epochs[1]
+
+
+@pytest.mark.timeout(60)
 def test_torch_worker_info_is_set_only_where_torch_is_imported():
     """context.set_torch_worker_info never imports torch (checked in a fresh interpreter)."""
     code = textwrap.dedent(
