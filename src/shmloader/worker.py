@@ -100,27 +100,6 @@ def seed_all(seed: int) -> None:
         torch.set_num_threads(1)
 
 
-def prepare_datapipe(dataset: Any, shared_seed: int, worker_id: int, cfg: WorkerConfig) -> None:
-    """For a torch DataPipe, what torch's workers do at the start of an epoch: seed the
-    graph's random nodes (``shuffle()``...) from one seed all workers share (so they
-    shuffle alike), and set its ``sharding_filter()`` nodes to this worker's shard of
-    ``world_size * num_workers`` (``worker_id * world_size + rank``, torch's numbering),
-    so each sample is read once. Nothing for other datasets, or without torch imported."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    try:
-        from torch.utils.data import IterDataPipe, MapDataPipe
-        from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
-    except ImportError:  # a torch without DataPipes
-        return
-    if not isinstance(dataset, (IterDataPipe, MapDataPipe)):
-        return
-    apply_sharding(dataset, cfg.world_size * cfg.num_workers, worker_id * cfg.world_size + cfg.rank)
-    if isinstance(dataset, IterDataPipe):
-        apply_random_seed(dataset, torch.Generator().manual_seed(shared_seed))
-
-
 def worker_main(config: WorkerConfig, conn: Any) -> None:
     """Entry point of a worker process."""
     # The consumer blocked SIGINT around start(), so a Ctrl-C to the process group that
@@ -187,7 +166,13 @@ class _Worker:
         info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset, cfg.rank, cfg.world_size)
         set_worker_info(info)
         # The epoch's seed, the same in every worker (a worker's seed is it plus its id).
-        prepare_datapipe(cfg.dataset, seed - cfg.worker_id, cfg.worker_id, cfg)
+        # torch's numbering of DataPipe shards across ranks and workers.
+        fetch.prepare_datapipe(
+            cfg.dataset,
+            seed - cfg.worker_id,
+            cfg.world_size * cfg.num_workers,
+            cfg.worker_id * cfg.world_size + cfg.rank,
+        )
         self.iterator = None
         self.exhausted = False
 
