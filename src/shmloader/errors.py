@@ -82,3 +82,13 @@ class RingLimitError(ShmLoaderError, MemoryError, RuntimeError):
     """The ring would have to grow past ``max_shm_bytes``: the message says how many
     batches the consumer holds, the bytes they pin, and what to do. A ``MemoryError``,
     and a ``RuntimeError`` as torch's shared-memory failures are."""
+
+
+class KeyErrorMessage(str):
+    """The text of a ``KeyError`` re-raised from a worker. ``str()`` of a KeyError is the
+    ``repr()`` of its argument, which would print the worker's traceback as one quoted
+    line of ``\\n``s; this text's repr is itself, so it reads as lines (torch's
+    ``KeyErrorMessage`` does the same)."""
+
+    def __repr__(self) -> str:
+        return str.__str__(self)
