@@ -239,7 +239,7 @@ def assert_same(a: Any, b: Any, where: str = "batch") -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("ctx", "batch_size"), [("fork", None), ("fork", 3), ("spawn", None), ("spawn", 3)])
+@pytest.mark.parametrize(("ctx", "batch_size"), [("fork", None), ("fork", 3), ("spawn", 3)])
 def test_iterable_split_by_torch_worker_info_reads_each_sample_once(ctx, batch_size):
     """A torch IterableDataset that shards by torch's get_worker_info() gives torch's
     multiset of samples with 2 workers: each once, none duplicated. (torch's loader, the
