@@ -12,6 +12,7 @@ drives both paths, so ``num_workers=0`` gives the same batches as workers do.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from math import prod
@@ -246,21 +247,38 @@ def converted(value: Any) -> Any:
 
 def slot_leaf(value: Any, index: int) -> Leaf:
     """THE rule for a leaf of an already collated tree (a user collate_fn's output, or a
-    converted sample): a numpy array of a non-object dtype or a tensor goes into the slot
-    (zero copy for the consumer); anything else travels as an object, unchanged (torch
-    passes a collate_fn's output through untouched)."""
+    converted sample): a numpy array of a non-object dtype or a plain dense tensor goes
+    into the slot (zero copy for the consumer); anything else travels as an object,
+    pickled beside the arrays and unchanged (torch passes a collate_fn's output through
+    untouched), among them every tensor a slot's plain buffer cannot give back as it was
+    (see :func:`plain_tensor`: sparse, nested, quantized, a subclass, one that requires
+    grad)."""
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             return Leaf((index,), value, "object", (), None)
         return Leaf((index,), value, "copy", value.shape, value.dtype)
     tensor_type = torch_tensor_type()
     if tensor_type is not None and isinstance(value, tensor_type):
+        if not plain_tensor(value, tensor_type):
+            return Leaf((index,), value, "object", (), None)
         try:
             arr, tag = tensor_array(value)
-        except (TypeError, RuntimeError):  # sparse, quantized...: no plain buffer to place
+        except (TypeError, RuntimeError):  # a dtype or storage with no numpy view
             return Leaf((index,), value, "object", (), None)
         return Leaf((index,), arr, "copy", arr.shape, arr.dtype, torch=tag)
     return Leaf((index,), value, "object", (), None)
+
+
+def plain_tensor(value: Any, tensor_type: type) -> bool:
+    """Whether the tensor ``value`` is exactly what the consumer rebuilds from a slot's
+    bytes (``torch.from_numpy``): a ``torch.Tensor`` itself (not a subclass such as
+    ``nn.Parameter``), strided (not sparse, not nested), not quantized, not requiring
+    grad. Any other tensor must travel pickled, as torch's workers send it, or it would
+    come back changed or fail (``can't convert Sparse layout tensor to numpy``)."""
+    if type(value) is not tensor_type or value.requires_grad:
+        return False
+    torch = sys.modules["torch"]
+    return value.layout == torch.strided and not value.is_nested and not value.is_quantized
 
 
 def flatten_tree(tree: Any, *, convert: bool = False) -> tuple[Any, list[Leaf]]:

@@ -6,12 +6,22 @@ start of every epoch; in the main process, :func:`enter_main_epoch` /
 :func:`leave_main_epoch` around each batch a ``num_workers=0`` loader loads (two loaders
 may be iterated in turns, so it is set again before every batch).
 
+Inside a worker, torch's ``torch.utils.data.get_worker_info()`` answers too, as in torch's
+own workers (a torch ``WorkerInfo``: ``id``, ``num_workers``, ``seed``, ``dataset``), so a
+torch ``IterableDataset`` that splits its work by it reads each sample once. It is set
+wherever :func:`set_worker_info` sets ours, when torch is imported in the worker at that
+moment (``"torch" in sys.modules``): always under fork when the consumer had imported it;
+under spawn and forkserver when unpickling the dataset (or re-importing the main module)
+imported it, which any dataset that calls torch's function at module level does. torch is
+never imported here for it: a numpy-only worker stays torch-free.
+
 This module imports nothing from the package: every other module may import it, and
 no import circle can pass through it.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple
 
 
@@ -87,9 +97,29 @@ def get_worker_info() -> WorkerInfo | None:
 
 
 def set_worker_info(info: WorkerInfo) -> None:
-    """Make ``info`` what :func:`get_worker_info` returns in this (worker) process."""
+    """Make ``info`` what :func:`get_worker_info` returns in this (worker) process, and
+    the same fields what ``torch.utils.data.get_worker_info()`` returns when torch is
+    imported (see the module docstring)."""
     global _worker_info
     _worker_info = info
+    set_torch_worker_info(info)
+
+
+def set_torch_worker_info(info: WorkerInfo) -> bool:
+    """Set torch's worker info (``torch.utils.data._utils.worker._worker_info``, an
+    instance of torch's own immutable ``WorkerInfo``) to ``info``'s ``id``,
+    ``num_workers``, ``seed`` and ``dataset``, if torch is imported in this process.
+    Whether it was set."""
+    if "torch" not in sys.modules:
+        return False
+    try:
+        from torch.utils.data._utils import worker as torch_worker
+    except ImportError:  # a torch without that module (or a stand-in named torch)
+        return False
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+    )
+    return True
 
 
 def enter_main_epoch(epoch_seed: int, shard: ShardInfo) -> None:

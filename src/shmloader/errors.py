@@ -2,9 +2,14 @@
 
 Every error a user can cause says what happened, which input caused it and what to do.
 All of them derive from :class:`ShmLoaderError`, and each also derives from the builtin
-exception a torch user would catch for the same failure (``RuntimeError``,
-``TimeoutError``, ``ValueError``, ``MemoryError``), so existing ``except`` clauses keep
-working.
+exception a torch user would catch for the same failure, so ``except`` clauses written for
+torch's DataLoader keep working: torch raises ``RuntimeError`` for a timeout, a dead
+worker, shared memory running out and samples ``torch.stack`` cannot stack, so every
+error here that stands for one of those is a ``RuntimeError`` too, beside the builtin
+that names it best (``TimeoutError``, ``MemoryError``, ``ValueError``, ``TypeError``,
+``KeyError``). An exception raised by the dataset in a worker is re-raised in the
+consumer with its own type, as torch does (:class:`WorkerError` only when that type
+cannot be rebuilt).
 """
 
 from __future__ import annotations
@@ -35,17 +40,21 @@ class WorkerDiedError(ShmLoaderError, RuntimeError):
         self.exitcode = exitcode
 
 
-class LoaderTimeoutError(ShmLoaderError, TimeoutError):
-    """No batch arrived within the loader's ``timeout``."""
+class LoaderTimeoutError(ShmLoaderError, TimeoutError, RuntimeError):
+    """No batch arrived within the loader's ``timeout``: a ``TimeoutError``, and a
+    ``RuntimeError`` as torch's DataLoader raises for it."""
 
 
-class ShmSpaceError(ShmLoaderError, MemoryError):
-    """The shared-memory filesystem cannot hold the ring that was asked for."""
+class ShmSpaceError(ShmLoaderError, MemoryError, RuntimeError):
+    """The shared-memory filesystem cannot hold the ring that was asked for: a
+    ``MemoryError``, and a ``RuntimeError`` as torch raises when /dev/shm runs out."""
 
 
-class BatchLayoutError(ShmLoaderError, ValueError):
+class BatchLayoutError(ShmLoaderError, ValueError, RuntimeError):
     """Samples of one batch cannot be collated (shapes, dtypes or structure differ), or a
-    batch does not fit a slot of a fixed ``slot_bytes``."""
+    batch does not fit a slot of a fixed ``slot_bytes``: a ``ValueError``, and a
+    ``RuntimeError`` as ``torch.stack`` raises in torch's ``default_collate`` for samples
+    of different shapes."""
 
 
 class BatchTypeError(BatchLayoutError, TypeError):
@@ -69,6 +78,17 @@ class StrayStopIteration(ShmLoaderError, RuntimeError):
     (as Python turns a ``StopIteration`` leaking out of a generator into a RuntimeError)."""
 
 
-class RingLimitError(ShmLoaderError, MemoryError):
+class RingLimitError(ShmLoaderError, MemoryError, RuntimeError):
     """The ring would have to grow past ``max_shm_bytes``: the message says how many
-    batches the consumer holds, the bytes they pin, and what to do."""
+    batches the consumer holds, the bytes they pin, and what to do. A ``MemoryError``,
+    and a ``RuntimeError`` as torch's shared-memory failures are."""
+
+
+class KeyErrorMessage(str):
+    """The text of a ``KeyError`` re-raised from a worker. ``str()`` of a KeyError is the
+    ``repr()`` of its argument, which would print the worker's traceback as one quoted
+    line of ``\\n``s; this text's repr is itself, so it reads as lines (torch's
+    ``KeyErrorMessage`` does the same)."""
+
+    def __repr__(self) -> str:
+        return str.__str__(self)

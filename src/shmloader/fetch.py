@@ -6,7 +6,9 @@ The main process (``num_workers=0``) and every worker make a batch with the same
 - auto-collation without a collate_fn: :func:`~shmloader.collate.gather` (torch's
   ``default_collate`` types), or the write-into protocol when the dataset has it;
 - a user ``collate_fn``: its output as it is (torch passes it through untouched); arrays
-  and tensors in it travel in the slot, every other leaf as an object;
+  and plain tensors in it travel in the slot, every other leaf as an object (torch's
+  ``default_collate`` / ``default_convert`` given explicitly count as no collate_fn:
+  :func:`is_torch_default`);
 - ``batch_size=None`` without a collate_fn: each sample through torch's
   ``default_convert`` (:func:`~shmloader.collate.converted`).
 
@@ -21,6 +23,7 @@ samples, never the end of the epoch.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -74,6 +77,13 @@ class Recipe:
         self.auto_collation = auto_collation
         self.want = (batch_size or 1) if auto_collation else 1  # samples per batch (iterable)
         self.drop_last = drop_last and auto_collation
+        # torch's own default_collate (batches) or default_convert (batch_size=None),
+        # passed explicitly (e.g. a framework rebuilding the loader from its collate_fn
+        # attribute, which reports them when the user gave none): the same as none, so
+        # the batch takes the default path (the ring, the write-into protocol), whose
+        # types are torch's (the parity suites); ``output`` decides tensors or numpy.
+        if is_torch_default(collate_fn, auto_collation):
+            collate_fn = None
         self.collate_fn = collate_fn
         self.mode = collate
         self.pad_value = pad_value
@@ -156,6 +166,43 @@ class Recipe:
                     raise numpy_only_error(leaf.dtype)
         layout, data_bytes, objects = plan(batch.treedef, batch.leaves)
         return build_in_memory(layout, data_bytes, objects, batch.fill)
+
+
+def prepare_datapipe(dataset: Any, shared_seed: int, num_shards: int, shard_id: int) -> None:
+    """For a torch DataPipe, what torch's loader does at the start of an epoch: seed the
+    graph's random nodes (``shuffle()``...) from ``shared_seed``, one seed for every
+    process that reads a shard of the epoch (so they all shuffle alike), and set its
+    ``sharding_filter()`` nodes to shard ``shard_id`` of ``num_shards``, so each sample is
+    read once. torch numbers a worker's shard ``worker_id * world_size + rank`` of
+    ``world_size * num_workers``, and the main process's (``num_workers=0``) ``rank`` of
+    ``world_size``. Does nothing for other datasets, or without torch imported."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        from torch.utils.data import IterDataPipe, MapDataPipe
+        from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
+    except ImportError:  # a torch without DataPipes
+        return
+    if not isinstance(dataset, (IterDataPipe, MapDataPipe)):
+        return
+    apply_sharding(dataset, num_shards, shard_id)
+    if isinstance(dataset, IterDataPipe):
+        apply_random_seed(dataset, torch.Generator().manual_seed(shared_seed))
+
+
+def is_torch_default(collate_fn: Any, auto_collation: bool) -> bool:
+    """Whether ``collate_fn`` is what torch's DataLoader uses when given none: torch's
+    ``default_collate`` when samples are batched, ``default_convert`` when they are not
+    (``batch_size=None``). Either one in the other place is a user function like any
+    other (torch calls it as given). False without torch imported."""
+    if collate_fn is None:
+        return False
+    torch_collate = sys.modules.get("torch.utils.data._utils.collate")
+    if torch_collate is None:
+        return False
+    default = torch_collate.default_collate if auto_collation else torch_collate.default_convert
+    return collate_fn is default
 
 
 def _guarded(fill: Callable[[list[Any]], None], where: str, seq: int | None, indices: Any) -> Callable:

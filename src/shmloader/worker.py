@@ -165,6 +165,14 @@ class _Worker:
         seed_all(seed)
         info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset, cfg.rank, cfg.world_size)
         set_worker_info(info)
+        # The epoch's seed, the same in every worker (a worker's seed is it plus its id).
+        # torch's numbering of DataPipe shards across ranks and workers.
+        fetch.prepare_datapipe(
+            cfg.dataset,
+            seed - cfg.worker_id,
+            cfg.world_size * cfg.num_workers,
+            cfg.worker_id * cfg.world_size + cfg.rank,
+        )
         self.iterator = None
         self.exhausted = False
 
