@@ -223,3 +223,34 @@ def test_output_numpy_stays_one_argument_away():
     assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
     with pytest.raises(ValueError, match="output should be"):
         DataLoader(NumpySamples(), output="jax")
+
+
+class MissingKey:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return {}["absent"]
+
+
+class Slow:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        import time
+
+        time.sleep(5)
+        return i
+
+
+def test_a_workers_key_error_reads_as_lines_like_torch():
+    with pytest.raises(KeyError) as ours:
+        next(iter(DataLoader(MissingKey(), num_workers=1)))
+    text = str(ours.value)
+    assert "\n" in text and "Traceback" in text and not text.startswith("'")
+
+
+def test_timeout_reads_as_torch_and_is_a_runtime_error():
+    with pytest.raises(RuntimeError, match=r"DataLoader timed out after \d+ seconds"):
+        next(iter(DataLoader(Slow(), num_workers=1, timeout=1)))

@@ -335,12 +335,8 @@ class DataLoader(Generic[T_co]):
             batch_size=self.batch_size,
             drop_last=self.drop_last,
             # torch's default collate (what collate_fn reports when none was given) is made
-            # by shmloader's own, straight into the ring: same batches, parity-tested.
-            collate_fn=(
-                None
-                if torchcompat.is_default_collate(self.collate_fn, self._auto_collation)
-                else self.collate_fn
-            ),
+            # by shmloader's own, straight into the ring (fetch.is_torch_default).
+            collate_fn=self.collate_fn,
             collate=self.collate,
             pad_value=self.pad_value,
             output=self.output,

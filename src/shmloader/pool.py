@@ -31,7 +31,13 @@ from collections.abc import Callable
 from typing import Any
 
 from shmloader import fdguard, wire
-from shmloader.errors import LoaderTimeoutError, StrayStopIteration, WorkerDiedError, WorkerError
+from shmloader.errors import (
+    KeyErrorMessage,
+    LoaderTimeoutError,
+    StrayStopIteration,
+    WorkerDiedError,
+    WorkerError,
+)
 from shmloader.leases import own_forks
 from shmloader.worker import WorkerFailure
 
@@ -310,7 +316,7 @@ class WorkerPool:
         if indices is not None:
             what += f" (sample indices {short_indices(indices)})"
         return LoaderTimeoutError(
-            f"DataLoader timed out after {timeout} s waiting for {what}; workers still busy: "
+            f"DataLoader timed out after {timeout} seconds waiting for {what}; workers still busy: "
             f"{', '.join(names) or 'none'}. Raise timeout, or find what makes the dataset slow."
         )
 
@@ -337,7 +343,9 @@ def rebuild_error(failure: WorkerFailure, seq: int) -> BaseException:
     if failure.pickled is not None:
         try:
             original = pickle.loads(failure.pickled)
-            exc = type(original)(text)
+            # A KeyError's str() is the repr of its argument: the message would print as
+            # one quoted line; KeyErrorMessage prints it as written (as torch's does).
+            exc = type(original)(KeyErrorMessage(text) if isinstance(original, KeyError) else text)
         except Exception:
             exc = None
     if isinstance(exc, StopIteration):

@@ -82,20 +82,6 @@ def default_collate_of(auto_collation: bool) -> Any:
     return fns.default_collate if auto_collation else fns.default_convert
 
 
-def is_default_collate(fn: Any, auto_collation: bool) -> bool:
-    """Whether ``fn`` is torch's default for this kind of loading (shmloader's own
-    collate, parity-tested against it, makes the same batches straight into the ring)."""
-    if fn is None:
-        return True
-    torch = torch_module()
-    if torch is None:
-        return False
-    data = torch.utils.data
-    if auto_collation:
-        return fn is data.default_collate or fn is data._utils.collate.default_collate
-    return fn is data.default_convert or fn is data._utils.collate.default_convert
-
-
 def is_datapipe(dataset: Any) -> bool:
     """Whether ``dataset`` is a torch ``IterDataPipe``."""
     cls = torch_class("IterDataPipe")
