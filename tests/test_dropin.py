@@ -5,6 +5,7 @@ torch.utils.data.DataLoader on the same dataset and arguments."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import subprocess
 import sys
@@ -254,3 +255,31 @@ def test_a_workers_key_error_reads_as_lines_like_torch():
 def test_timeout_reads_as_torch_and_is_a_runtime_error():
     with pytest.raises(RuntimeError, match=r"DataLoader timed out after \d+ seconds"):
         next(iter(DataLoader(Slow(), num_workers=1, timeout=1)))
+
+
+def test_worker_died_error_pickles_whole():
+    err = shmloader.WorkerDiedError("worker 0 died", worker_id=0, pid=12, exitcode=-11)
+    back = pickle.loads(pickle.dumps(err))
+    assert (str(back), back.worker_id, back.pid, back.exitcode) == ("worker 0 died", 0, 12, -11)
+    assert str(type(err)("text only")) == "text only"  # torch rebuilds errors from their text
+
+
+def test_more_workers_than_cores_warns_like_torch():
+    many = len(os.sched_getaffinity(0)) + 1
+    for cls in (data.DataLoader, DataLoader):
+        with pytest.warns(UserWarning, match=f"will create {many} worker processes"):
+            cls(NumpySamples(), num_workers=many)
+
+
+class NestedSamples:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return torch.nested.nested_tensor([torch.arange(i + 1.0), torch.arange(2.0)])
+
+
+def test_default_collate_of_nested_tensors_is_torchs_error():
+    for cls in (data.DataLoader, DataLoader):
+        with pytest.raises(RuntimeError, match="nested tensors are not currently supported"):
+            next(iter(cls(NestedSamples(), batch_size=2)))

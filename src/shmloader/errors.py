@@ -33,11 +33,23 @@ class WorkerDiedError(ShmLoaderError, RuntimeError):
     Attributes ``worker_id``, ``pid`` and ``exitcode`` (negative for a signal) describe it.
     """
 
-    def __init__(self, message: str, *, worker_id: int, pid: int | None, exitcode: int | None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker_id: int | None = None,
+        pid: int | None = None,
+        exitcode: int | None = None,
+    ):
         super().__init__(message)
         self.worker_id = worker_id
         self.pid = pid
         self.exitcode = exitcode
+
+    def __reduce__(self) -> tuple:
+        # Pickled whole (multiprocessing, DDP launchers and torch's ExceptionWrapper ship
+        # exceptions between processes); the keyword arguments would otherwise be lost.
+        return (_rebuild_worker_died, (str(self), self.worker_id, self.pid, self.exitcode))
 
 
 class LoaderTimeoutError(ShmLoaderError, TimeoutError, RuntimeError):
@@ -92,3 +104,9 @@ class KeyErrorMessage(str):
 
     def __repr__(self) -> str:
         return str.__str__(self)
+
+
+def _rebuild_worker_died(
+    message: str, worker_id: int | None, pid: int | None, exitcode: int | None
+) -> WorkerDiedError:
+    return WorkerDiedError(message, worker_id=worker_id, pid=pid, exitcode=exitcode)

@@ -10,7 +10,9 @@ and slot leases are :mod:`shmloader.leases`'.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -269,6 +271,7 @@ class DataLoader(Generic[T_co]):
             self._leases.new_ring(self.num_slots, slot_bytes)
         self._persistent_iter: MultiProcessIter | None = None
         self._initialized = True
+        _warn_if_more_workers_than_cores(num_workers)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED_AFTER_INIT and self._initialized:
@@ -457,6 +460,24 @@ class DataLoader(Generic[T_co]):
             self.shutdown()
         except Exception:
             pass
+
+
+def _warn_if_more_workers_than_cores(num_workers: int) -> None:
+    """torch's warning when a loader will start more workers than this process may run
+    on cores (its CPU affinity): they would only slow each other down."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this system: all cores
+        cores = os.cpu_count() or 0
+    if num_workers > cores:
+        warnings.warn(
+            f"This DataLoader will create {num_workers} worker processes in total. Our suggested "
+            f"max number of worker in current system is {cores}, which is smaller than what this "
+            "DataLoader is going to create. Please be aware that excessive worker creation might "
+            "get DataLoader running slow or even freeze, lower the worker number to avoid "
+            "potential slowness/freeze if necessary.",
+            stacklevel=3,
+        )
 
 
 def _is_iterable_dataset(dataset: Any) -> bool:

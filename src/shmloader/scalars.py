@@ -32,6 +32,11 @@ def tensor_array(t: Any) -> tuple[np.ndarray, bool | str]:
     """A CPU tensor's data as a numpy array sharing its memory, and the leaf's torch tag:
     True, or for a dtype numpy lacks (bfloat16, float8) the torch dtype's name, the array
     then holding the raw bytes as same-size integers (rebuilt with ``.view(dtype)``)."""
+    if t.is_nested:  # torch's default_collate refuses them with this sentence
+        raise RuntimeError(
+            "Batches of nested tensors are not currently supported by the default "
+            "collate_fn; please provide a custom collate_fn to handle them appropriately."
+        )
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
