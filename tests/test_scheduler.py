@@ -192,3 +192,38 @@ def test_results_dict_survives_epochs():
     s.put(0, (OK, 0))
     s.begin_epoch()
     assert s.results is results and not results and s.send_seq == 0 and s.handed_out() == 0
+
+
+def test_an_epoch_of_ends_only_yielded_nothing():
+    """A resumed epoch whose shards were all at their end: every task came back an end
+    (the iterator then begins the next epoch instead)."""
+    s = Scheduler(2, in_order=True, end_kind=END)
+    assert s.yielded_nothing(), "nothing sent: nothing yielded"
+    for seq, w in _send(s, 2, set()):
+        s.answered(w)
+        s.ended(w, seq)
+        s.put(seq, (END,))
+    assert s.pop() is None and s.yielded_nothing()
+    s.begin_epoch()
+    seq = s.assign(s.pick(2))
+    s.answered(0)
+    s.put(seq, (OK, "b0"))
+    assert not s.yielded_nothing()
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_exhausted_once_every_worker_ended_and_only_ends_are_left(in_order):
+    s = Scheduler(2, in_order=in_order, end_kind=END)
+    sent = _send(s, 4, set())  # 0, 2 to worker 0; 1, 3 to worker 1
+    for seq, w in sent[:2]:
+        s.answered(w)
+        s.put(seq, (OK, seq))
+    assert not s.exhausted(), "tasks in flight"
+    for seq, w in sent[2:]:
+        s.answered(w)
+        s.ended(w, seq)
+        s.put(seq, (END,))
+    assert not s.exhausted(), "batches 0 and 1 not handed out yet"
+    assert s.pop()[0] == OK and not s.exhausted()
+    assert s.pop()[0] == OK and s.exhausted(), "the last batch is out: the next pop() ends the epoch"
+    assert s.pop() is None and s.exhausted()

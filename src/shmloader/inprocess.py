@@ -7,6 +7,8 @@ loads, ``sample_rng`` and ``get_shard_info`` see its epoch (:mod:`shmloader.cont
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -20,35 +22,55 @@ class InProcessIter:
     """num_workers=0: fetch and collate in this process; same batches as with workers.
     A :class:`~shmloader.state.Positioned` for state_dict()."""
 
-    def __init__(self, loader: Any, plan: _state.EpochPlan) -> None:
+    def __init__(self, loader: Any, start: Callable[[Any], _state.EpochPlan]) -> None:
+        # Nothing happens until the first next(): ``start`` (state.epoch_starter) begins
+        # the epoch then, so iter() alone moves nothing.
         self._loader = loader
+        self._start_epoch = start
         self._seq = 0
-        self.plan = plan
+        self.plan: _state.EpochPlan | None = None
         self.epoch_done = False
-        self._epoch_seed = epoch_seed = plan.epoch_seed
-        self._shard = _dist.ShardInfo(loader.rank, loader.world_size, 0, 1)
-        # What sample_rng() and get_shard_info() see in this process while we load.
-        context.enter_main_epoch(epoch_seed, self._shard)
+        # torch's check: an iterable dataset yielding more batches than the samples its
+        # __len__ reported when len(loader) was called (read as torch does, at iter()).
+        self._len_limit = iterable_len_limit(loader)
+        self._recipe = loader._recipe()
         # Applied to each batch, in order.
         self._post: list[Callable[[Any], Any]] = []
         if loader.output == "torch":
             self._post.append(_pinning.to_torch)
         if loader._pinner is not None:
             self._post.append(_pinning.pin_tree)  # no ring here: pinned per batch, as torch does
+
+    def start(self) -> None:
+        """Begin the epoch now (done by the first ``next()``; idempotent)."""
+        if self.plan is None:
+            self._begin()
+
+    def _begin(self) -> None:
+        loader = self._loader
+        self.plan = plan = self._start_epoch(self)
+        self._seq = 0
+        self._epoch_seed = plan.epoch_seed
+        self._shard = _dist.ShardInfo(loader.rank, loader.world_size, 0, 1)
         if loader.iterable:
             self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan.workers else None)
         else:
             self._source = _state.index_sequence(loader, plan)
-        self._recipe = loader._recipe()
 
     def __iter__(self) -> InProcessIter:
         return self
 
     def __next__(self) -> Any:
+        if self.plan is None:
+            self._begin()
         context.enter_main_epoch(self._epoch_seed, self._shard)  # another loader may have run between
         try:
             batch = self._next_batch()
         except StopIteration:
+            if self._seq == 1 and self.plan.resumed:
+                # A loaded position at its epoch's end: the next epoch, in full, instead.
+                self._begin()
+                return self.__next__()
             self.epoch_done = True
             context.leave_main_epoch()  # outside an epoch, sample_rng follows np.random
             raise
@@ -66,7 +88,11 @@ class InProcessIter:
     def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
         """Iterable datasets: this process is the one shard (see state.Positioned)."""
         dataset = self._loader.dataset
-        return [self._seq], 0, ({0: dataset.state_dict()} if self.plan.stateful else {})
+        return [self._seq], 0, ({0: dataset.state_dict()} if self.plan.stateful else {})  # type: ignore[union-attr]
+
+    def shards_exhausted(self) -> bool:
+        """Not known before StopIteration here (the end is found by asking for more)."""
+        return False
 
     def _next_batch(self) -> Any:
         """The next batch, made by the same recipe a worker uses (fetch.Recipe); raises
@@ -77,6 +103,8 @@ class InProcessIter:
             samples = recipe.take(self._source, seq)
             if samples is None:
                 raise StopIteration
+            if seq >= self._len_limit:
+                warn_len_exceeded(self._loader, seq + 1)
             indices = None
         else:
             indices = next(self._source)  # the sampler's end is the epoch's end
@@ -85,3 +113,27 @@ class InProcessIter:
 
     def __len__(self) -> int:
         return len(self._loader)
+
+
+def iterable_len_limit(loader: Any) -> int:
+    """Batches an iterable dataset may yield before torch's warning: what its __len__
+    said when ``len(loader)`` was last called (torch compares batches with samples)."""
+    said = getattr(loader, "_IterableDataset_len_called", None) if loader.iterable else None
+    return sys.maxsize if said is None else said
+
+
+def warn_len_exceeded(loader: Any, yielded: int) -> None:
+    """torch's UserWarning (same condition and text, from its iterator's ``__next__``):
+    an iterable dataset yielded more than ``len(loader)`` reported."""
+    text = (
+        f"Length of IterableDataset {loader.dataset} was reported to be "
+        f"{loader._IterableDataset_len_called}(when accessing len(dataloader)), but {yielded} "
+        "samples have been fetched. "
+    )
+    if loader.num_workers > 0:
+        text += (
+            "For multiprocessing data-loading, this could be caused by not properly configuring "
+            "the IterableDataset replica at each worker. Please see "
+            "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+        )
+    warnings.warn(text, UserWarning, stacklevel=3)

@@ -270,6 +270,7 @@ class DataLoader(Generic[T_co]):
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.
             self._leases.new_ring(self.num_slots, slot_bytes)
         self._persistent_iter: MultiProcessIter | None = None
+        self._IterableDataset_len_called: int | None = None  # len(dataset) at the last len(loader)
         self._initialized = True
         _warn_if_more_workers_than_cores(num_workers)
 
@@ -347,7 +348,9 @@ class DataLoader(Generic[T_co]):
 
     def __len__(self) -> int:
         if self.iterable:
-            n = len(self.dataset)
+            # What torch records for its warning when an iterable dataset yields more
+            # (the iterators compare their batches with it).
+            n = self._IterableDataset_len_called = len(self.dataset)
             if self.batch_size is None:
                 return n
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -366,18 +369,20 @@ class DataLoader(Generic[T_co]):
         loader's ``copy`` for this epoch (True: batches own their memory and release
         their slot at once, for consumers that keep them)."""
         copy = self.copy if copy is None else copy
-        plan = _state.begin_epoch(self, self._cursor)
+        # Nothing moves until the iterator's first next(): it calls ``start`` then (the
+        # epoch begins, workers start or persistent ones switch epochs).
+        start = _state.epoch_starter(self, self._cursor)
         if self.num_workers == 0:
-            it: Any = InProcessIter(self, plan)
+            it: Any = InProcessIter(self, start)
         elif self.persistent_workers:
             it = self._persistent_iter
             if it is None or it.closed:
-                it = self._persistent_iter = MultiProcessIter(self, plan, copy)
+                it = self._persistent_iter = MultiProcessIter(self, start, copy)
             else:
-                it.reset(plan, copy)
+                it.reset(start, copy)
         else:
-            it = MultiProcessIter(self, plan, copy)
-        _state.attach(self._cursor, it)  # the iterator state_dict() describes
+            it = MultiProcessIter(self, start, copy)
+        _state.attach(self._cursor, it)  # pending: state_dict() describes the epoch it will begin
         return it
 
     def stats(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
+from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.layout import decode, make_reader
 from shmloader.pool import WorkerHandle, WorkerPool, rebuild_error
 from shmloader.ring import Ring, attach_fd
@@ -84,11 +85,23 @@ class MultiProcessIter:
     """Iterator over one epoch with worker processes (reused across epochs when
     persistent); a :class:`~shmloader.state.Positioned` for state_dict()."""
 
-    def __init__(self, loader: Any, plan: _state.EpochPlan, copy: bool) -> None:
+    def __init__(self, loader: Any, start: Callable[[Any], _state.EpochPlan], copy: bool) -> None:
+        # Nothing starts here: the first next() calls ``start`` (state.epoch_starter) to
+        # begin the epoch and starts the workers, so iter() alone moves nothing.
         self._loader = loader
         self._copy = copy
+        self._start_epoch = start
         self._pid = os.getpid()
         self.closed = False
+        self.plan: _state.EpochPlan | None = None
+        self.epoch_done = False
+        # True until the first next() of an epoch and after close(): __next__'s one check.
+        self._idle = True
+        self._launched = False  # the workers were started (once per iterator)
+        # torch's check on iterable datasets: batches handed out this epoch against what
+        # len(loader) said (see inprocess.warn_len_exceeded).
+        self._len_limit = iterable_len_limit(loader)
+        self._yielded = 0
         # Start, watch (sockets and sentinels in one poll), stop; _workers is its list.
         self._pool = WorkerPool()
         self._workers = self._pool.workers
@@ -98,33 +111,67 @@ class MultiProcessIter:
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
         self._ctx = ctx
-        # A ring whose descriptor is closed (this process was forked from the one that
-        # made it) cannot be handed to new workers: the first batch sizes a new one.
-        ring = loader._ring
-        self._ring = ring if ring is not None and ring.fd is not None else None
+        self._ring: Ring | None = None
         # Round robin, reordering and the position for state_dict: state.py reads
         # scheduler.handed_out(), .handed_out_per_worker() and .shard_states_handed_out().
         # Its results dict is this iterator's _results for its whole life.
         self.scheduler = Scheduler(loader.num_workers, loader.in_order, wire.RES_ITER_END)
         self._results = self.scheduler.results
-        self._begin_epoch(plan)
-        _live_iterators.add(self)
-        try:
-            self._start_workers(plan.epoch_seed)
-            self._dispatch()
-        except BaseException:
-            self.close()
-            raise
+        self._tasks: dict[int, _Task] = {}
+        self._source: Any = None
+        self._source_done = True
 
     # --- set-up -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin the epoch now, as the first ``next()`` does: the loader's epoch begins and
+        the workers start (or, persistent, switch to it once the previous epoch's tasks
+        are back). Idempotent; nothing on a closed iterator."""
+        if not self._idle or self.closed:
+            return
+        if not self._launched:
+            plan = self._start_epoch(self)
+            # A ring whose descriptor is closed (this process was forked from the one that
+            # made it) cannot be handed to new workers: the first batch sizes a new one.
+            ring = self._loader._ring
+            self._ring = ring if ring is not None and ring.fd is not None else None
+            self._begin_epoch(plan)
+            self._launched = True
+            _live_iterators.add(self)
+            try:
+                self._start_workers(plan.epoch_seed)
+                self._dispatch()
+            except BaseException:
+                self.close()
+                raise
+        else:
+            # Results still owed by the workers must come back before their slots are reused.
+            while self._tasks:
+                self._wait()
+            self._next_epoch_on_workers(self._start_epoch(self))
+        self._idle = False
+
+    def _next_epoch_on_workers(self, plan: _state.EpochPlan) -> None:
+        """Start ``plan``'s epoch on the running workers and ring (nothing in flight)."""
+        for _, task, _ in self._results.values():
+            _leases.give_back(task.ring, task.slot)
+        self._begin_epoch(plan)
+        for w in self._workers:
+            self._pool.send(w, wire.epoch_frame(plan.epoch_seed + w.id))
+        try:
+            self._dispatch()
+        except (RingLimitError, ShmSpaceError):
+            self.close()  # as in __next__: the epoch cannot start, leave nothing running
+            raise
 
     def _begin_epoch(self, plan: _state.EpochPlan) -> None:
         loader = self._loader
         self._source = None if loader.iterable else _state.index_sequence(loader, plan)
         self._source_done = False
-        self._tasks: dict[int, _Task] = {}
+        self._tasks = {}
         self.plan = plan
         self.epoch_done = False
+        self._yielded = 0
         # Iterable datasets, for state_dict(): the round robin starts where the saved run
         # would have gone on.
         self.scheduler.begin_epoch(plan.start_worker)
@@ -224,15 +271,24 @@ class MultiProcessIter:
         return len(self._loader)
 
     def __next__(self) -> Any:
-        if self.closed:
-            raise StopIteration
         try:
+            if self._idle:  # the epoch's first next() (or a closed iterator)
+                if self.closed:
+                    raise StopIteration
+                self.start()
             if self._ring_wanted:
                 self._make_wanted_ring()
+                # Tasks go out at once (with in_order=False a slow first batch must not
+                # hold the other workers: torch's order).
+                self._dispatch()
             item = self._next_result()
             if item is not None and not self._ring_wanted:
                 # (A ring to make waits for the next call: this batch goes out first.)
                 self._dispatch()
+            elif item is None and self.plan.resumed and self.scheduler.yielded_nothing():  # type: ignore[union-attr]
+                # A loaded position at its epoch's end: the next epoch, in full, instead.
+                self._next_epoch_on_workers(self._start_epoch(self))
+                item = self._next_result()
         except (WorkerDiedError, LoaderTimeoutError):
             # Dead or hung workers: do not wait for a busy one to finish its batch
             # (a timeout would otherwise surface only after pool.JOIN_TIMEOUT_S more).
@@ -245,7 +301,11 @@ class MultiProcessIter:
             self._end_epoch()
             raise StopIteration
         kind, task, payload = item
-        return self._materialize(kind, task, payload)
+        batch = self._materialize(kind, task, payload)
+        self._yielded = yielded = self._yielded + 1
+        if yielded > self._len_limit:
+            warn_len_exceeded(self._loader, yielded)
+        return batch
 
     def _next_result(self) -> tuple[int, _Task, bytes] | None:
         """The next result to hand out, waiting for it; None at the end of the epoch."""
@@ -401,6 +461,10 @@ class MultiProcessIter:
         states = {wid: pickle.loads(blob) for wid, blob in self.scheduler.shard_states_handed_out().items()}
         return counts, next_worker, states
 
+    def shards_exhausted(self) -> bool:
+        """Iterable datasets: every worker ran out and all it produced was handed out."""
+        return self.scheduler.exhausted()
+
     # --- hand-out -----------------------------------------------------------------------
 
     def _materialize(self, kind: int, task: _Task, payload: bytes) -> Any:
@@ -488,22 +552,15 @@ class MultiProcessIter:
         if not self._loader.persistent_workers:
             self.close()
 
-    def reset(self, plan: _state.EpochPlan, copy: bool) -> None:
-        """Persistent workers: start a new epoch on the same workers and ring."""
+    def reset(self, start: Callable[[Any], _state.EpochPlan], copy: bool) -> None:
+        """Persistent workers: the next epoch runs on the same workers and ring. Like
+        ``__init__`` it moves nothing: the epoch begins at the next ``next()``."""
+        self._start_epoch = start
         self._copy = copy
-        # Results still owed by the workers must come back before their slots are reused.
-        while self._tasks:
-            self._wait()
-        for _, task, _ in self._results.values():
-            _leases.give_back(task.ring, task.slot)
-        self._begin_epoch(plan)
-        for w in self._workers:
-            self._pool.send(w, wire.epoch_frame(plan.epoch_seed + w.id))
-        try:
-            self._dispatch()
-        except (RingLimitError, ShmSpaceError):
-            self.close()  # as in __next__: the epoch cannot start, leave nothing running
-            raise
+        self._len_limit = iterable_len_limit(self._loader)
+        self.plan = None
+        self.epoch_done = False
+        self._idle = True
 
     def close(self, graceful: bool = True) -> None:
         """Stop and reap every worker, return unused slots; idempotent. ``graceful``:
@@ -511,6 +568,7 @@ class MultiProcessIter:
         if self.closed:
             return
         self.closed = True
+        self._idle = True
         if os.getpid() != self._pid:
             return  # a forked copy of the consumer: the workers are not ours to stop
         self._pool.stop(graceful)

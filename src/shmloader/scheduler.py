@@ -28,6 +28,7 @@ class Scheduler:
     """
 
     __slots__ = (
+        "_ends",
         "_iter_ends",
         "_shard_blobs",
         "_start_worker",
@@ -62,6 +63,7 @@ class Scheduler:
         self.outstanding = [0] * n  # tasks sent to each worker and not answered yet
         self._start_worker = self.next_worker = start_worker % n if n else 0
         self._iter_ends: list[tuple[int, int, int]] = []  # (send_seq, worker, seq) of first ends
+        self._ends = 0  # end results received (every one, not only first ends)
         self._shard_blobs: dict[int, list[tuple[int, bytes]]] = {}
 
     # --- sending ------------------------------------------------------------------------
@@ -108,6 +110,7 @@ class Scheduler:
         if self.active[worker]:
             self._iter_ends.append((self.send_seq, worker, seq))
         self.active[worker] = False
+        self._ends += 1
 
     def retire(self, worker: int) -> None:
         """``worker`` is gone for the epoch (it failed to start): nothing in flight, no
@@ -137,6 +140,19 @@ class Scheduler:
             if item[0] != end:
                 return item
         return None
+
+    def yielded_nothing(self) -> bool:
+        """Whether every task sent this epoch was answered by an end (or none was sent):
+        the epoch has no batch at all. Call it at the epoch's end."""
+        return self.send_seq == self._ends
+
+    def exhausted(self) -> bool:
+        """Whether every worker ran out (iterable datasets), nothing is in flight and
+        only ends are left to hand out: the next pop() finds nothing more."""
+        if any(self.active) or any(self.outstanding):
+            return False
+        end = self.end_kind
+        return all(item[0] == end for item in self.results.values())
 
     def due(self) -> int:
         """In order: the batch number to hand out next."""

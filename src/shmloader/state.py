@@ -57,6 +57,10 @@ class EpochPlan:
     start_worker: int = 0
     stateful: bool = False  # the iterable dataset has state_dict / load_state_dict
     shard_states: dict[int, Any] = field(default_factory=dict)
+    # It continues a loaded position from inside its epoch: when that position was the
+    # epoch's end (nothing left), the iterator begins the next epoch instead.
+    resumed: bool = False
+    batches: int | None = None  # batches this iteration yields (map-style, length known)
 
 
 @dataclass
@@ -75,14 +79,14 @@ class Cursor:
     next_epoch: int = 0  # the epoch the next iter() loads (set_epoch, or one more)
     resume: dict[str, Any] | None = None  # a loaded position, for the next iter()
     plan: EpochPlan | None = None  # the running (or last) epoch
-    live: weakref.ref | None = None  # its iterator, which state_dict() asks
+    live: weakref.ref | None = None  # its iterator (or a pending one), which state_dict() asks
 
 
 class Positioned(Protocol):
     """What an epoch's iterator tells :func:`state_dict`."""
 
-    plan: EpochPlan  # the epoch it loads
-    epoch_done: bool  # it handed out its last batch
+    plan: EpochPlan | None  # the epoch it loads; None until its first next() began it
+    epoch_done: bool  # it raised StopIteration
 
     def handed_out(self) -> int:
         """Batches handed out (or raised) so far this epoch."""
@@ -91,6 +95,10 @@ class Positioned(Protocol):
         """Iterable datasets: per local worker the batches handed out, the worker the
         next batch comes from, and the dataset states (``state_dict()``) after each
         worker's last handed-out batch, where the dataset has them."""
+
+    def shards_exhausted(self) -> bool:
+        """Iterable datasets: every shard is known to have run out and everything it
+        produced was handed out (the next ``next()`` raises StopIteration)."""
 
 
 def is_stateful(dataset: Any) -> bool:
@@ -116,9 +124,24 @@ def _midway(resume: dict[str, Any] | None) -> bool:
     )
 
 
+def epoch_starter(loader: Any, cursor: Cursor) -> Callable[[Positioned], EpochPlan]:
+    """What ``iter(loader)`` gives its iterator to call at its first ``next()``:
+    ``start(it)`` begins the epoch (:func:`begin_epoch`) and makes ``it`` the iterator
+    state_dict() asks. Until then nothing moved: ``iter()`` alone starts no worker,
+    advances no epoch and draws no seed (Lightning calls ``iter()`` once more to probe)."""
+
+    def start(it: Positioned) -> EpochPlan:
+        plan = begin_epoch(loader, cursor)
+        cursor.live = weakref.ref(it)
+        return plan
+
+    return start
+
+
 def begin_epoch(loader: Any, cursor: Cursor) -> EpochPlan:
     """Start the next iteration of ``loader``: pick its epoch (``set_epoch``, or one more
-    than the last), apply a loaded state, seed the epoch's order. Sets ``cursor.plan``."""
+    than the last), apply a loaded state, seed the epoch's order. Sets ``cursor.plan``.
+    The iterators call it at their first ``next()`` (see :func:`epoch_starter`)."""
     epoch = cursor.next_epoch
     cursor.next_epoch = epoch + 1
     resume = cursor.resume if cursor.resume is not None and cursor.resume["epoch"] == epoch else None
@@ -165,8 +188,27 @@ def begin_epoch(loader: Any, cursor: Cursor) -> EpochPlan:
             plan.order_len = None
         if resume is not None:
             plan.start = int(resume["consumed"])
+        plan.batches = _batch_count(plan, loader.drop_last)
+    plan.resumed = _midway(resume)
     cursor.plan = plan
     return plan
+
+
+def _batch_count(plan: EpochPlan, drop_last: bool) -> int | None:
+    """Batches :func:`index_sequence` yields for ``plan`` (map-style), None when the
+    sampler has no length."""
+    if plan.order_len is None:
+        return None
+    rest = max(plan.order_len - plan.start, 0)
+    world, step = plan.world_size, plan.step
+    if plan.unit == "batches":
+        return -(-rest // world)
+    if world == 1:
+        return rest // step if drop_last else -(-rest // step)
+    if drop_last:
+        return rest // (world * step)
+    per_rank = -(-rest // world)  # padded to a multiple of the world size
+    return -(-per_rank // step)
 
 
 def attach(cursor: Cursor, it: Positioned) -> None:
@@ -237,7 +279,10 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
     }
     it: Positioned | None = cursor.live() if cursor.live is not None else None
     plan = cursor.plan
-    if it is None or plan is None or it.epoch_done or it.plan is not plan:
+    # No epoch running (none yet, or iter() called but no next() yet: nothing moved), or
+    # the running one handed out its last batch (StopIteration may not have been raised:
+    # Lightning saves at that step): the position is the start of the next epoch.
+    if it is None or plan is None or it.plan is not plan or it.epoch_done or _finished(it, plan):
         if cursor.resume is not None:  # loaded, not iterated yet: the loaded position
             return {**base, **cursor.resume}
         return {**base, **_fresh_position(loader, cursor)}
@@ -253,6 +298,13 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
     if plan.order_len is not None:
         consumed = min(consumed, plan.order_len)
     return {**base, "epoch": plan.epoch, "consumed": consumed, "presharded": plan.presharded}
+
+
+def _finished(it: Positioned, plan: EpochPlan) -> bool:
+    """Whether ``it`` handed out every batch of its epoch."""
+    if plan.unit == "iterable":
+        return it.shards_exhausted()
+    return plan.batches is not None and it.handed_out() >= plan.batches
 
 
 def _dataset_len(loader: Any) -> int | None:
