@@ -71,7 +71,9 @@ def alive(pid: int) -> bool:
 
 
 def worker_pids(it: Any) -> list[int]:
-    """The pids of an iterator's workers (read from the loader's internals)."""
+    """The pids of an iterator's workers (read from the loader's internals). Starts its
+    epoch first (as the first next() would): iter() alone starts no worker."""
+    it.start()
     return [w.proc.pid for w in it._workers]
 
 

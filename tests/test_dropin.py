@@ -283,3 +283,13 @@ def test_default_collate_of_nested_tensors_is_torchs_error():
     for cls in (data.DataLoader, DataLoader):
         with pytest.raises(RuntimeError, match="nested tensors are not currently supported"):
             next(iter(cls(NestedSamples(), batch_size=2)))
+
+
+def test_datapipe_in_the_main_process_is_sharded_by_rank(monkeypatch):
+    """num_workers=0: the main process reads shard `rank` of `world_size`, as torch's
+    single-process iterator applies sharding."""
+    datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    pipe = datapipes.IterableWrapper(range(10)).sharding_filter()
+    assert [int(x) for x in DataLoader(pipe, batch_size=None)] == [1, 3, 5, 7, 9]

@@ -358,8 +358,8 @@ def test_doctor_fails_a_ring_the_loaders_default_limit_refuses(monkeypatch):
 
 def test_a_ring_limit_when_a_persistent_epoch_starts_stops_the_workers():
     """Persistent workers: the next epoch's first tasks need slots the consumer still
-    holds, and the ring may not grow: the error comes from iter() with the workers
-    stopped (they were left running)."""
+    holds, and the ring may not grow: the error comes from the epoch's first next()
+    (iter() alone starts nothing) with the workers stopped (they were left running)."""
     limit = ring_bytes(8, 4096) + 4096
     dl = DataLoader(
         D.Squares(20),
@@ -373,8 +373,9 @@ def test_a_ring_limit_when_a_persistent_epoch_starts_stops_the_workers():
     kept = list(dl)  # 5 batches held in 8 slots
     it = dl._persistent_iter
     pids = [w.proc.pid for w in it._workers]
+    again = iter(dl)
     with pytest.raises(MemoryError, match="max_shm_bytes"):
-        iter(dl)
+        next(again)
     assert it.closed and not [pid for pid in pids if alive(pid)]
     assert len(kept) == 5
     del kept

@@ -228,6 +228,7 @@ def test_batches_outside_the_ring_come_in_their_own_segments(method):
     dataset = D.Squares(200, side=32)  # 4 KiB samples: a batch of 20 outgrows slots sized for 2
     dl = DataLoader(dataset, batch_sampler=batches, num_workers=2, multiprocessing_context=method)
     it = iter(dl)
+    it.start()  # the workers and their sockets exist (iter() alone starts nothing)
     fds_before = len(os.listdir("/proc/self/fd"))
     first = next(it)
     assert _in_shared_memory(first[0]), "a view of its segment, not a copy"

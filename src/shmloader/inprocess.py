@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from shmloader import context
+from shmloader import context, fetch
 from shmloader import distributed as _dist
 from shmloader import pinning as _pinning
 from shmloader import state as _state
@@ -53,6 +53,8 @@ class InProcessIter:
         self._epoch_seed = plan.epoch_seed
         self._shard = _dist.ShardInfo(loader.rank, loader.world_size, 0, 1)
         if loader.iterable:
+            # A torch DataPipe is seeded and sharded as torch's main process does it.
+            fetch.prepare_datapipe(loader.dataset, plan.epoch_seed, loader.world_size, loader.rank)
             self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan.workers else None)
         else:
             self._source = _state.index_sequence(loader, plan)

@@ -406,9 +406,10 @@ class DataLoader(Generic[T_co]):
         return out
 
     def set_epoch(self, epoch: int) -> None:
-        """Load epoch ``epoch`` on the next ``iter()`` (as ``DistributedSampler.set_epoch``):
-        its order and seeds are functions of the loader's seed and ``epoch``, the same on
-        every rank. Without it, epochs count up from 0 by themselves."""
+        """Load epoch ``epoch`` when the next epoch begins (the first ``next()`` after
+        ``iter()``), as ``DistributedSampler.set_epoch``: its order and seeds are functions
+        of the loader's seed and ``epoch``, the same on every rank. Without it, epochs
+        count up from 0 by themselves."""
         _state.set_epoch(self._cursor, epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -424,8 +425,10 @@ class DataLoader(Generic[T_co]):
         return _state.state_dict(self, self._cursor)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`) on the next ``iter()``. The
-        loader adopts the saved seed, so the order and random draws match the saved run."""
+        """Continue from ``state`` (from :meth:`state_dict`) when the next epoch begins (the
+        first ``next()`` after ``iter()``); a state saved after an epoch's last batch
+        continues with the next epoch, in full. The loader adopts the saved seed, so the
+        order and random draws match the saved run."""
         _state.load_state_dict(self, self._cursor, state)
 
     @property
