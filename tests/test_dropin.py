@@ -293,3 +293,25 @@ def test_datapipe_in_the_main_process_is_sharded_by_rank(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     pipe = datapipes.IterableWrapper(range(10)).sharding_filter()
     assert [int(x) for x in DataLoader(pipe, batch_size=None)] == [1, 3, 5, 7, 9]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_accelerate_skip_first_batches_yields_this_loaders_batches(num_workers):
+    """accelerate.skip_first_batches rebuilds a torch DataLoader over loader.batch_sampler:
+    it must yield the batches this loader's next epoch would, never another draw."""
+    accelerate_data = pytest.importorskip("accelerate.data_loader")
+    ds = data.TensorDataset(torch.arange(20))
+    loader = DataLoader(ds, batch_size=3, shuffle=True, seed=1, num_workers=num_workers)
+    for _epoch in range(2):
+        skipped = [b[0].tolist() for b in accelerate_data.skip_first_batches(loader, 2)]
+        epoch = [b[0].tolist() for b in loader]
+        assert skipped == epoch[2:] and len(epoch) == 7
+    # After a loaded position: the rest of its epoch.
+    it = iter(loader)
+    first = [next(it)[0].tolist() for _ in range(3)]
+    state = loader.state_dict()
+    rest = [b[0].tolist() for b in it]
+    resumed = DataLoader(ds, batch_size=3, shuffle=True, num_workers=num_workers)
+    resumed.load_state_dict(state)
+    assert [b[0].tolist() for b in accelerate_data.skip_first_batches(resumed, 0)] == rest
+    assert len(first + rest) == 7

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -252,7 +253,8 @@ class DataLoader(Generic[T_co]):
                     RandomSampler(dataset, generator=self._rng) if shuffle else SequentialSampler(dataset)
                 )
             if batch_size is not None and batch_sampler is None:
-                batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+                batch_sampler = _EpochBatches(sampler, batch_size, drop_last)
+                batch_sampler._loader = weakref.ref(self)
             self.sampler = sampler
             self.batch_sampler = batch_sampler
             self.batch_size = batch_size
@@ -468,6 +470,23 @@ class DataLoader(Generic[T_co]):
             self.shutdown()
         except Exception:
             pass
+
+
+class _EpochBatches(BatchSampler):
+    """The batch sampler a loader makes for itself (``loader.batch_sampler``). Iterated
+    by anything but the loader, it yields the index lists the loader's next epoch loads on
+    this rank (:func:`shmloader.state.upcoming_batches`), not a draw of its own: code that
+    rebuilds a loader over it (``accelerate.skip_first_batches``) gets this loader's
+    batches. Made anew by a framework (Lightning's sampler injection), it is a plain
+    :class:`~shmloader.BatchSampler`."""
+
+    _loader: weakref.ref | None = None
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        loader = self._loader() if self._loader is not None else None
+        if loader is None:
+            return super().__iter__()
+        return iter(_state.upcoming_batches(loader, loader._cursor))
 
 
 def _warn_if_more_workers_than_cores(num_workers: int) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import islice
 from typing import Any, Protocol
 
@@ -223,6 +223,26 @@ def set_epoch(cursor: Cursor, epoch: int) -> None:
     if cursor.resume is not None and cursor.resume["epoch"] != epoch:
         cursor.resume = None  # moving to another epoch than the loaded one
     cursor.next_epoch = epoch
+
+
+def upcoming_batches(loader: Any, cursor: Cursor) -> list[list[Any]]:
+    """The index lists the loader's next epoch loads on this rank (after a loaded
+    position: the rest of it), worked out without moving the cursor. What the loader's
+    own batch sampler yields when something else iterates it: a framework that rebuilds a
+    loader over ``loader.batch_sampler`` (``accelerate.skip_first_batches``) then loads
+    the batches this loader would. With ``generator=`` the next epoch's seed is drawn
+    only when that epoch begins, so the current seed stands in for it."""
+    saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
+    cursor.draw_seed = lambda: cursor.seed
+    try:
+        plan = begin_epoch(loader, cursor)
+        batches = list(index_sequence(loader, plan))
+        if not batches and plan.resumed:  # a loaded position at its epoch's end: the next one
+            batches = list(index_sequence(loader, begin_epoch(loader, cursor)))
+        return batches
+    finally:
+        for name, value in saved.items():
+            setattr(cursor, name, value)
 
 
 def index_sequence(loader: Any, plan: EpochPlan) -> Iterator[list[Any]]:
