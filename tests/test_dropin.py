@@ -315,3 +315,42 @@ def test_accelerate_skip_first_batches_yields_this_loaders_batches(num_workers):
     resumed.load_state_dict(state)
     assert [b[0].tolist() for b in accelerate_data.skip_first_batches(resumed, 0)] == rest
     assert len(first + rest) == 7
+
+
+def _live_workers() -> int:
+    psutil = pytest.importorskip("psutil")
+    return sum(
+        1
+        for p in psutil.Process().children()
+        if p.status() != psutil.STATUS_ZOMBIE
+        and not any(h in " ".join(p.cmdline()) for h in ("resource_tracker", "forkserver"))
+    )
+
+
+def test_a_dropped_persistent_loader_stops_its_workers_without_gc():
+    """torch's persistent iterator holds no reference to its loader, so `del` stops the
+    workers at once; no reference cycle may keep ours alive until a cyclic gc."""
+    import gc
+    import time
+
+    before = _live_workers()
+    gc.disable()
+    try:
+        it = iter(DataLoader(list(range(100)), batch_size=2, num_workers=2, persistent_workers=True))
+        next(it)
+        assert _live_workers() == before + 2
+        del it
+        deadline = time.monotonic() + 10
+        while _live_workers() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _live_workers() == before
+        # A for loop over a loader nothing else holds runs its whole epoch.
+        assert (
+            sum(
+                len(b)
+                for b in DataLoader(list(range(10)), batch_size=3, num_workers=2, persistent_workers=True)
+            )
+            == 10
+        )
+    finally:
+        gc.enable()

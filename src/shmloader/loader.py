@@ -373,18 +373,26 @@ class DataLoader(Generic[T_co]):
         copy = self.copy if copy is None else copy
         # Nothing moves until the iterator's first next(): it calls ``start`` then (the
         # epoch begins, workers start or persistent ones switch epochs).
+        if self.persistent_workers:
+            # The loader keeps this iterator (and its workers) between epochs, so the
+            # iterator sees the loader through a weak proxy: no reference cycle, and a
+            # dropped loader stops its workers at once, not at the next cyclic gc. The
+            # epoch handed out holds the loader, for as long as the caller holds it.
+            proxy = weakref.proxy(self)
+            start = _state.epoch_starter(proxy, self._cursor)
+            it = self._persistent_iter
+            if it is None or it.closed:
+                it = self._persistent_iter = MultiProcessIter(proxy, start, copy)
+            else:
+                it.reset(start, copy)
+            _state.attach(self._cursor, it)  # pending: state_dict() describes the epoch it will begin
+            return _PersistentEpoch(it, self)
         start = _state.epoch_starter(self, self._cursor)
         if self.num_workers == 0:
             it: Any = InProcessIter(self, start)
-        elif self.persistent_workers:
-            it = self._persistent_iter
-            if it is None or it.closed:
-                it = self._persistent_iter = MultiProcessIter(self, start, copy)
-            else:
-                it.reset(start, copy)
         else:
             it = MultiProcessIter(self, start, copy)
-        _state.attach(self._cursor, it)  # pending: state_dict() describes the epoch it will begin
+        _state.attach(self._cursor, it)
         return it
 
     def stats(self) -> dict[str, Any]:
@@ -470,6 +478,31 @@ class DataLoader(Generic[T_co]):
             self.shutdown()
         except Exception:
             pass
+
+
+class _PersistentEpoch:
+    """One epoch of a ``persistent_workers`` loader: its iterator (which the loader keeps
+    between epochs and which sees the loader only weakly), and the loader, held for as
+    long as the caller holds the epoch (``for b in DataLoader(...)`` works while nothing
+    else holds the loader). Everything else is the iterator's."""
+
+    __slots__ = ("_it", "_loader")
+
+    def __init__(self, it: MultiProcessIter, loader: DataLoader) -> None:
+        self._it = it
+        self._loader = loader
+
+    def __iter__(self) -> _PersistentEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        return self._it.__next__()
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
 
 
 class _EpochBatches(BatchSampler):
