@@ -1,0 +1,202 @@
+"""Hugging Face Accelerate with shmloader's workers: :func:`prepare`.
+
+``accelerator.prepare(loader)`` accepts a ``shmloader.DataLoader`` (it is a torch
+DataLoader where torch is imported) but rebuilds it as Accelerate's ``DataLoaderShard``:
+a plain ``torch.utils.data.DataLoader`` over the loader's dataset and batch sampler,
+with torch's workers. The shared-memory ring, zero-copy batches, shmloader's collate
+modes, ``state_dict``/``load_state_dict`` and the loader's own sharding are gone.
+Use instead::
+
+    from shmloader.integrations.accelerate import prepare
+
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    model, opt = accelerator.prepare(model, opt)
+    loader = prepare(accelerator, shmloader.DataLoader(ds, batch_size=64, shuffle=True, num_workers=8))
+    for x, y in loader:  # on accelerator.device, this rank's share
+        with accelerator.accumulate(model):
+            ...
+
+The returned :class:`AcceleratedLoader` iterates the shmloader loader itself and does
+what ``DataLoaderShard`` does around it: it moves batches to ``accelerator.device``,
+tells ``accelerator.gradient_state`` when an epoch begins and ends and marks the last
+batch (``end_of_dataloader``, found by looking one batch ahead) so gradient accumulation
+syncs on the last batch of every epoch, and it is saved and restored by
+``accelerator.save_state`` / ``load_state`` (``register_for_checkpointing``) with the
+loader's exact position. Sharding is the loader's: each rank loads a disjoint share of
+every epoch, by ``torch.distributed``'s rank and world size (which Accelerate
+initializes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["AcceleratedLoader", "prepare"]
+
+
+def prepare(
+    accelerator: Any,
+    loader: Any,
+    *,
+    device_placement: bool | None = None,
+    non_blocking: bool | None = None,
+    checkpoint: bool = True,
+) -> AcceleratedLoader:
+    """Wrap ``loader`` (a ``shmloader.DataLoader``) for ``accelerator``, keeping its workers.
+
+    ``device_placement`` (default: the accelerator's) moves every batch to
+    ``accelerator.device``; ``non_blocking`` (default: the accelerator's dataloader
+    config) makes those copies asynchronous (useful with ``pin_memory=True``).
+    ``checkpoint=True`` registers the wrapper with ``accelerator.register_for_checkpointing``
+    so ``save_state`` / ``load_state`` save and restore its position: call ``prepare``
+    in the same order on resume, as for every registered object.
+
+    Raises ``ValueError`` when the loader and the accelerator disagree on the rank or the
+    world size (the loader was built with ``distributed=False`` or an explicit ``rank``),
+    when the accelerator splits or dispatches batches (``split_batches=True``,
+    ``dispatch_batches=True``: the loader shards by sample instead; give it
+    ``batch_size // num_processes``), or when batches would be numpy arrays that cannot be
+    placed on the device (``output="numpy"``)."""
+    from shmloader.loader import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        raise TypeError(
+            f"prepare() takes a shmloader.DataLoader, got {type(loader).__name__}; give a torch "
+            "DataLoader to accelerator.prepare() instead."
+        )
+    if getattr(accelerator, "split_batches", False) or getattr(accelerator, "dispatch_batches", None):
+        raise ValueError(
+            "the accelerator splits or dispatches batches (split_batches=True or dispatch_batches=True), "
+            "but a shmloader loader loads each rank's own share: build the Accelerator without them and "
+            "give the loader batch_size // num_processes for the same global batch."
+        )
+    if device_placement is None:
+        device_placement = bool(getattr(accelerator, "device_placement", True))
+    if non_blocking is None:
+        non_blocking = bool(getattr(accelerator, "non_blocking", False))
+    if device_placement and getattr(loader, "output", "torch") == "numpy":
+        raise ValueError(
+            "the loader hands out numpy arrays (output='numpy'), which cannot be placed on "
+            f"{accelerator.device}: build it with output='torch' (the default where torch is "
+            "imported), or pass device_placement=False."
+        )
+    wrapped = AcceleratedLoader(
+        accelerator,
+        loader,
+        device=accelerator.device if device_placement else None,
+        non_blocking=non_blocking,
+    )
+    wrapped.check_sharding()
+    if checkpoint:
+        accelerator.register_for_checkpointing(wrapped)
+    return wrapped
+
+
+class AcceleratedLoader:
+    """A ``shmloader.DataLoader`` under an ``Accelerator`` (made by :func:`prepare`).
+
+    Iterating it iterates the loader (its workers, its ring, its sharding) one batch
+    ahead: ``end_of_dataloader`` is True while the epoch's last batch is out, which is
+    what ``accelerator.accumulate`` and ``gather_for_metrics`` read through
+    ``accelerator.gradient_state``. ``remainder`` is -1: the loader pads a rank's share by
+    wrapping around the epoch's order (as ``DistributedSampler``), not at the end of the
+    last gathered batch, so ``gather_for_metrics`` keeps those duplicates (drop them by
+    sample id, or use ``drop_last=True``).
+
+    ``state_dict()`` is the loader's position after the batches handed out to the
+    training loop (not the one looked ahead); ``load_state_dict`` resumes from it on the
+    next ``iter()``. Other attributes (``dataset``, ``batch_size``, ``sampler``,
+    ``set_epoch``, ``stats``, ...) are the loader's.
+    """
+
+    _is_accelerate_prepared = True  # accelerator.prepare_data_loader() keeps it as it is
+
+    def __init__(self, accelerator: Any, loader: Any, *, device: Any = None, non_blocking: bool = False):
+        self.accelerator = accelerator
+        self.loader = loader
+        self.device = device
+        self.non_blocking = non_blocking
+        self.gradient_state = accelerator.gradient_state
+        self.end_of_dataloader = False
+        self.remainder = -1
+        self._position: dict[str, Any] | None = None  # state after the last batch handed out
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples in one step of all processes together (as ``DataLoaderShard``'s)."""
+        return int(self.loader.batch_size or 1) * int(self.loader.world_size)
+
+    @property
+    def total_dataset_length(self) -> int:
+        """The dataset's length (as ``DataLoaderShard``'s)."""
+        return len(self.loader.dataset)
+
+    def check_sharding(self) -> None:
+        """Raise ``ValueError`` unless the loader shards by the accelerator's processes."""
+        want = (int(self.accelerator.process_index), int(self.accelerator.num_processes))
+        have = (int(self.loader.rank), int(self.loader.world_size))
+        if have != want:
+            raise ValueError(
+                f"the loader loads as rank {have[0]} of {have[1]} but this accelerator process is "
+                f"{want[0]} of {want[1]}: each process would not get its own share. Build the loader "
+                "with the default distributed='auto' (or rank=accelerator.process_index, "
+                "world_size=accelerator.num_processes)."
+            )
+
+    def __iter__(self) -> Iterator[Any]:
+        self.check_sharding()
+        self.end_of_dataloader = False
+        self._position = None
+        self.gradient_state._add_dataloader(self)
+        try:
+            it = iter(self.loader)
+            try:
+                current = next(it)
+            except StopIteration:
+                return
+            while True:
+                position = self.loader.state_dict()  # `current` handed out, nothing after it
+                try:
+                    following = next(it)
+                except StopIteration:
+                    following = None
+                    self.end_of_dataloader = True
+                self._position = position
+                yield self._place(current)
+                if self.end_of_dataloader:
+                    return
+                current = following
+        finally:
+            self._position = None
+            self.gradient_state._remove_dataloader(self)
+
+    def _place(self, batch: Any) -> Any:
+        if self.device is None:
+            return batch
+        from accelerate.utils import send_to_device
+
+        return send_to_device(batch, self.device, non_blocking=self.non_blocking)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position after the batches the training loop received (mid-epoch
+        included), as plain data (``DataLoader.state_dict``)."""
+        if self._position is not None:
+            return self._position
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state`` on the next ``iter()`` (``DataLoader.load_state_dict``)."""
+        self.loader.load_state_dict(state)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Load epoch ``epoch`` on the next ``iter()`` (``DataLoader.set_epoch``)."""
+        self.loader.set_epoch(epoch)

@@ -1,0 +1,150 @@
+"""Hugging Face Accelerate over shmloader, on CPU; records what each process trained on.
+
+Usage: ``python accelerate_run.py OUT single``, or under torchrun
+(``python -m torch.distributed.run --nproc_per_node 2 accelerate_run.py OUT ddp``).
+Each process writes ``<OUT>/<mode>_rank<r>.json``:
+
+- ``sync``: per loader route, per epoch, ``accelerator.sync_gradients`` after each step
+  under ``accelerator.accumulate`` ("S" synced, "." accumulated), for torch's DataLoader
+  through ``accelerator.prepare`` (the oracle), shmloader's through ``accelerator.prepare``
+  and through ``shmloader.integrations.accelerate.prepare``;
+- ``ids``: per route, per epoch, the sample ids of each batch (``ddp``: this rank's);
+- single only: ``save_state`` mid-epoch and at an epoch's last step, ``load_state`` in a
+  new Accelerator, the batches after it against the uninterrupted run; what
+  ``accelerate.skip_first_batches`` does on a shmloader loader.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.data_loader import skip_first_batches
+from common import BATCH, CLASSES, FEATURES, NumpySamples, ids, out_dir, write
+
+import shmloader
+from shmloader.integrations.accelerate import prepare
+
+warnings.filterwarnings("ignore")
+MODE = sys.argv[2]
+ACCUMULATE = 5  # 12 (single) or 6 (per rank, ddp) batches an epoch: ends off a multiple of it
+
+
+def shm_loader() -> shmloader.DataLoader:
+    return shmloader.DataLoader(
+        NumpySamples(), batch_size=BATCH, shuffle=True, num_workers=2, seed=0, output="torch"
+    )
+
+
+def torch_loader() -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.DataLoader(
+        NumpySamples(), batch_size=BATCH, shuffle=True, num_workers=2, generator=g
+    )
+
+
+def setup(accelerator: Accelerator) -> tuple:
+    torch.manual_seed(0)
+    net = torch.nn.Linear(FEATURES, CLASSES)
+    return accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+def train(accelerator: Accelerator, net, opt, loader, epochs: int = 2, stop=None) -> dict:
+    """Train ``epochs`` epochs; per epoch the sync flags and batch ids. ``stop(epoch, step)``
+    is called after each step (for save_state)."""
+    out: dict = {"sync": [], "ids": [], "devices": set()}
+    for epoch in range(epochs):
+        flags, seen = "", []
+        for step, (x, y, i) in enumerate(loader):
+            with accelerator.accumulate(net):
+                loss = F.cross_entropy(net(x), y)
+                accelerator.backward(loss)
+                opt.step()
+                opt.zero_grad()
+            flags += "S" if accelerator.sync_gradients else "."
+            seen.append(ids(i))
+            out["devices"].add(f"{type(x).__name__}:{x.device}")
+            if stop is not None:
+                stop(epoch, step)
+        out["sync"].append(flags)
+        out["ids"].append(seen)
+    out["devices"] = sorted(out["devices"])
+    return out
+
+
+def routes(record: dict) -> None:
+    """The same training through the three loader routes, one accelerator each."""
+    for route in ("torch", "accelerate_prepare", "shmloader_prepare"):
+        accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATE, cpu=True)
+        net, opt = setup(accelerator)
+        try:
+            if route == "torch":
+                loader = accelerator.prepare(torch_loader())
+            elif route == "accelerate_prepare":
+                loader = accelerator.prepare(shm_loader())
+            else:
+                loader = prepare(accelerator, shm_loader())
+            record[route] = train(accelerator, net, opt, loader)
+            record[route]["class"] = f"{type(loader).__module__}.{type(loader).__qualname__}"
+        except Exception as e:  # recorded: the test says which route must work
+            record[route] = {"error": f"{type(e).__name__}: {e}"}
+        accelerator.free_memory()
+
+
+def checkpoints(record: dict, folder: str) -> None:
+    """save_state mid-epoch 1 (after its 5th batch) and after epoch 0's last batch;
+    load_state each into a new Accelerator and loader; record the batches after it."""
+    accelerator = Accelerator(cpu=True)
+    net, opt = setup(accelerator)
+    loader = prepare(accelerator, shm_loader())
+    saved = {}
+
+    def stop(epoch: int, step: int) -> None:
+        if (epoch, step) in ((0, len(loader) - 1), (1, 4)):
+            path = os.path.join(folder, f"e{epoch}s{step}")
+            accelerator.save_state(path)
+            saved[path] = (epoch, step)
+
+    record["uninterrupted"] = train(accelerator, net, opt, loader, epochs=3, stop=stop)["ids"]
+    accelerator.free_memory()
+    for path, (epoch, step) in saved.items():
+        accelerator = Accelerator(cpu=True)
+        net, opt = setup(accelerator)
+        loader = prepare(accelerator, shm_loader())
+        accelerator.load_state(path)
+        # the rest of the saved epoch (empty at its last step), then the following one
+        rest = [ids(i) for _, _, i in loader]
+        following = [ids(i) for _, _, i in loader]
+        record[f"resumed_e{epoch}s{step}"] = {"epoch": epoch, "step": step, "rest": rest, "next": following}
+        accelerator.free_memory()
+
+
+def skip(record: dict) -> None:
+    """accelerate.skip_first_batches(loader, 3) on a shmloader loader: it must yield the
+    loader's batches 3.. of its next epoch, or fail loudly."""
+    expected = [ids(i) for _, _, i in shm_loader()][3:]
+    try:
+        got = [ids(batch[2]) for batch in skip_first_batches(shm_loader(), 3)]
+        record["skip_first_batches"] = {"expected": expected, "got": got}
+    except Exception as e:
+        record["skip_first_batches"] = {"expected": expected, "error": f"{type(e).__name__}: {e}"}
+
+
+def main() -> None:
+    record: dict = {}
+    routes(record)
+    if MODE == "single":
+        checkpoints(record, os.path.join(out_dir(), "states"))
+        skip(record)
+    rank = int(os.environ.get("RANK", 0))
+    write(f"{MODE}_rank{rank}", record)
+
+
+if __name__ == "__main__":
+    main()
