@@ -37,9 +37,7 @@ ACCUMULATE = 5  # 12 (single) or 6 (per rank, ddp) batches an epoch: ends off a 
 
 
 def shm_loader() -> shmloader.DataLoader:
-    return shmloader.DataLoader(
-        NumpySamples(), batch_size=BATCH, shuffle=True, num_workers=2, seed=0, output="torch"
-    )
+    return shmloader.DataLoader(NumpySamples(), batch_size=BATCH, shuffle=True, num_workers=2, seed=0)
 
 
 def torch_loader() -> torch.utils.data.DataLoader:
