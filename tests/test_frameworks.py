@@ -103,7 +103,11 @@ def test_tutorial_loop(kind):
     F = torch.nn.functional
     dataset = _datasets()[kind]
     ours = shmloader.DataLoader(dataset, batch_size=C.BATCH, num_workers=2)
-    theirs = torch.utils.data.DataLoader(dataset, batch_size=C.BATCH, num_workers=2)
+    # torch's batches, copied out of its shared memory (a failed assertion keeps them alive)
+    theirs = [
+        [v.clone() for v in b]
+        for b in torch.utils.data.DataLoader(dataset, batch_size=C.BATCH, num_workers=2)
+    ]
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(C.FEATURES, C.CLASSES))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     steps = 0
@@ -190,8 +194,9 @@ def test_lightning_one_device(tmp_path):
 @pytest.mark.timeout(300)
 def test_lightning_ddp_two_processes(tmp_path):
     """strategy="ddp" on 2 CPU processes (gloo): loader built in train_dataloader() and
-    built before fit() (before torch.distributed exists) and passed in: per epoch the
-    ranks' shares are disjoint, complete and equal; resume from a mid-epoch checkpoint and
+    built before fit() (before torch.distributed exists) and passed in, and with
+    use_distributed_sampler=False (the loader shards itself): per epoch the ranks' shares
+    are disjoint, complete and equal; resume from a mid-epoch checkpoint and
     from one at epoch 0's last step trains what the uninterrupted run did; Fabric with 2
     processes likewise."""
     run_script(tmp_path, os.path.join(SCRIPTS, "lightning_run.py"), str(tmp_path), "ddp", timeout=290)
@@ -199,7 +204,7 @@ def test_lightning_ddp_two_processes(tmp_path):
     for r in ranks:
         assert r["train_loader"].startswith("shmloader"), f"Lightning trained with {r['train_loader']}"
         assert r["types"] == ["Tensor", "torch.float32", "Tensor", "torch.int64"]
-    for fit in ("inside", "outside"):
+    for fit in ("inside", "outside", "own_sharding"):
         per_rank = [by_epoch(r[fit]) for r in ranks]
         for e in range(2):
             assert [len(p[e]) for p in per_rank] == [6, 6], f"{fit}, epoch {e}"

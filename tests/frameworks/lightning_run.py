@@ -10,8 +10,9 @@ be the loader's epoch e); then Fabric ``setup_dataloaders``.
 
 ddp: fit with the loader built inside ``train_dataloader()`` (checkpoints every 3 steps:
 mid-epoch and epoch 0's last step, 6), fit with a loader built before ``fit()`` (before
-torch.distributed exists) and passed in, a resume from each checkpoint, then Fabric
-``setup_dataloaders`` with two processes. Each rank writes ``<OUT>/<mode>_rank<r>.json``.
+torch.distributed exists) and passed in, fit with ``use_distributed_sampler=False`` (the
+loader shards itself), a resume from each checkpoint, then Fabric ``setup_dataloaders``
+with two processes. Each rank writes ``<OUT>/<mode>_rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ def main() -> None:
         model = Model()
         trainer(enable_checkpointing=False).fit(model, train_dataloaders=outside)
         record["outside"] = model.trained
+        # use_distributed_sampler=False: Lightning leaves the loader alone; it shards itself
+        model = InsideModel()
+        trainer(enable_checkpointing=False, use_distributed_sampler=False).fit(model)
+        record["own_sharding"] = model.trained
     else:
         # Lightning's epoch e is the loader's epoch e: iterating an identical loader by hand
         # gives the same orders (no extra iter() shifted the loader's epochs).
