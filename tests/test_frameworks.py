@@ -256,6 +256,8 @@ def test_accelerate_one_process(tmp_path):
     assert [len(e) for e in full] == [12, 12, 12]
     mid = r["resumed_e1s4"]
     assert mid["rest"] == full[1][5:] and mid["next"] == full[2], "load_state mid-epoch"
+    broke = r["resumed_break"]
+    assert broke["rest"] == full[0][5:] and broke["next"] == full[1], "load_state after a loop broke out"
     end = r["resumed_e0s11"]
     assert (end["rest"], end["next"]) == (full[1], full[2]), (
         "load_state at an epoch's last step: the next iter() must load the next epoch whole"

@@ -9,8 +9,9 @@ Each process writes ``<OUT>/<mode>_rank<r>.json``:
   through ``accelerator.prepare`` (the oracle), shmloader's through ``accelerator.prepare``
   and through ``shmloader.integrations.accelerate.prepare``;
 - ``ids``: per route, per epoch, the sample ids of each batch (``ddp``: this rank's);
-- single only: ``save_state`` mid-epoch and at an epoch's last step, ``load_state`` in a
-  new Accelerator, the batches after it against the uninterrupted run; what
+- single only: ``save_state`` mid-epoch (in the loop, and after a loop that broke out) and
+  at an epoch's last step, ``load_state`` in a new Accelerator, the batches after it
+  against the uninterrupted run; what
   ``accelerate.skip_first_batches`` does on a shmloader loader.
 """
 
@@ -111,6 +112,17 @@ def checkpoints(record: dict, folder: str) -> None:
 
     record["uninterrupted"] = train(accelerator, net, opt, loader, epochs=3, stop=stop)["ids"]
     accelerator.free_memory()
+    # a loop that breaks out after 5 batches of epoch 0, then saves
+    accelerator = Accelerator(cpu=True)
+    net, opt = setup(accelerator)
+    loader = prepare(accelerator, shm_loader())
+    for step, _ in enumerate(loader):
+        if step == 4:
+            break
+    path = os.path.join(folder, "break")
+    accelerator.save_state(path)
+    saved[path] = (0, 4)
+    accelerator.free_memory()
     for path, (epoch, step) in saved.items():
         accelerator = Accelerator(cpu=True)
         net, opt = setup(accelerator)
@@ -119,7 +131,8 @@ def checkpoints(record: dict, folder: str) -> None:
         # the rest of the saved epoch (empty at its last step), then the following one
         rest = [ids(i) for _, _, i in loader]
         following = [ids(i) for _, _, i in loader]
-        record[f"resumed_e{epoch}s{step}"] = {"epoch": epoch, "step": step, "rest": rest, "next": following}
+        name = os.path.basename(path) if path.endswith("break") else f"e{epoch}s{step}"
+        record[f"resumed_{name}"] = {"epoch": epoch, "step": step, "rest": rest, "next": following}
         accelerator.free_memory()
 
 

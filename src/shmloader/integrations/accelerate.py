@@ -105,9 +105,9 @@ class AcceleratedLoader:
     sample id, or use ``drop_last=True``).
 
     ``state_dict()`` is the loader's position after the batches handed out to the
-    training loop (not the one looked ahead); ``load_state_dict`` resumes from it on the
-    next ``iter()``. Other attributes (``dataset``, ``batch_size``, ``sampler``,
-    ``set_epoch``, ``stats``, ...) are the loader's.
+    training loop (not the one looked ahead, also after a loop that broke out);
+    ``load_state_dict`` resumes from it on the next ``iter()``. Other attributes
+    (``dataset``, ``batch_size``, ``sampler``, ``stats``, ...) are the loader's.
     """
 
     _is_accelerate_prepared = True  # accelerator.prepare_data_loader() keeps it as it is
@@ -173,10 +173,12 @@ class AcceleratedLoader:
                 self._position = position
                 yield self._place(current)
                 if self.end_of_dataloader:
+                    self._position = None  # the loader's own state: this epoch is done
                     return
                 current = following
         finally:
-            self._position = None
+            # A loop that broke out keeps _position: the loader already gave out the batch
+            # looked ahead, which the training loop never received.
             self.gradient_state._remove_dataloader(self)
 
     def _place(self, batch: Any) -> Any:
@@ -195,8 +197,10 @@ class AcceleratedLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` on the next ``iter()`` (``DataLoader.load_state_dict``)."""
+        self._position = None
         self.loader.load_state_dict(state)
 
     def set_epoch(self, epoch: int) -> None:
         """Load epoch ``epoch`` on the next ``iter()`` (``DataLoader.set_epoch``)."""
+        self._position = None
         self.loader.set_epoch(epoch)
