@@ -36,6 +36,13 @@ class NumpySamples:
         return x, np.int64(i % CLASSES), i
 
 
+class NumpyPairs(NumpySamples):
+    """Sample i: ``(x, y)`` of :class:`NumpySamples` (the tutorial loop's shape)."""
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.int64]:
+        return super().__getitem__(i)[:2]
+
+
 class IntLabelled:
     """torchvision-like: sample i is ``(image, label)``, a float32 CHW tensor and a Python
     int (as ``datasets.FakeData(transform=ToTensor())`` gives)."""
