@@ -158,6 +158,7 @@ def main() -> None:
         fabric_ids.append(ids(i))
     record["fabric"] = fabric_ids
     write(f"{MODE}_rank{rank}", record)
+    barrier()  # rank 0 (the test's child) exits only once every rank has written
 
 
 if __name__ == "__main__":
