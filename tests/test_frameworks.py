@@ -291,3 +291,38 @@ def test_accelerate_torchrun_two_processes(tmp_path):
     for route in ("torch", "accelerate_prepare", "shmloader_prepare"):
         for e in range(2):
             assert_shards([r[route]["ids"][e] for r in ranks])
+
+
+@pytest.mark.timeout(30)
+def test_accelerate_adapter_refuses_what_it_cannot_honour():
+    """prepare() fails loudly, naming the remedy, where the wrapped loader would not load
+    this process's share as Accelerate expects (no Accelerate needed: a stand-in)."""
+    from types import SimpleNamespace
+
+    from shmloader.integrations.accelerate import prepare
+
+    def accelerator(**kw):
+        base = dict(
+            device=torch.device("cpu"),
+            process_index=0,
+            num_processes=1,
+            split_batches=False,
+            dispatch_batches=None,
+            device_placement=True,
+            non_blocking=False,
+            gradient_state=None,
+            register_for_checkpointing=lambda *objects: None,
+        )
+        return SimpleNamespace(**{**base, **kw})
+
+    loader = shmloader.DataLoader(C.NumpySamples(8), batch_size=4, output="torch")
+    with pytest.raises(ValueError, match="rank 0 of 1 but this accelerator process is 1 of 2"):
+        prepare(accelerator(process_index=1, num_processes=2), loader)
+    with pytest.raises(ValueError, match="batch_size // num_processes"):
+        prepare(accelerator(split_batches=True), loader)
+    with pytest.raises(ValueError, match="output='torch'"):
+        prepare(accelerator(), shmloader.DataLoader(C.NumpySamples(8), batch_size=4, output="numpy"))
+    with pytest.raises(TypeError, match=r"accelerator\.prepare"):
+        prepare(accelerator(), torch.utils.data.DataLoader(C.NumpySamples(8)))
+    wrapped = prepare(accelerator(), loader)
+    assert len(wrapped) == 2 and wrapped.dataset is loader.dataset and wrapped.total_batch_size == 4
