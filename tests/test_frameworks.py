@@ -260,10 +260,13 @@ def test_accelerate_one_process(tmp_path):
     assert (end["rest"], end["next"]) == (full[1], full[2]), (
         "load_state at an epoch's last step: the next iter() must load the next epoch whole"
     )
-    skip = r["skip_first_batches"]
-    assert "error" in skip or skip["got"] == skip["expected"], (
-        "accelerate.skip_first_batches on a shmloader loader silently yielded other batches"
-    )
+    for case in ("kept", "dropped"):  # the loader kept by the caller, or dropped at once
+        skip = r[f"skip_first_batches_{case}"]
+        assert "error" in skip or skip["got"] == skip["expected"], (
+            f"accelerate.skip_first_batches on a shmloader loader ({case}) silently yielded other batches"
+        )
+    kept = r["skip_first_batches_kept"]
+    assert kept["loader_after"] == kept["expected"], "skip_first_batches moved the loader's epoch"
 
 
 @needs_accelerate

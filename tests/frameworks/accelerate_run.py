@@ -138,13 +138,19 @@ def checkpoints(record: dict, folder: str) -> None:
 
 def skip(record: dict) -> None:
     """accelerate.skip_first_batches(loader, 3) on a shmloader loader: it must yield the
-    loader's batches 3.. of its next epoch, or fail loudly."""
+    loader's batches 3.. of its next epoch, or fail loudly; with the loader kept (its next
+    epoch is then still those batches), and with the loader dropped once it returned."""
     expected = [ids(i) for _, _, i in shm_loader()][3:]
-    try:
-        got = [ids(batch[2]) for batch in skip_first_batches(shm_loader(), 3)]
-        record["skip_first_batches"] = {"expected": expected, "got": got}
-    except Exception as e:
-        record["skip_first_batches"] = {"expected": expected, "error": f"{type(e).__name__}: {e}"}
+    loader = shm_loader()
+    for case in ("kept", "dropped"):
+        try:
+            # "dropped": the loader is a temporary, gone once skip_first_batches returned
+            skipped = skip_first_batches(loader if case == "kept" else shm_loader(), 3)
+            got = [ids(batch[2]) for batch in skipped]
+            record[f"skip_first_batches_{case}"] = {"expected": expected, "got": got}
+        except Exception as e:
+            record[f"skip_first_batches_{case}"] = {"expected": expected, "error": f"{type(e).__name__}: {e}"}
+    record["skip_first_batches_kept"]["loader_after"] = [ids(i) for _, _, i in loader][3:]
 
 
 def main() -> None:
