@@ -227,7 +227,7 @@ def _check_routes(r: dict) -> None:
     every epoch), through accelerator.prepare and through shmloader's adapter."""
     torch_route = r["torch"]
     assert "error" not in torch_route, torch_route
-    for route in ("accelerate_prepare", "shmloader_prepare"):
+    for route in ("accelerate_prepare", "accelerate_prepare_kept", "shmloader_prepare"):
         got = r[route]
         assert "error" not in got, f"{route}: {got['error']}"
         assert got["sync"] == torch_route["sync"], (
@@ -247,7 +247,7 @@ def test_accelerate_one_process(tmp_path):
     r = load(tmp_path, "single_rank0")
     _check_routes(r)
     assert r["torch"]["sync"] == ["....S....S.S"] * 2
-    for route in ("accelerate_prepare", "shmloader_prepare"):
+    for route in ("accelerate_prepare", "accelerate_prepare_kept", "shmloader_prepare"):
         for epoch in r[route]["ids"]:
             assert_shards([epoch])
     full = r["uninterrupted"]
@@ -291,7 +291,7 @@ def test_accelerate_torchrun_two_processes(tmp_path):
     for r in ranks:
         _check_routes(r)
         assert r["torch"]["sync"] == ["....SS"] * 2
-    for route in ("torch", "accelerate_prepare", "shmloader_prepare"):
+    for route in ("torch", "accelerate_prepare", "accelerate_prepare_kept", "shmloader_prepare"):
         for e in range(2):
             assert_shards([r[route]["ids"][e] for r in ranks])
 

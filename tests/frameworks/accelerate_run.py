@@ -77,22 +77,33 @@ def train(accelerator: Accelerator, net, opt, loader, epochs: int = 2, stop=None
     return out
 
 
+ROUTES = ("torch", "accelerate_prepare", "accelerate_prepare_kept", "shmloader_prepare")
+
+
 def routes(record: dict) -> None:
-    """The same training through the three loader routes, one accelerator each."""
-    for route in ("torch", "accelerate_prepare", "shmloader_prepare"):
+    """The same training through each loader route, one accelerator each:
+    ``accelerate_prepare`` as Accelerate's examples write it (``dl = accelerator.prepare(dl)``
+    drops the shmloader loader), ``accelerate_prepare_kept`` with the shmloader loader
+    still referenced by the caller while the prepared one trains."""
+    for route in ROUTES:
         accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATE, cpu=True)
         net, opt = setup(accelerator)
+        original = None
         try:
             if route == "torch":
                 loader = accelerator.prepare(torch_loader())
             elif route == "accelerate_prepare":
                 loader = accelerator.prepare(shm_loader())
+            elif route == "accelerate_prepare_kept":
+                original = shm_loader()
+                loader = accelerator.prepare(original)
             else:
                 loader = prepare(accelerator, shm_loader())
             record[route] = train(accelerator, net, opt, loader)
             record[route]["class"] = f"{type(loader).__module__}.{type(loader).__qualname__}"
         except Exception as e:  # recorded: the test says which route must work
             record[route] = {"error": f"{type(e).__name__}: {e}"}
+        del original
         accelerator.free_memory()
 
 
