@@ -188,7 +188,7 @@ def test_ints_no_int64_holds_are_an_error(nw, items):
 @WORKERS
 def test_int64_bounds_are_kept_exactly(nw):
     items = [2**63 - 1, -(2**63)]
-    (ours,) = DataLoader(Items(items), batch_size=2, num_workers=nw)
+    (ours,) = DataLoader(Items(items), batch_size=2, num_workers=nw, output="numpy")
     (theirs,) = TorchLoader(Items(items), batch_size=2)
     assert ours.dtype == np.int64 and ours.tolist() == theirs.tolist() == items
 
@@ -346,7 +346,7 @@ def test_default_collate_refuses_numpy_only_dtypes_with_torch_output_as_torch_do
     ours, exc = run(DataLoader(NumpyOnly(), batch_size=2, num_workers=nw, output="torch"))
     assert ours == [] and isinstance(t_exc, TypeError)
     assert isinstance(exc, BatchTypeError) and "output='torch'" in str(exc)
-    (first, *_), _ = run(DataLoader(NumpyOnly(), batch_size=2, num_workers=nw))  # numpy: a superset
+    (first, *_), _ = run(DataLoader(NumpyOnly(), batch_size=2, num_workers=nw, output="numpy"))  # a superset
     assert first["u"].dtype == "<U1" and first["t"].dtype == "datetime64[D]"
 
 

@@ -384,7 +384,7 @@ def test_ctrl_c(method):
             proc.communicate()
     child = _parse(proc.returncode, out, err, 0.0, time.monotonic())
     data = assert_clean(child, pids)
-    assert data["interrupts"] == 1
+    assert data["interrupts"] == 1, (data, err[-3000:])
     assert data["left"] == []
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 

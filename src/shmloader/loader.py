@@ -15,6 +15,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from types import SimpleNamespace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -230,11 +231,6 @@ class DataLoader(Generic[T_co]):
             own_shuffle=not self.iterable and sampler is None and shuffle,
             own_batching=not self.iterable and batch_sampler is None,
         )
-        self._rng = (
-            generator
-            if isinstance(generator, np.random.Generator)
-            else np.random.default_rng(self._cursor.seed)
-        )
         self.output = output
         # Rank and world size are read at each epoch (and len()), not frozen here: a loader
         # made before torch.distributed is initialized shards once it is. Checked now, so a
@@ -249,12 +245,26 @@ class DataLoader(Generic[T_co]):
             self.batch_size = batch_size
         else:
             if sampler is None:
-                sampler = (
-                    RandomSampler(dataset, generator=self._rng) if shuffle else SequentialSampler(dataset)
-                )
+                sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
             if batch_size is not None and batch_sampler is None:
                 batch_sampler = _EpochBatches(sampler, batch_size, drop_last)
-                batch_sampler._loader = weakref.ref(self)
+                # What it needs of this loader to tell its next epoch (the cursor, and
+                # the sampling attributes, fixed after construction): no reference to
+                # the loader, whose ring and workers must go when it is dropped.
+                batch_sampler._epoch_of = (
+                    self._cursor,
+                    SimpleNamespace(
+                        iterable=False,
+                        sampler=sampler,
+                        batch_sampler=None,
+                        batch_size=batch_size,
+                        drop_last=drop_last,
+                        dataset=dataset,
+                        num_workers=num_workers,
+                        rank=0,
+                        world_size=1,
+                    ),
+                )
             self.sampler = sampler
             self.batch_sampler = batch_sampler
             self.batch_size = batch_size
@@ -507,19 +517,20 @@ class _PersistentEpoch:
 
 class _EpochBatches(BatchSampler):
     """The batch sampler a loader makes for itself (``loader.batch_sampler``). Iterated
-    by anything but the loader, it yields the index lists the loader's next epoch loads on
-    this rank (:func:`shmloader.state.upcoming_batches`), not a draw of its own: code that
-    rebuilds a loader over it (``accelerate.skip_first_batches``) gets this loader's
-    batches. Made anew by a framework (Lightning's sampler injection), it is a plain
-    :class:`~shmloader.BatchSampler`."""
+    by anything but the loader (which reads its sampler directly), it yields the global
+    index lists of the loader's next epoch (:func:`shmloader.state.upcoming_batches`),
+    not a draw of its own: code that rebuilds a loader over it
+    (``accelerate.skip_first_batches``, ``accelerator.prepare``) gets this loader's
+    batches, and shards them itself. Made anew by a framework (Lightning's sampler
+    injection), it is a plain :class:`~shmloader.BatchSampler`."""
 
-    _loader: weakref.ref | None = None
+    _epoch_of: tuple[Any, SimpleNamespace] | None = None  # (cursor, sampling attributes)
 
     def __iter__(self) -> Iterator[list[Any]]:
-        loader = self._loader() if self._loader is not None else None
-        if loader is None:
+        if self._epoch_of is None:
             return super().__iter__()
-        return iter(_state.upcoming_batches(loader, loader._cursor))
+        cursor, shape = self._epoch_of
+        return iter(_state.upcoming_batches(shape, cursor))
 
 
 def _warn_if_more_workers_than_cores(num_workers: int) -> None:

@@ -11,6 +11,7 @@ Where torch is imported, a sampler made here is also an instance of its torch co
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any, Generic, TypeVar
 
@@ -80,8 +81,18 @@ class RandomSampler(Sampler):
         """How many indices one pass yields."""
         return len(self.data_source) if self._num_samples is None else self._num_samples
 
+    # Set by the loader that made this sampler: the order of the epoch it is beginning,
+    # for its next iter() only. ``generator`` stays the user's (None as torch's), so a
+    # framework may set a torch Generator and synchronize it (Accelerate does).
+    _epoch_rng: np.random.Generator | None = None
+
     def __iter__(self) -> Iterator[int]:
-        rng = self.generator if self.generator is not None else np.random.default_rng()
+        rng, self._epoch_rng = self._epoch_rng, None
+        if rng is None:
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(self.generator, torch.Generator):
+                return self._torch_order(torch, self.generator)
+            rng = self.generator if self.generator is not None else np.random.default_rng()
         n = len(self.data_source)
         if self.replacement:
             return iter(rng.integers(0, n, self.num_samples).tolist())
@@ -91,6 +102,17 @@ class RandomSampler(Sampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def _torch_order(self, torch: Any, generator: Any) -> Iterator[int]:
+        """torch's RandomSampler's draws from a torch ``Generator`` (one a framework set,
+        as Accelerate does to give every process the same order)."""
+        n = len(self.data_source)
+        if self.replacement:
+            return iter(torch.randint(high=n, size=(self.num_samples,), generator=generator).tolist())
+        full, rest = divmod(self.num_samples, n) if n else (0, 0)
+        order = [torch.randperm(n, generator=generator).tolist() for _ in range(full)]
+        order.append(torch.randperm(n, generator=generator).tolist()[:rest])
+        return iter([i for part in order for i in part])
 
 
 class BatchSampler(Sampler):

@@ -178,7 +178,7 @@ def begin_epoch(loader: Any, cursor: Cursor) -> EpochPlan:
         if unit == "samples":
             plan.step = loader.batch_size if loader.batch_size is not None else 1
             if cursor.own_shuffle:
-                sampler.generator = order_rng(seed, key)
+                sampler._epoch_rng = order_rng(seed, key)
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
@@ -226,12 +226,14 @@ def set_epoch(cursor: Cursor, epoch: int) -> None:
 
 
 def upcoming_batches(loader: Any, cursor: Cursor) -> list[list[Any]]:
-    """The index lists the loader's next epoch loads on this rank (after a loaded
-    position: the rest of it), worked out without moving the cursor. What the loader's
-    own batch sampler yields when something else iterates it: a framework that rebuilds a
-    loader over ``loader.batch_sampler`` (``accelerate.skip_first_batches``) then loads
-    the batches this loader would. With ``generator=`` the next epoch's seed is drawn
-    only when that epoch begins, so the current seed stands in for it."""
+    """The index lists ``loader``'s next epoch loads (after a loaded position: the rest
+    of it), worked out without moving the cursor; ``loader`` is any object with the
+    loader's sampling attributes (rank 0 of 1 gives the whole epoch's batches, as a torch
+    BatchSampler yields them). What the loader's own batch sampler yields when something
+    else iterates it: a framework that rebuilds a loader over ``loader.batch_sampler``
+    (``accelerate.skip_first_batches``, Accelerate's ``BatchSamplerShard``, which shards
+    them itself) then loads the batches this loader would. With ``generator=`` the next
+    epoch's seed is drawn only when that epoch begins, so the current seed stands in."""
     saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
     cursor.draw_seed = lambda: cursor.seed
     try:
