@@ -599,6 +599,12 @@ _KEEP: Any = None
 
 def case_interrupted(method: str) -> dict[str, Any]:
     """Iterate a slow epoch; the test sends SIGINT to the process group."""
+    # How this process receives SIGINT (a disposition or mask inherited from the test
+    # process would keep the Ctrl-C from ever arriving; the test reports it).
+    sigint = {
+        "handler": str(signal.getsignal(signal.SIGINT)),
+        "blocked": signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+    }
     dl = _loader(Arange(n=400, sleep=0.02), method)
     it = iter(dl)
     pids = worker_pids(it)
@@ -614,7 +620,7 @@ def case_interrupted(method: str) -> dict[str, Any]:
     del it, dl
     gc.collect()
     left = wait_gone(pids, 3)
-    return {"interrupts": interrupts, "batches": n, "pids": pids, "left": left}
+    return {"interrupts": interrupts, "batches": n, "pids": pids, "left": left, "sigint": sigint}
 
 
 def case_victim(method: str, mode: str) -> dict[str, Any]:

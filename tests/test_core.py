@@ -457,7 +457,9 @@ def test_worker_exception_is_reraised_with_context_and_iteration_goes_on(method)
 
 def test_worker_death_is_reported_at_once(method):
     dl = DataLoader(D.Killer(), batch_size=2, num_workers=2, multiprocessing_context=method)
-    with pytest.raises(WorkerDiedError, match=r"pid \d+\) was killed by signal SIGKILL") as info:
+    with pytest.raises(
+        WorkerDiedError, match=r"DataLoader worker \(pid \d+\) is killed by signal: Killed \(SIGKILL\)"
+    ) as info:
         list(dl)
     assert info.value.exitcode == -9
 

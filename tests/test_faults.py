@@ -133,7 +133,7 @@ def test_worker_death(method, tmp_path):
         expected = {
             "sigkill": ("SIGKILL", -9),
             "segv": ("SIGSEGV", -11),
-            "exit3": ("exited with code 3", 3),
+            "exit3": ("exited unexpectedly with exit code 3", 3),
         }
         text, code = expected[case["mode"]]
         assert text in msg and err["exitcode"] == code, (label, msg)

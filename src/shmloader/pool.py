@@ -280,27 +280,29 @@ class WorkerPool:
         proc = worker.proc
         proc.join(0.1)
         code = proc.exitcode
+        # The first words are torch's, so code and tests matching torch's text still do.
+        advice = ""
         if code is not None and code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            how = f"was killed by signal {name}"
+            how = f"is killed by signal: {signal.strsignal(-code) or name} ({name})"
             if -code == signal.SIGKILL:
-                how += (
-                    " (SIGKILL usually comes from the kernel's out-of-memory killer: check "
-                    "`dmesg`, and lower batch_size, num_workers or the dataset's memory use)"
+                advice = (
+                    " SIGKILL usually comes from the kernel's out-of-memory killer: check "
+                    "`dmesg`, and lower batch_size, num_workers or the dataset's memory use."
                 )
         elif code is not None:
-            how = f"exited with code {code}"
+            how = f"exited unexpectedly with exit code {code}"
         else:
-            how = "closed its connection unexpectedly"
+            how = "exited unexpectedly (it closed its connection)"
         what = f" while loading batch {batch}" if batch is not None else ""
         if batch is not None and indices is not None:
             what += f" (sample indices {short_indices(indices)})"
         return WorkerDiedError(
-            f"DataLoader worker {worker.id} (pid {proc.pid}) {how}{what}. The other workers "
-            "were stopped; start a new iteration to go on.",
+            f"DataLoader worker (pid {proc.pid}) {how}: worker {worker.id}{what}. The other "
+            f"workers were stopped; start a new iteration to go on.{advice}",
             worker_id=worker.id,
             pid=proc.pid,
             exitcode=code,
