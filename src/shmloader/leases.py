@@ -436,12 +436,13 @@ def limit_error(
         return RingLimitError(
             f"{cause[0].upper()}{cause[1:]} leaves {memory.mib(budget.bytes)}, and the loader "
             f"takes at most half of it by default (max_shm_bytes={max_shm_bytes} bytes); its next "
-            f"ring needs {need} bytes{mapped}. To fix it: {budget.remedy()}, or pass a larger "
-            "max_shm_bytes."
+            f"ring needs {need} bytes{mapped}. To fix it: {budget.remedy()}, pass a larger "
+            "max_shm_bytes, or ask for a smaller ring with a lower num_slots or prefetch_factor."
         )
     return RingLimitError(
         f"max_shm_bytes={max_shm_bytes} bytes (passed to the loader) is too small: the loader's "
-        f"next ring needs {need} bytes{mapped}. Pass a larger max_shm_bytes, or {fewer}." + hint
+        f"next ring needs {need} bytes{mapped}. Pass a larger max_shm_bytes, or {fewer}, or ask for a "
+        "smaller ring with a lower num_slots or prefetch_factor." + hint
     )
 
 

@@ -35,6 +35,11 @@ from typing import Any
 
 import numpy as np
 
+try:
+    import posix_ipc  # the posix backend's shm_open
+except ImportError:  # pragma: no cover - a system without it uses memfd only
+    posix_ipc = None
+
 from shmloader import fdguard, memory
 from shmloader._slots import Mapping, StateArray
 from shmloader.errors import ShmBackendError, ShmSpaceError
@@ -261,8 +266,11 @@ def _create_segment(kind: str, *, explicit: bool) -> tuple[int, str]:
 
 def _create_unlinked_segment() -> int:
     """Create a new POSIX segment with a fresh random name (O_EXCL, 0600) and unlink it at once."""
-    import posix_ipc  # only the posix backend needs it
-
+    if posix_ipc is None:
+        raise ShmBackendError(
+            "the posix shared-memory backend needs the posix_ipc package, which is not "
+            "installed: pip install posix_ipc, or use shm_backend='memfd' (Linux)."
+        )
     for _ in range(_NAME_ATTEMPTS):
         name = f"/shmloader-{os.getpid()}-{secrets.token_hex(8)}"
         try:
