@@ -262,7 +262,7 @@ class Leases:
         if fit is None:
             need = ring_bytes(least, slot_bytes)
             text = (
-                f"{why[0].upper()}{why[1:]}; the loader's shared-memory ring needs at least "
+                f"{_sentence(why)}; the loader's shared-memory ring needs at least "
                 f"{memory.mib(need)} ({least} slots of {memory.mib(slot_bytes)}: one batch in "
                 f"flight per worker, the batch being handed out and the previous one)."
             )
@@ -398,6 +398,12 @@ os.register_at_fork(before=_note_fork, after_in_parent=_note_fork, after_in_chil
 # --- errors -------------------------------------------------------------------------------
 
 
+def _sentence(text: str) -> str:
+    """``text`` as a sentence's start: capitalized, unless it starts with a name
+    (``max_shm_bytes=...``, ``/dev/shm``)."""
+    return text if text.startswith(("max_shm_bytes", "/")) else text[0].upper() + text[1:]
+
+
 def _user_stacklevel() -> int:
     """The stacklevel of the first caller outside this package (the user's loop), so a
     warning points at the user's line, not at the loader's insides."""
@@ -432,9 +438,8 @@ def limit_error(
         )
     mapped = f" (the loader's rings already map {pinned} bytes)" if pinned else ""
     if budget is not None and budget.bytes is not None:
-        cause = budget.cause()
         return RingLimitError(
-            f"{cause[0].upper()}{cause[1:]} leaves {memory.mib(budget.bytes)}, and the loader "
+            f"{_sentence(budget.cause())} leaves {memory.mib(budget.bytes)}, and the loader "
             f"takes at most half of it by default (max_shm_bytes={max_shm_bytes} bytes); its next "
             f"ring needs {need} bytes{mapped}. To fix it: {budget.remedy()}, pass a larger "
             "max_shm_bytes, or ask for a smaller ring with a lower num_slots or prefetch_factor."

@@ -29,8 +29,8 @@ SHM_DIR = "/dev/shm"
 
 
 def mib(n: float) -> str:
-    """``n`` bytes as MiB with one decimal, for messages."""
-    return f"{n / 2**20:.1f} MiB"
+    """``n`` bytes as MiB with one decimal for messages (as bytes below 1 MiB)."""
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{int(n)} bytes"
 
 
 # --- the machine ----------------------------------------------------------------------------

@@ -292,11 +292,15 @@ def _create_unlinked_segment() -> int:
 def _space_error(budget: memory.Budget, total: int, num_slots: int, slot_bytes: int) -> ShmSpaceError:
     have = "an unknown amount" if budget.bytes is None else memory.mib(budget.bytes)
     return ShmSpaceError(
-        f"{budget.cause()[0].upper()}{budget.cause()[1:]} leaves {have} for the loader's "
+        f"{_sentence(budget.cause())} leaves {have} for the loader's "
         f"shared-memory ring, which needs {total} bytes ({memory.mib(total)}: {num_slots} "
         f"slots of {slot_bytes} bytes, backend {budget.backend!r}). To fix it: {budget.remedy()}; "
         "or ask for a smaller ring with a lower num_slots or prefetch_factor."
     )
+
+
+def _sentence(text: str) -> str:
+    return text if text.startswith("/") else text[0].upper() + text[1:]
 
 
 def _check_room(kind: str, total: int, num_slots: int, slot_bytes: int) -> None:
