@@ -287,6 +287,32 @@ def test_cgroup_v2_limits_are_read_up_the_hierarchy(tmp_path):
     assert memory.cgroup_limit(str(root), str(proc)).version == 2
 
 
+def test_a_container_sees_its_own_cgroup_at_the_mount_root(tmp_path):
+    """Docker on cgroup v1 without a cgroup namespace: /proc/self/cgroup names
+    /docker/ID, and that cgroup is bind-mounted on /sys/fs/cgroup/memory (mountinfo's
+    root field): its files are read at the mount, not at mount + /docker/ID."""
+    mnt = tmp_path / "memory"
+    _write(mnt / "memory.limit_in_bytes", f"{512 * 2**20}\n")
+    _write(mnt / "memory.usage_in_bytes", f"{100 * 2**20}\n")
+    _write(mnt / "memory.stat", "cache 0\ntotal_inactive_file 0\n")
+    proc = tmp_path / "cgroup.txt"
+    proc.write_text("9:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        f"31 23 0:28 / {tmp_path} rw - tmpfs tmpfs rw\n"
+        f"35 31 0:32 /docker/abc {mnt} rw,relatime - cgroup cgroup rw,memory\n"
+    )
+    cg = memory.cgroup_limit(proc_cgroup=str(proc), mountinfo=str(info))
+    assert (cg.version, cg.path, cg.limit, cg.headroom) == (1, "/docker/abc", 512 * 2**20, 412 * 2**20)
+    # cgroup v2 with a cgroup namespace: "0::/" and the container's cgroup is the mount.
+    _write(tmp_path / "unified" / "memory.max", f"{2**30}\n")
+    _write(tmp_path / "unified" / "memory.current", "0\n")
+    proc.write_text("0::/\n")
+    info.write_text(f"40 31 0:40 / {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw\n")
+    cg = memory.cgroup_limit(proc_cgroup=str(proc), mountinfo=str(info))
+    assert (cg.version, cg.path, cg.limit) == (2, "/", 2**30)
+
+
 def _own_v1_memory_cgroup() -> str:
     v1, _ = memory._own_cgroups("/proc/self/cgroup")
     base = os.path.join(memory.CGROUP_ROOT, "memory")

@@ -68,8 +68,12 @@ def _budget_text(budget: Any) -> str:
         f"the {budget.backend} backend can use {_mib(budget.bytes) if budget.bytes else 'an unknown amount'}"
     ]
     if budget.limit:
-        names = {"cgroup": "the cgroup's limit", "machine": "the machine's available memory"}
-        parts.append(f"bound by {names.get(budget.limit, budget.limit + ' free space')}")
+        names = {
+            "cgroup": "the cgroup's limit",
+            "machine": "the machine's available memory",
+            "/dev/shm": "/dev/shm's free space",
+        }
+        parts.append(f"bound by {names.get(budget.limit, budget.limit)}")
     parts.append(f"MemAvailable {avail}")
     parts.append(cg_text)
     if budget.shm_free is not None:

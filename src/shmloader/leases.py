@@ -3,9 +3,12 @@
 A :class:`Leases` holds a loader's current ring (where new batches go) and counts the
 retired ones (rings that grew or were shared with a forked child: freed when the last
 batch viewing them dies). It applies the sizing policy (also used by ``shmloader doctor``
-and ``shmloader bench``), claims slots for tasks, grows the ring when the consumer holds
-every slot, and leases a handed-out slot to its batch: the slot returns to FREE when the
-batch's root array dies.
+and ``shmloader bench``): the bound is ``max_shm_bytes`` (default: half of what the
+backend can give, :mod:`shmloader.memory`), and the first ring gets fewer slots than the
+default where memory is short, down to one in flight per worker plus two, with one
+:class:`~shmloader.errors.RingSizeWarning`. It claims slots for tasks, grows the ring
+when the consumer holds every slot, and leases a handed-out slot to its batch: the slot
+returns to FREE when the batch's root array dies.
 
 Three rules keep a held slot from being rewritten:
 

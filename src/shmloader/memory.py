@@ -142,49 +142,103 @@ def _ancestors(path: str) -> list[str]:
         path = os.path.dirname(path)
 
 
-def cgroup_v2_limit(root: str, path: str) -> CgroupLimit | None:
-    """The tightest ``memory.max`` over cgroup ``path`` (unified hierarchy mounted at
-    ``root``) and its ancestors: the one with the least headroom; None where none is set."""
-    tightest = None
+def _dirs(mount: str, mount_root: str, path: str) -> list[tuple[str, str]]:
+    """(cgroup path, its directory) for ``path`` and each ancestor visible under a
+    hierarchy mounted at ``mount`` whose root is the cgroup ``mount_root`` (a container
+    sees its own cgroup as the mount's root, e.g. /docker/ID bind-mounted on
+    /sys/fs/cgroup/memory: the ancestors above it cannot be read from inside)."""
+    mount_root = "/" + mount_root.strip("/")
+    out = []
     for cg in _ancestors(path):
-        d = os.path.join(root, cg.lstrip("/"))
-        limit = _read_int(os.path.join(d, "memory.max"))
-        if limit is None:  # "max", absent (the root has none) or unreadable
+        if mount_root == "/":
+            rel = cg
+        elif cg == mount_root or cg.startswith(mount_root + "/"):
+            rel = cg[len(mount_root) :]
+        else:
             continue
-        usage = _read_int(os.path.join(d, "memory.current")) or 0
-        found = CgroupLimit(2, cg, limit, usage, _stat_value(os.path.join(d, "memory.stat"), "inactive_file"))
+        out.append((cg, os.path.join(mount, rel.lstrip("/"))))
+    if not out:  # a path outside the mount (another namespace's view): the mount is ours
+        out.append((path, mount))
+    return out
+
+
+def _tightest(version: int, dirs: list[tuple[str, str]]) -> CgroupLimit | None:
+    limit_file, usage_file, cache_key = (
+        ("memory.max", "memory.current", "inactive_file")
+        if version == 2
+        else ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    )
+    tightest = None
+    for cg, d in dirs:
+        limit = _read_int(os.path.join(d, limit_file))
+        if limit is None:  # "max", no limit, absent (the v2 root has none) or unreadable
+            continue
+        usage = _read_int(os.path.join(d, usage_file)) or 0
+        found = CgroupLimit(version, cg, limit, usage, _stat_value(os.path.join(d, "memory.stat"), cache_key))
         if tightest is None or found.headroom < tightest.headroom:
             tightest = found
     return tightest
 
 
-def cgroup_v1_limit(root: str, path: str) -> CgroupLimit | None:
+def cgroup_v2_limit(mount: str, path: str, mount_root: str = "/") -> CgroupLimit | None:
+    """The tightest ``memory.max`` over cgroup ``path`` (the unified hierarchy mounted at
+    ``mount``, whose root is cgroup ``mount_root``) and its visible ancestors: the one
+    with the least headroom; None where none is set."""
+    return _tightest(2, _dirs(mount, mount_root, path))
+
+
+def cgroup_v1_limit(mount: str, path: str, mount_root: str = "/") -> CgroupLimit | None:
     """The tightest ``memory.limit_in_bytes`` over cgroup ``path`` (the v1 memory
-    controller mounted at ``root``) and its ancestors; None where none is set. (A
-    parent's limit binds its children: memory.stat's ``hierarchical_memory_limit``.)"""
-    tightest = None
-    for cg in _ancestors(path):
-        d = os.path.join(root, cg.lstrip("/"))
-        limit = _read_int(os.path.join(d, "memory.limit_in_bytes"))
-        if limit is None:
+    controller mounted at ``mount``) and its visible ancestors; None where none is set.
+    (A parent's limit binds its children, as memory.stat's ``hierarchical_memory_limit``
+    says; walking up also gives the parent's usage, which its other children share.)"""
+    return _tightest(1, _dirs(mount, mount_root, path))
+
+
+def _cgroup_mounts(mountinfo: str) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+    """((mount point, root) of the v1 memory controller, the same of cgroup2), from
+    /proc/self/mountinfo; None where absent."""
+    v1 = v2 = None
+    try:
+        with open(mountinfo) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
             continue
-        usage = _read_int(os.path.join(d, "memory.usage_in_bytes")) or 0
-        stat = os.path.join(d, "memory.stat")
-        found = CgroupLimit(1, cg, limit, usage, _stat_value(stat, "total_inactive_file"))
-        if tightest is None or found.headroom < tightest.headroom:
-            tightest = found
-    return tightest
+        root, point = fields[3].replace("\\040", " "), fields[4].replace("\\040", " ")
+        if tail[0] == "cgroup" and "memory" in tail[2].split(",") and v1 is None:
+            v1 = (point, root)
+        elif tail[0] == "cgroup2" and v2 is None:
+            v2 = (point, root)
+    return v1, v2
 
 
-def cgroup_limit(root: str = CGROUP_ROOT, proc_cgroup: str = "/proc/self/cgroup") -> CgroupLimit | None:
+def cgroup_limit(
+    root: str | None = None,
+    proc_cgroup: str = "/proc/self/cgroup",
+    mountinfo: str = "/proc/self/mountinfo",
+) -> CgroupLimit | None:
     """This process's binding cgroup memory limit (v1 memory controller where it is
-    mounted, else v2), or None where no limit applies or none can be read."""
+    mounted, else v2), or None where no limit applies or none can be read. The
+    hierarchies are found in ``mountinfo``; ``root`` instead says they are mounted at
+    ``root/memory`` (v1) and ``root`` (v2), each rooted at "/" (tests, odd systems)."""
     v1, v2 = _own_cgroups(proc_cgroup)
-    v1_root = os.path.join(root, "memory")
-    if v1 is not None and os.path.isdir(v1_root):
-        return cgroup_v1_limit(v1_root, v1)
-    if v2 is not None:
-        return cgroup_v2_limit(root, v2)
+    if root is not None:
+        m1 = (os.path.join(root, "memory"), "/") if os.path.isdir(os.path.join(root, "memory")) else None
+        m2: tuple[str, str] | None = (root, "/")
+    else:
+        m1, m2 = _cgroup_mounts(mountinfo)
+        if m1 is None and m2 is None:  # no mountinfo: the usual places
+            m1 = (os.path.join(CGROUP_ROOT, "memory"), "/")
+            m2 = (CGROUP_ROOT, "/")
+    if v1 is not None and m1 is not None and os.path.isdir(m1[0]):
+        return cgroup_v1_limit(m1[0], v1, m1[1])
+    if v2 is not None and m2 is not None:
+        return cgroup_v2_limit(m2[0], v2, m2[1])
     return None
 
 
