@@ -195,6 +195,7 @@ def _fake_budget(monkeypatch, cause: str) -> None:
     cg = memory.CgroupLimit(2, "/kubepods/pod1", 64 * 2**20, 61 * 2**20, 0)
     monkeypatch.setattr(memory, "cgroup_limit", lambda *a: cg if cause == "cgroup" else None)
     monkeypatch.setattr(memory, "shm_free_bytes", lambda *a: small if cause == "shm" else 2**40)
+    monkeypatch.setattr(memory, "shm_size_bytes", lambda *a: 64 * 2**20 if cause == "shm" else 2**40)
 
 
 @pytest.mark.parametrize(
@@ -208,7 +209,7 @@ def _fake_budget(monkeypatch, cause: str) -> None:
             "(cgroup v2 /kubepods/pod1: memory.max 64.0 MiB, 61.0 MiB in use)",
             "raise the container's memory limit",
         ),
-        ("shm", "posix", "/dev/shm's free space (3.0 MiB", "--shm-size"),
+        ("shm", "posix", "/dev/shm (64.0 MiB, 3.0 MiB free", "--shm-size"),
     ],
 )
 def test_nothing_fits_the_error_leads_with_the_binding_limit(

@@ -290,6 +290,7 @@ class DataLoader(Generic[T_co]):
             backend=shm_backend,
             # The default slot count adapts to the memory there; one the user gave is kept.
             min_slots=_leases.min_num_slots(num_workers) if num_slots is None else None,
+            num_workers=num_workers,
         )
         if slot_bytes is not None and num_workers > 0:
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.

@@ -26,6 +26,7 @@ The descriptor travels to workers the same way for both.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import secrets
@@ -261,6 +262,17 @@ def _create_segment(kind: str, *, explicit: bool) -> tuple[int, str]:
                     "shm_backend='memfd' was asked for. Use shm_backend='auto' (falls back to "
                     "/dev/shm) or 'posix', or allow memfd_create in the container's seccomp profile."
                 ) from refused
+    problem = memory.shm_problem(_SHM_DIR)
+    if problem is not None:
+        refused = ""
+        if _memfd_refused is not None:
+            refused = f"memfd_create was refused ({_memfd_refused.strerror}), and "
+        raise ShmBackendError(
+            f"{refused}{problem}, so the 'posix' shared-memory backend has nowhere to put "
+            "the loader's ring. Use shm_backend='memfd' (the default on Linux, which needs no "
+            "/dev/shm), or mount a writable tmpfs on /dev/shm (docker run --shm-size=2g or "
+            "--ipc=host)."
+        )
     return _create_unlinked_segment(), "posix"
 
 
@@ -320,9 +332,7 @@ def _reserve(fd: int, total: int, num_slots: int, slot_bytes: int, kind: str = "
         # ENOSPC from a memfd is the memory (machine or cgroup), from posix /dev/shm's size.
         budget = memory.budget(kind)
         if kind == "posix" and budget.limit != memory.SHM and budget.shm_free is not None:
-            budget = memory.Budget(
-                kind, budget.shm_free, memory.SHM, budget.cgroup, budget.mem_available, budget.shm_free
-            )
+            budget = dataclasses.replace(budget, bytes=budget.shm_free, limit=memory.SHM)
         raise _space_error(budget, total, num_slots, slot_bytes) from exc
     if kind == "memfd":
         import fcntl
