@@ -162,6 +162,26 @@ def test_a_refused_memfd_falls_back_to_posix_once():
     assert "named: memfd_create was refused (EPERM" in proc.stdout and "shm_backend='auto'" in proc.stdout
 
 
+def test_no_writable_dev_shm_is_named_for_posix(monkeypatch, tmp_path):
+    """posix without a usable /dev/shm: the error names why (places' tests mount the real
+    cases); memfd does not care."""
+    from shmloader.errors import ShmBackendError
+
+    assert (
+        memory.shm_problem(str(tmp_path / "absent"))
+        == f"there is no {tmp_path / 'absent'} here (nothing is mounted there)"
+    )
+    assert memory.shm_problem(str(tmp_path)) is None
+    monkeypatch.setattr(memory, "shm_problem", lambda *a: "/dev/shm is mounted read-only")
+    with pytest.raises(
+        ShmBackendError, match=r"^/dev/shm is mounted read-only, so the 'posix'.*shm_backend='memfd'"
+    ):
+        Ring.create(1, 4096, backend="posix")
+    if LINUX_MEMFD:
+        ring = Ring.create(1, 4096, backend="memfd")
+        ring.close_fd()
+
+
 # --- B. memory-aware sizing --------------------------------------------------------------------
 
 

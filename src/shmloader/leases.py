@@ -85,6 +85,25 @@ def _have(budget: memory.Budget) -> str:
     return "an unknown amount" if budget.bytes is None else memory.mib(budget.bytes)
 
 
+def margin_reserve(num_workers: int, slot_bytes: int) -> int:
+    """What the processes allocate beside a ring of ``slot_bytes`` slots once it is made:
+    about one batch (the batch such a slot was sized for) per worker, which holds its
+    samples while it collates the next one, and one for the consumer's own work on a
+    batch (a conversion, a transform). Kept free by :func:`shmloader.memory.ring_room`."""
+    batch = max(0, int((slot_bytes - SLOT_SLACK_BYTES) / SLOT_HEADROOM))
+    return (num_workers + 1) * batch
+
+
+def first_ring_room(budget: memory.Budget, num_workers: int, slot_bytes: int) -> int | None:
+    """The bytes a loader with the default max_shm_bytes, made where ``budget`` is what
+    the backend can give, lets its first ring take (what ``shmloader doctor`` reports):
+    half of the budget, and no more than it leaves beside the margin."""
+    if budget.bytes is None:
+        return None
+    now = memory.ring_room(budget, margin_reserve(num_workers, slot_bytes))
+    return min(_half(budget), now if now is not None else budget.bytes)
+
+
 def fit_slots(num_slots: int, slot_bytes: int, room: int, least: int) -> int | None:
     """The most slots, at most ``num_slots`` and at least ``least``, of a ring of
     ``slot_bytes`` slots that fits in ``room`` bytes; None when not even ``least`` fits."""
@@ -262,12 +281,7 @@ class Leases:
             return ring
 
     def _reserve(self, slot_bytes: int) -> int:
-        """What the processes allocate beside the ring once it is made: about one batch
-        (the batch a slot of ``slot_bytes`` was sized for) per worker, which holds its
-        samples while it collates the next one, and one for the consumer's own work on a
-        batch (a conversion, a transform)."""
-        batch = max(0, int((slot_bytes - SLOT_SLACK_BYTES) / SLOT_HEADROOM))
-        return (self.num_workers + 1) * batch
+        return margin_reserve(self.num_workers, slot_bytes)
 
     def _fit_first(self, num_slots: int, slot_bytes: int, pinned: int, fresh: memory.Budget) -> int:
         """The slots of the first ring: ``num_slots`` where they fit ``max_shm_bytes`` and
