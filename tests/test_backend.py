@@ -177,6 +177,8 @@ def test_no_writable_dev_shm_is_named_for_posix(monkeypatch, tmp_path):
         ShmBackendError, match=r"^/dev/shm is mounted read-only, so the 'posix'.*shm_backend='memfd'"
     ):
         Ring.create(1, 4096, backend="posix")
+    with pytest.raises(ShmBackendError, match=r"^/dev/shm is mounted read-only"):  # said at construction
+        DataLoader(D.Squares(8), batch_size=4, num_workers=2, shm_backend="posix")
     if LINUX_MEMFD:
         ring = Ring.create(1, 4096, backend="memfd")
         ring.close_fd()

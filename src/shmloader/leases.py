@@ -36,7 +36,7 @@ from typing import Any
 
 from shmloader import _slots, memory
 from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
-from shmloader.ring import Ring, resolve_backend, ring_bytes, shm_free_bytes
+from shmloader.ring import Ring, check_usable, resolve_backend, ring_bytes, shm_free_bytes
 from shmloader.wire import NO_SLOT
 
 # --- sizing policy ------------------------------------------------------------------------
@@ -211,6 +211,10 @@ class Leases:
         self.num_workers = num_workers
         self.backend = backend
         self.min_slots = min_slots
+        if num_workers > 0:
+            # Where neither backend can work here (memfd refused and no writable /dev/shm,
+            # or the one asked for), say so now, when the loader is made.
+            check_usable(backend)
         self.explicit_max = max_shm_bytes is not None
         # The default bound: half of what the backend could give when the loader was made.
         self._start_budget = None if self.explicit_max else memory.budget(resolve_backend(backend))

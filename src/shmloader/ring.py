@@ -239,29 +239,48 @@ def attach_fd(fd: int, num_slots: int, slot_bytes: int, *, populate: bool = True
     return ring
 
 
-def _create_segment(kind: str, *, explicit: bool) -> tuple[int, str]:
-    """A new anonymous segment of backend ``kind``: (descriptor, the backend used). A
-    memfd refused by the system falls back to posix (remembered for the process) unless
-    memfd was asked for by name (``explicit``)."""
-    global _memfd_refused
+def check_usable(backend: str = "auto") -> str:
+    """The backend a ring of ``backend`` would use here (``"memfd"`` or ``"posix"``),
+    checked now: memfd_create is tried (a refusal is remembered, as a ring's would be) and
+    /dev/shm is looked at for posix. Raises :class:`ShmBackendError` naming the cause and
+    the remedy where neither can work, so a loader can say so when it is made."""
+    kind = resolve_backend(backend)
     if kind == "memfd":
-        try:
-            # The name is only a label (/proc/PID/fd, /proc/PID/maps): nobody can open a
-            # memfd by it. Unique, as the posix names are, so a ring can be told apart.
-            name = f"shmloader-{os.getpid()}-{secrets.token_hex(8)}"
-            return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), "memfd"
-        except (OSError, AttributeError) as exc:
-            refused = exc if isinstance(exc, OSError) else OSError(errno.ENOSYS, str(exc))
-            if refused.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL):
-                raise
-            _memfd_refused = refused
-            if explicit:
-                raise ShmBackendError(
-                    f"memfd_create was refused ({errno.errorcode.get(refused.errno, refused.errno)}: "
-                    f"{refused.strerror}; a seccomp profile or an old kernel forbids it) and "
-                    "shm_backend='memfd' was asked for. Use shm_backend='auto' (falls back to "
-                    "/dev/shm) or 'posix', or allow memfd_create in the container's seccomp profile."
-                ) from refused
+        fd = _open_memfd(explicit=backend == "memfd")
+        if fd is not None:
+            os.close(fd)
+            return "memfd"
+    _check_posix()
+    return "posix"
+
+
+def _open_memfd(*, explicit: bool) -> int | None:
+    """A new sealable memfd, or None where the system refuses memfd_create (remembered
+    for the process: "auto" then means posix); a ShmBackendError instead where memfd was
+    asked for by name (``explicit``)."""
+    global _memfd_refused
+    try:
+        # The name is only a label (/proc/PID/fd, /proc/PID/maps): nobody can open a
+        # memfd by it. Unique, as the posix names are, so a ring can be told apart.
+        name = f"shmloader-{os.getpid()}-{secrets.token_hex(8)}"
+        return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except (OSError, AttributeError) as exc:
+        refused = exc if isinstance(exc, OSError) else OSError(errno.ENOSYS, str(exc))
+        if refused.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL):
+            raise
+        _memfd_refused = refused
+        if explicit:
+            raise ShmBackendError(
+                f"memfd_create was refused ({errno.errorcode.get(refused.errno, refused.errno)}: "
+                f"{refused.strerror}; a seccomp profile or an old kernel forbids it) and "
+                "shm_backend='memfd' was asked for. Use shm_backend='auto' (falls back to "
+                "/dev/shm) or 'posix', or allow memfd_create in the container's seccomp profile."
+            ) from refused
+        return None
+
+
+def _check_posix() -> None:
+    """Raise a ShmBackendError where /dev/shm cannot take a posix segment (absent, read-only)."""
     problem = memory.shm_problem(_SHM_DIR)
     if problem is not None:
         refused = ""
@@ -273,6 +292,17 @@ def _create_segment(kind: str, *, explicit: bool) -> tuple[int, str]:
             "/dev/shm), or mount a writable tmpfs on /dev/shm (docker run --shm-size=2g or "
             "--ipc=host)."
         )
+
+
+def _create_segment(kind: str, *, explicit: bool) -> tuple[int, str]:
+    """A new anonymous segment of backend ``kind``: (descriptor, the backend used). A
+    memfd refused by the system falls back to posix (remembered for the process) unless
+    memfd was asked for by name (``explicit``)."""
+    if kind == "memfd":
+        fd = _open_memfd(explicit=explicit)
+        if fd is not None:
+            return fd, "memfd"
+    _check_posix()
     return _create_unlinked_segment(), "posix"
 
 
