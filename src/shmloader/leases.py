@@ -300,8 +300,8 @@ class Leases:
         if fit is None:
             need = ring_bytes(least, slot_bytes)
             text = (
-                f"{_sentence(why)}; the loader's shared-memory ring needs at least "
-                f"{memory.mib(need)} ({least} slots of {memory.mib(slot_bytes)}: one batch in "
+                f"{_sentence(why)}; the loader's shared-memory ring needs at least {need} bytes "
+                f"({memory.mib(need)}: {least} slots of {memory.mib(slot_bytes)}, one batch in "
                 f"flight per worker, the batch being handed out and the previous one). "
                 f"To fix it: {remedy}."
             )
@@ -350,14 +350,19 @@ class Leases:
         (what the memory there now leaves it): what binds first, then the remedy."""
         kind = resolve_backend(self.backend)
         max_binds = pinned + need > self.max_shm_bytes
-        if held or (self.explicit_max and max_binds):
+        if max_binds and (held or self.explicit_max):
+            # The user's bound, or the batches the user keeps: RingLimitError says which.
             return limit_error(self.max_shm_bytes, need, pinned, held, backend=kind)
+        # The memory there (now, or behind the default max_shm_bytes): ShmSpaceError.
         mapped = f" (the loader's rings already map {memory.mib(pinned)})" if pinned else ""
+        if held:
+            mapped += f"; it grows because the consumer holds {held} batches"
         left = self.max_shm_bytes - pinned if max_binds else room or 0
         why, remedy, _ = self._why(left, max_binds, fresh)
         return ShmSpaceError(
-            f"{_sentence(why)}; the loader's next ring needs {memory.mib(need)}{mapped}. To fix "
-            f"it: {remedy}, or ask for a smaller ring with a lower num_slots or prefetch_factor."
+            f"{_sentence(why)}; the loader's next ring needs {need} bytes ({memory.mib(need)})"
+            f"{mapped}. To fix it: {remedy}, or ask for a smaller ring with a lower num_slots "
+            "or prefetch_factor."
         )
 
     def ring_for_batch(self, batch_bytes: int, like: Ring | None) -> Ring:
