@@ -58,7 +58,8 @@ class DataLoader(Generic[T_co]):
     give: the machine's available memory, the container's cgroup headroom and, for
     ``posix``, /dev/shm's free space, when the loader is made; a ring also leaves a margin
     of what is there when it is made for the processes' own memory (a batch per worker and
-    one for the consumer, plus 32 MiB), so a cgroup's OOM killer is never what stops it;
+    one for the consumer, plus 32 MiB) rather than reserve so much that a cgroup's OOM
+    killer ends a process later;
     where the default ring does not fit, the first ring gets fewer slots, down to
     ``num_workers + 2``, with one :class:`~shmloader.errors.RingSizeWarning`, and where even
     that does not fit the error names the limit that binds),
