@@ -356,7 +356,7 @@ class Leases:
         # The memory there (now, or behind the default max_shm_bytes): ShmSpaceError.
         mapped = f" (the loader's rings already map {memory.mib(pinned)})" if pinned else ""
         if held:
-            mapped += f"; it grows because the consumer holds {held} batches"
+            mapped += f"; it grows because the consumer holds {held} batch{'es' if held != 1 else ''}"
         left = self.max_shm_bytes - pinned if max_binds else room or 0
         why, remedy, _ = self._why(left, max_binds, fresh)
         return ShmSpaceError(
@@ -483,7 +483,8 @@ def limit_error(
     hint = shm_size_hint(need) if backend == "posix" else ""
     if held:
         return RingLimitError(
-            f"The consumer holds {held} batches, which pin {pinned} bytes of rings, and the next "
+            f"The consumer holds {held} batch{'es' if held != 1 else ''}, which pin {pinned} bytes "
+            "of rings, and the next "
             f"ring needs {need} more: that passes max_shm_bytes={max_shm_bytes} bytes. Drop "
             "batches you no longer need, keep .copy() of the ones you keep (or iterate with "
             "copy=True), or pass a larger max_shm_bytes." + hint
