@@ -59,16 +59,112 @@ def check_native() -> Check:
     return Check("native helper", OK, "shmloader._native is built and loads")
 
 
-def check_shm(workers: int, batch_bytes: int) -> Check:
+def _budget_text(budget: Any) -> str:
+    """The memory figures doctor prints: what the backend can give, each limit read."""
+    cg = budget.cgroup
+    cg_text = f"cgroup limit: {cg.describe()}" if cg is not None else "cgroup limit: no limit"
+    avail = "unknown" if budget.mem_available is None else _mib(budget.mem_available)
+    parts = [
+        f"the {budget.backend} backend can use {_mib(budget.bytes) if budget.bytes else 'an unknown amount'}"
+    ]
+    if budget.limit:
+        names = {"cgroup": "the cgroup's limit", "machine": "the machine's available memory"}
+        parts.append(f"bound by {names.get(budget.limit, budget.limit + ' free space')}")
+    parts.append(f"MemAvailable {avail}")
+    parts.append(cg_text)
+    if budget.shm_free is not None:
+        parts.append(f"/dev/shm free {_mib(budget.shm_free)}")
+    return "; ".join(parts)
+
+
+def check_backend(backend: str = "auto") -> Check:
+    """Which backend the loader's rings use here, and whether memfd_create is refused."""
+    from shmloader import ring as _ring
+
+    kind = _ring.resolve_backend(backend)
+    if kind == "memfd":
+        try:  # what a ring does first: refused by a seccomp profile, ENOSYS on old kernels
+            os.close(os.memfd_create("shmloader-doctor", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
+        except OSError as exc:
+            if backend == "memfd":
+                return Check(
+                    "shm backend",
+                    FAIL,
+                    f"memfd_create is refused here ({exc}) and shm_backend='memfd' was asked for",
+                    "use shm_backend='auto' or 'posix', or allow memfd_create in the container's "
+                    "seccomp profile",
+                )
+            return Check(
+                "shm backend",
+                WARN,
+                f"posix (memfd_create is refused here: {exc}); rings live in /dev/shm",
+                "allow memfd_create in the container's seccomp profile, or give /dev/shm room "
+                "(docker run --shm-size=2g or --ipc=host)",
+            )
+        return Check(
+            "shm backend",
+            OK,
+            f"memfd (memfd_create works; shm_backend={backend!r}): rings are charged to this "
+            "process's memory and cgroup, not to /dev/shm",
+        )
+    why = "asked for" if backend == "posix" or os.environ.get(_ring.BACKEND_ENV) else "memfd is unavailable"
+    refused = _ring.memfd_refusal()
+    if refused is not None:
+        why = f"memfd_create was refused: {refused}"
+    return Check("shm backend", OK, f"posix ({why}): rings live in /dev/shm (shm_open, unlinked at once)")
+
+
+def check_memory(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
+    """Whether the default ring fits the loader's default bound (half of what the backend
+    can give): OK, WARN (the ring gets fewer slots), FAIL (not even the minimum fits)."""
+    from shmloader import leases, memory
+    from shmloader.ring import resolve_backend, ring_bytes
+
+    budget = memory.budget(resolve_backend(backend))
+    total, slots, slot_bytes = default_ring_bytes(workers, batch_bytes)
+    detail = _budget_text(budget)
+    if budget.bytes is None:
+        return Check("memory", WARN, detail + ": no memory figure could be read", "")
+    bound = budget.bytes // 2  # the default max_shm_bytes (leases.default_max_shm_bytes)
+    least = leases.min_num_slots(workers)
+    fit = leases.fit_slots(slots, slot_bytes, bound, least)
+    detail += (
+        f"; the default ring for {workers} workers and {_mib(batch_bytes)} batches needs "
+        f"{_mib(total)} ({slots} slots of {_mib(slot_bytes)}), the loader takes at most half "
+        f"({_mib(bound)})"
+    )
+    remedy = budget.remedy() + ", or pass max_shm_bytes explicitly"
+    if fit is None:
+        need = ring_bytes(least, slot_bytes)
+        return Check(
+            "memory",
+            FAIL,
+            detail + f": not even {least} slots ({_mib(need)}) fit: the loader refuses",
+            remedy,
+        )
+    if fit < slots:
+        return Check("memory", WARN, detail + f": the ring gets {fit} slots, workers prefetch less", remedy)
+    return Check("memory", OK, detail + ": it fits")
+
+
+def check_shm(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
+    """/dev/shm's size against the default ring: it holds the rings of the posix backend
+    only, so it can FAIL only there; with memfd a small /dev/shm is fine."""
+    from shmloader.ring import resolve_backend
+
+    kind = resolve_backend(backend)
     total, slots, slot_bytes = default_ring_bytes(workers, batch_bytes)
     try:
         st = os.statvfs(_SHM_DIR)
     except OSError as exc:
+        if kind == "memfd":
+            return Check("/dev/shm", OK, f"{_SHM_DIR} cannot be read ({exc}); rings use memfd, not /dev/shm")
         return Check(
             "/dev/shm",
             FAIL,
             f"{_SHM_DIR} cannot be read ({exc}); POSIX shared memory is unavailable",
-            "mount a tmpfs on /dev/shm (docker: --shm-size=2g or --ipc=host)",
+            "mount a tmpfs on /dev/shm (docker: --shm-size=2g or --ipc=host), or use "
+            "shm_backend='memfd' (Linux)",
         )
     size = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
@@ -76,20 +172,43 @@ def check_shm(workers: int, batch_bytes: int) -> Check:
         f"size {_mib(size)}, free {_mib(free)}; the default ring for {workers} workers and "
         f"{_mib(batch_bytes)} batches needs {_mib(total)} ({slots} slots of {_mib(slot_bytes)})"
     )
+    if kind == "memfd":
+        fits = "it would fit" if total <= free // 2 else "it would not fit"
+        return Check(
+            "/dev/shm",
+            OK,
+            detail + f"; {fits} here, but rings use memfd and do not live in /dev/shm: a small "
+            "/dev/shm is fine (the posix backend, and torch's DataLoader, need it)",
+        )
     remedy = (
         "give the container more shared memory (docker run --shm-size=2g, or --ipc=host; "
         "Kubernetes: an emptyDir with medium: Memory mounted on /dev/shm), or ask for a "
-        "smaller ring: fewer num_workers, prefetch_factor=1, or a smaller batch_size"
+        "smaller ring: fewer num_workers, prefetch_factor=1, or a smaller batch_size; or use "
+        "shm_backend='memfd' (Linux), whose rings do not live in /dev/shm"
     )
-    if free < total:
-        return Check("/dev/shm", FAIL, detail + ": it does not fit", remedy)
-    limit = free // 2  # the loader's default max_shm_bytes (leases.default_max_shm_bytes)
+    # The posix backend's default max_shm_bytes is at most half of the free space; a ring
+    # that passes it gets fewer slots, down to workers + 2, and fails below that.
+    from shmloader import leases
+    from shmloader.ring import ring_bytes
+
+    limit = free // 2
     if total > limit:
+        least = leases.min_num_slots(workers)
+        fit = leases.fit_slots(slots, slot_bytes, limit, least)
+        if fit is None:
+            return Check(
+                "/dev/shm",
+                FAIL,
+                detail + f": not even {least} slots ({_mib(ring_bytes(least, slot_bytes))}) fit in "
+                f"the loader's default max_shm_bytes ({_mib(limit)}, half of the free space), "
+                "so the loader refuses to make it",
+                remedy + ", or pass max_shm_bytes explicitly",
+            )
         return Check(
             "/dev/shm",
-            FAIL,
-            detail + f": it fits, but passes the loader's default max_shm_bytes ({_mib(limit)}, "
-            "half of the free space), so the loader refuses to make it",
+            WARN,
+            detail + f": it passes the loader's default max_shm_bytes ({_mib(limit)}, half of the "
+            f"free space), so the ring gets {fit} slots and workers prefetch less",
             remedy + ", or pass max_shm_bytes explicitly",
         )
     if free < 4 * total:
@@ -102,12 +221,13 @@ def check_shm(workers: int, batch_bytes: int) -> Check:
     return Check("/dev/shm", OK, detail + f": {free // total} such rings fit")
 
 
-def check_ring_creation() -> Check:
-    """Create, reserve, map and drop a one-slot ring: shm_open, unlink, fallocate, mmap."""
+def check_ring_creation(backend: str = "auto") -> Check:
+    """Create, reserve, map and drop a one-slot ring with ``backend``."""
     try:
         from shmloader.ring import Ring
 
-        ring = Ring.create(1, 4096)
+        ring = Ring.create(1, 4096, backend=backend)
+        kind = ring.backend
         ring.close_fd()
         del ring
     except Exception as exc:
@@ -115,9 +235,10 @@ def check_ring_creation() -> Check:
             "ring creation",
             FAIL,
             f"a one-page ring could not be created: {type(exc).__name__}: {exc}",
-            "check that /dev/shm is a writable tmpfs for this user",
+            "check that /dev/shm is a writable tmpfs for this user (posix), or that memfd_create "
+            "is allowed (memfd)",
         )
-    return Check("ring creation", OK, "a test ring was created, reserved, mapped and released")
+    return Check("ring creation", OK, f"a test ring ({kind}) was created, reserved, mapped and released")
 
 
 def check_nofile(workers: int) -> Check:
@@ -261,15 +382,17 @@ def check_torch() -> Check:
     return Check("torch", OK, f"torch {version} is installed")
 
 
-def run_checks(workers: int, batch_bytes: int) -> list[Check]:
-    """Every check, in the order they are printed."""
+def run_checks(workers: int, batch_bytes: int, backend: str = "auto") -> list[Check]:
+    """Every check, in the order they are printed (``backend``: the loader's shm_backend)."""
     checks = [check_native()]
     if checks[0].status == FAIL:
         return checks
     return [
         *checks,
-        check_shm(workers, batch_bytes),
-        check_ring_creation(),
+        check_backend(backend),
+        check_memory(workers, batch_bytes, backend),
+        check_shm(workers, batch_bytes, backend),
+        check_ring_creation(backend),
         check_nofile(workers),
         check_start_method(),
         check_cores(workers),
@@ -299,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     """``shmloader doctor``: run the checks and print them."""
     parser = argparse.ArgumentParser(
         prog="shmloader doctor",
-        description="Check what breaks data loaders on this machine (/dev/shm, open-file "
-        "limit, start method, cores, parent-death signal) and say what to do.",
+        description="Check what breaks data loaders on this machine (shared-memory backend, "
+        "memory and cgroup limit, /dev/shm, open-file limit, start method, cores, "
+        "parent-death signal) and say what to do.",
     )
     parser.add_argument(
         "--workers",
@@ -315,6 +439,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the size of one batch in MiB, to size the ring (default: 64 images of "
         "3x224x224 uint8, %(default).1f)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "memfd", "posix"],
+        default="auto",
+        help="the shm_backend you plan to use (default: %(default)s, memfd on Linux)",
+    )
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     args = parser.parse_args(argv)
     workers = args.workers if args.workers is not None else _usable_cores()
@@ -322,9 +452,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers must be at least 1")
     if args.batch_mb <= 0:
         parser.error("--batch-mb must be positive")
-    checks = run_checks(workers, int(args.batch_mb * 2**20))
+    try:
+        checks = run_checks(workers, int(args.batch_mb * 2**20), args.backend)
+    except ValueError as exc:  # e.g. a bad $SHMLOADER_SHM_BACKEND
+        parser.error(str(exc))
     if args.json:
-        payload: dict[str, Any] = {"workers": workers, "checks": [asdict(c) for c in checks]}
+        payload: dict[str, Any] = {
+            "workers": workers,
+            "backend": args.backend,
+            "checks": [asdict(c) for c in checks],
+        }
         print(json.dumps(payload, indent=1))
     else:
         print(f"shmloader doctor: checking this machine for {workers} worker(s)\n")

@@ -58,8 +58,16 @@ class LoaderTimeoutError(ShmLoaderError, TimeoutError, RuntimeError):
 
 
 class ShmSpaceError(ShmLoaderError, MemoryError, RuntimeError):
-    """The shared-memory filesystem cannot hold the ring that was asked for: a
-    ``MemoryError``, and a ``RuntimeError`` as torch raises when /dev/shm runs out."""
+    """The memory a ring needs is not there: the message leads with the limit that binds
+    (the cgroup's memory limit with its figures, the machine's available memory, or
+    /dev/shm's free space for the ``posix`` backend) and names the remedy. Raised before
+    anything is reserved. A ``MemoryError``, and a ``RuntimeError`` as torch raises when
+    /dev/shm runs out."""
+
+
+class ShmBackendError(ShmLoaderError, RuntimeError):
+    """The shared-memory backend asked for by name cannot be used here (``memfd_create``
+    refused by a seccomp profile or an old kernel): the message names the remedy."""
 
 
 class BatchLayoutError(ShmLoaderError, ValueError, RuntimeError):
@@ -91,9 +99,17 @@ class StrayStopIteration(ShmLoaderError, RuntimeError):
 
 
 class RingLimitError(ShmLoaderError, MemoryError, RuntimeError):
-    """The ring would have to grow past ``max_shm_bytes``: the message says how many
-    batches the consumer holds, the bytes they pin, and what to do. A ``MemoryError``,
+    """A ring would pass ``max_shm_bytes``: the message leads with what binds (an explicit
+    ``max_shm_bytes``, the memory limit under the default one, or the batches the consumer
+    holds when it holds any), the bytes involved, and what to do. A ``MemoryError``,
     and a ``RuntimeError`` as torch's shared-memory failures are."""
+
+
+class RingSizeWarning(UserWarning):
+    """The loader's first ring got fewer slots than the default because the memory the
+    backend can give (or ``max_shm_bytes``) is short: workers prefetch less. A
+    ``UserWarning`` (shown by default, unlike ``ResourceWarning``), emitted once per
+    loader, naming the slots wanted and given, the binding limit and the remedy."""
 
 
 class KeyErrorMessage(str):

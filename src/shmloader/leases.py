@@ -25,13 +25,14 @@ import contextlib
 import gc
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from shmloader import _slots
-from shmloader.errors import RingLimitError
-from shmloader.ring import Ring, ring_bytes, shm_free_bytes
+from shmloader import _slots, memory
+from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
+from shmloader.ring import Ring, resolve_backend, ring_bytes, shm_free_bytes
 from shmloader.wire import NO_SLOT
 
 # --- sizing policy ------------------------------------------------------------------------
@@ -41,7 +42,9 @@ HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the curren
 SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
 SLOT_SLACK_BYTES = 4096  # plus this: the layout, its numbers and small object leaves
 DEFAULT_PREFETCH_FACTOR = 2  # torch's default prefetch_factor
-DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where /dev/shm's free space cannot be read
+DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where no memory figure can be read
+IN_FLIGHT_EXTRA_SLOTS = 2  # beside one in flight per worker: the batch being handed
+# out and the previous one, still bound to the loop variable during next()
 
 
 def default_num_slots(num_workers: int, prefetch_factor: int = DEFAULT_PREFETCH_FACTOR) -> int:
@@ -55,10 +58,28 @@ def slot_bytes_for(batch_bytes: int) -> int:
     return int(batch_bytes * SLOT_HEADROOM) + SLOT_SLACK_BYTES
 
 
-def default_max_shm_bytes() -> int:
-    """The default bound on a loader's rings: half of /dev/shm's free space."""
-    free = shm_free_bytes()
-    return free // 2 if free else DEFAULT_MAX_SHM_BYTES
+def min_num_slots(num_workers: int) -> int:
+    """The fewest slots a ring adapted to short memory gets: one batch in flight per
+    worker, the batch being handed out and the previous one."""
+    return num_workers + IN_FLIGHT_EXTRA_SLOTS
+
+
+def default_max_shm_bytes(backend: str = "auto") -> int:
+    """The default bound on a loader's rings: half of what ``backend`` can give now
+    (:func:`shmloader.memory.budget`: the machine's available memory, the cgroup's
+    headroom and, for posix, /dev/shm's free space). The other half is the margin that
+    keeps the cgroup's OOM killer away from the consumer."""
+    have = memory.budget(resolve_backend(backend)).bytes
+    return have // 2 if have else DEFAULT_MAX_SHM_BYTES
+
+
+def fit_slots(num_slots: int, slot_bytes: int, room: int, least: int) -> int | None:
+    """The most slots, at most ``num_slots`` and at least ``least``, of a ring of
+    ``slot_bytes`` slots that fits in ``room`` bytes; None when not even ``least`` fits."""
+    for n in range(num_slots, least - 1, -1):
+        if ring_bytes(n, slot_bytes) <= room:
+            return n
+    return None
 
 
 def default_ring(
@@ -137,11 +158,28 @@ _forking = threading.local()
 class Leases:
     """The rings of one loader: the current one and the retired ones still alive."""
 
-    def __init__(self, num_slots: int, max_shm_bytes: int, pinner: Any, stats: dict[str, Any]) -> None:
-        """``num_slots``: slots of the first ring; ``pinner``: a pinning.RingPinner or
-        None; ``stats``: the loader's counters (``rings_created`` is bumped here)."""
+    def __init__(
+        self,
+        num_slots: int,
+        max_shm_bytes: int | None,
+        pinner: Any,
+        stats: dict[str, Any],
+        *,
+        backend: str = "auto",
+        min_slots: int | None = None,
+    ) -> None:
+        """``num_slots``: slots of the first ring; ``max_shm_bytes``: the user's bound, or
+        None for the default (:func:`default_max_shm_bytes`); ``pinner``: a
+        pinning.RingPinner or None; ``stats``: the loader's counters (``rings_created`` is
+        bumped here); ``backend``: the rings' (ring.resolve_backend); ``min_slots``: where
+        given, the first ring may get fewer slots, down to this, when memory is short
+        (None: ``num_slots`` was the user's, and is kept)."""
         self.num_slots = num_slots
-        self.max_shm_bytes = max_shm_bytes
+        self.backend = backend
+        self.min_slots = min_slots
+        self.explicit_max = max_shm_bytes is not None
+        self._max_shm_bytes = max_shm_bytes if max_shm_bytes is not None else default_max_shm_bytes(backend)
+        self._warned = False
         self.pinner = pinner
         self._stats = stats
         self._current: Ring | None = None
@@ -150,6 +188,16 @@ class Leases:
         # The current ring when a fork the loader did not make saw a HELD slot in it.
         self._shared_ring: Ring | None = None
         _live.add(self)
+
+    @property
+    def max_shm_bytes(self) -> int:
+        """The bound on the bytes of all of this loader's rings together."""
+        return self._max_shm_bytes
+
+    @max_shm_bytes.setter
+    def max_shm_bytes(self, value: int) -> None:
+        self._max_shm_bytes = value
+        self.explicit_max = True
 
     @property
     def current(self) -> Ring | None:
@@ -174,11 +222,13 @@ class Leases:
         ``max_shm_bytes`` (``held``: batches the consumer holds, for the message), and
         :class:`ShmSpaceError` when /dev/shm cannot hold it."""
         with self._lock:
-            need = ring_bytes(num_slots, slot_bytes)
             pinned = self.pinned_bytes()
+            if self._current is None and self.min_slots is not None:
+                num_slots = self._fit_first(num_slots, slot_bytes, pinned)
+            need = ring_bytes(num_slots, slot_bytes)
             if pinned + need > self.max_shm_bytes:
-                raise limit_error(self.max_shm_bytes, need, pinned, held)
-            ring = Ring.create(num_slots, slot_bytes)
+                raise self._limit_error(need, pinned, held)
+            ring = Ring.create(num_slots, slot_bytes, backend=self.backend)
             self._stats["rings_created"] += 1
             if self.pinner is not None:
                 self.pinner.register(ring)  # page-locked once, for the ring's whole life
@@ -188,6 +238,73 @@ class Leases:
             if old is not None:
                 old.close_fd()  # its memory stays mapped while batches view it
             return ring
+
+    def _fit_first(self, num_slots: int, slot_bytes: int, pinned: int) -> int:
+        """The slots of the first ring: ``num_slots`` where they fit the bound and the
+        memory there now, else fewer (one warning), down to ``min_slots``; an error
+        naming the binding limit first when not even those fit."""
+        bound = self.max_shm_bytes - pinned
+        fresh = memory.budget(resolve_backend(self.backend))
+        room = bound
+        if fresh.bytes is not None:
+            # The default bound keeps half of the memory as margin; an explicit one may
+            # take all of what is there, never more.
+            room = min(room, fresh.bytes if self.explicit_max else fresh.bytes // 2)
+        least = min(self.min_slots or num_slots, num_slots)
+        fit = fit_slots(num_slots, slot_bytes, room, least)
+        why = self._why(room, bound, fresh)
+        remedy = (
+            "pass a larger max_shm_bytes, or use a smaller batch_size or fewer num_workers"
+            if room == bound and self.explicit_max
+            else self._remedy(fresh)
+        )
+        if fit is None:
+            need = ring_bytes(least, slot_bytes)
+            text = (
+                f"{why} for the loader's shared-memory ring, which needs at least "
+                f"{memory.mib(need)} ({least} slots of {memory.mib(slot_bytes)}: one batch in "
+                f"flight per worker, the batch being handed out and the previous one)."
+            )
+            if room == bound and self.explicit_max:
+                raise RingLimitError(
+                    f"{text} Pass a larger max_shm_bytes, or use a smaller batch_size or fewer num_workers."
+                )
+            raise ShmSpaceError(f"{text} To fix it: {remedy}.")
+        if fit < num_slots and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"the loader's ring has {fit} slots instead of {num_slots} "
+                f"({memory.mib(slot_bytes)} each): {why}, so workers prefetch fewer batches "
+                f"(the ring needs {memory.mib(ring_bytes(num_slots, slot_bytes))} for "
+                f"{num_slots}). To keep them all: {remedy}.",
+                RingSizeWarning,
+                stacklevel=2,
+            )
+        return fit
+
+    def _why(self, room: int, bound: int, fresh: memory.Budget) -> str:
+        """What leaves only ``room`` bytes, its figures first."""
+        if room == bound and self.explicit_max:
+            return f"max_shm_bytes={self.max_shm_bytes} (passed to the loader) leaves {memory.mib(room)}"
+        cause = fresh.cause()
+        cause = cause[0].upper() + cause[1:]
+        if self.explicit_max:
+            return f"{cause} leaves {memory.mib(room)}"
+        return (
+            f"{cause} leaves {memory.mib(2 * room)}, and the loader takes at most half of it "
+            f"by default ({memory.mib(room)}: the other half is margin)"
+        )
+
+    def _remedy(self, fresh: memory.Budget) -> str:
+        text = fresh.remedy()
+        if not self.explicit_max:
+            text += " (or pass max_shm_bytes to take more of what is there)"
+        return text
+
+    def _limit_error(self, need: int, pinned: int, held: int) -> RingLimitError:
+        kind = resolve_backend(self.backend)
+        budget = None if self.explicit_max else memory.budget(kind)
+        return limit_error(self.max_shm_bytes, need, pinned, held, budget, kind)
 
     def ring_for_batch(self, batch_bytes: int, like: Ring | None) -> Ring:
         """A new current ring whose slots hold a batch of ``batch_bytes`` (the first
@@ -281,20 +398,46 @@ os.register_at_fork(before=_note_fork, after_in_parent=_note_fork, after_in_chil
 # --- errors -------------------------------------------------------------------------------
 
 
-def limit_error(max_shm_bytes: int, need: int, pinned: int, held: int) -> RingLimitError:
-    """The error for a ring of ``need`` bytes that would pass ``max_shm_bytes``."""
-    held_text = f"the consumer holds {held} batches, which " if held else "batches still referenced "
+def limit_error(
+    max_shm_bytes: int,
+    need: int,
+    pinned: int,
+    held: int,
+    budget: memory.Budget | None = None,
+    backend: str = "posix",
+) -> RingLimitError:
+    """The error for a ring of ``need`` bytes that would pass ``max_shm_bytes`` with
+    ``pinned`` bytes of rings mapped and ``held`` batches held by the consumer. It leads
+    with what binds: the held batches where there are any, else the limit under the
+    default max_shm_bytes (``budget``), else the explicit max_shm_bytes. (``backend``:
+    the rings', for the /dev/shm hint.)"""
+    hint = shm_size_hint(need) if backend == "posix" else ""
+    fewer = "use a smaller batch_size or fewer num_workers"
+    if held:
+        return RingLimitError(
+            f"The consumer holds {held} batches, which pin {pinned} bytes of rings, and the next "
+            f"ring needs {need} more: that passes max_shm_bytes={max_shm_bytes} bytes. Drop "
+            "batches you no longer need, keep .copy() of the ones you keep (or iterate with "
+            "copy=True), or pass a larger max_shm_bytes." + hint
+        )
+    mapped = f" (the loader's rings already map {pinned} bytes)" if pinned else ""
+    if budget is not None and budget.bytes is not None:
+        cause = budget.cause()
+        return RingLimitError(
+            f"{cause[0].upper()}{cause[1:]} leaves {memory.mib(budget.bytes)}, and the loader "
+            f"takes at most half of it by default (max_shm_bytes={max_shm_bytes} bytes); its next "
+            f"ring needs {need} bytes{mapped}. To fix it: {budget.remedy()}, or pass a larger "
+            "max_shm_bytes."
+        )
     return RingLimitError(
-        f"the loader's shared memory would pass max_shm_bytes={max_shm_bytes} bytes: "
-        f"{held_text}pin {pinned} bytes of rings, and the next ring needs {need} more. "
-        "Drop batches you no longer need, keep .copy() of the ones you keep (or iterate with "
-        "copy=True), or pass a larger max_shm_bytes." + shm_size_hint(need)
+        f"max_shm_bytes={max_shm_bytes} bytes (passed to the loader) is too small: the loader's "
+        f"next ring needs {need} bytes{mapped}. Pass a larger max_shm_bytes, or {fewer}." + hint
     )
 
 
 def shm_size_hint(need: int) -> str:
-    """When /dev/shm itself is small (the default max_shm_bytes is half its free space),
-    say so and name the container remedies, as ShmSpaceError does."""
+    """When /dev/shm itself is small (the posix backend's default max_shm_bytes is at most
+    half its free space), say so and name the container remedies, as ShmSpaceError does."""
     free = shm_free_bytes()
     if free is None or need <= free // 2:
         return ""

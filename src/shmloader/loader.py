@@ -28,7 +28,7 @@ from shmloader import state as _state
 from shmloader.collate import COLLATE_MODES
 from shmloader.inprocess import InProcessIter
 from shmloader.multiprocess import MultiProcessIter
-from shmloader.ring import Ring
+from shmloader.ring import Ring, resolve_backend
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
 
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
@@ -54,7 +54,14 @@ class DataLoader(Generic[T_co]):
     them when the consumer holds every slot), ``slot_bytes`` (bytes per slot; default
     sized from the first batch, and a later batch that does not fit makes the ring grow to
     larger slots; when given, a batch that does not fit is an error), ``max_shm_bytes``
-    (the bound on all growth; default half of /dev/shm's free space), ``copy`` (batches
+    (the bound on all of the loader's rings; default half of the memory the backend can
+    give: the machine's available memory, the container's cgroup headroom and, for
+    ``posix``, /dev/shm's free space; where the default ring does not fit it, the first ring
+    gets fewer slots, down to ``num_workers + 2``, with one :class:`RingSizeWarning`),
+    ``shm_backend`` (where rings live: ``"auto"``, the default, is ``"memfd"`` on Linux
+    (``memfd_create``: charged to the process's memory, so a small /dev/shm such as
+    Docker's 64 MB limits nothing) falling back to ``"posix"`` where the system refuses it,
+    and $SHMLOADER_SHM_BACKEND where set; ``"posix"``: ``shm_open`` in /dev/shm), ``copy`` (batches
     own their memory instead of viewing the ring), ``collate`` and ``pad_value`` (ragged
     samples: ``"stack"``, ``"pad"`` or ``"list"``).
 
@@ -105,6 +112,7 @@ class DataLoader(Generic[T_co]):
         pad_value: Any = 0,
         copy: bool = False,
         max_shm_bytes: int | None = None,
+        shm_backend: str = "auto",
         output: str = "auto",
         distributed: Any = "auto",
         rank: int | None = None,
@@ -143,6 +151,7 @@ class DataLoader(Generic[T_co]):
             )
         if max_shm_bytes is not None and (not isinstance(max_shm_bytes, int) or max_shm_bytes < 1):
             raise ValueError(f"max_shm_bytes should be a positive integer (got {max_shm_bytes!r}).")
+        resolve_backend(shm_backend)  # a ValueError naming the input and the choices
         if output not in _OUTPUTS:
             raise ValueError(
                 f"output should be 'auto', 'numpy' or 'torch' (got {output!r}): 'torch' hands "
@@ -212,6 +221,7 @@ class DataLoader(Generic[T_co]):
             collate_fn if collate_fn is not None else torchcompat.default_collate_of(auto_collation)
         )
         self.drop_last = drop_last
+        self.shm_backend = shm_backend
         self.num_slots = num_slots or _leases.default_num_slots(
             num_workers, prefetch_factor or _leases.DEFAULT_PREFETCH_FACTOR
         )
@@ -274,9 +284,12 @@ class DataLoader(Generic[T_co]):
         # The rings (current and retired), slot claims and leases; see leases.py.
         self._leases = _leases.Leases(
             self.num_slots,
-            max_shm_bytes if max_shm_bytes is not None else _leases.default_max_shm_bytes(),
+            max_shm_bytes,
             self._pinner,
             self._stats,
+            backend=shm_backend,
+            # The default slot count adapts to the memory there; one the user gave is kept.
+            min_slots=_leases.min_num_slots(num_workers) if num_slots is None else None,
         )
         if slot_bytes is not None and num_workers > 0:
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.

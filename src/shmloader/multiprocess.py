@@ -206,6 +206,7 @@ class MultiProcessIter:
                 world_size=loader.world_size,
                 resume=_state.worker_resume(self.plan, wid),
                 report_state=self.plan.stateful,
+                shm_backend=loader.shm_backend,
             )
 
         self._pool.start(self._ctx, loader.num_workers, config, worker_main)
@@ -220,7 +221,12 @@ class MultiProcessIter:
                 return  # __next__ makes the ring after handing out the batch that asked
             self._make_wanted_ring()
         loader = self._loader
-        per_worker = loader.prefetch_factor if self._ring is not None else 1
+        ring = self._ring  # a ring short of memory has fewer slots: never more tasks than it holds
+        per_worker = (
+            1
+            if ring is None
+            else min(loader.prefetch_factor, max(1, (ring.num_slots - 2) // loader.num_workers))
+        )
         workers = self._workers
         # Batches dispatched and not yet handed out, received or not: this bounds the
         # slots in use by the loader, whatever order the workers finish in.

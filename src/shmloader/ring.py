@@ -1,15 +1,27 @@
-"""The ring: one POSIX shared-memory segment cut into fixed-size slots.
+"""The ring: one shared-memory segment cut into fixed-size slots.
 
 Layout of the segment (all offsets from its start)::
 
     [states: uint32 x num_slots][headers: int64 x 8 x num_slots] (padded to a page; wire.SlotHeader)
     [slot 0 data][slot 1 data]...                                  (each padded to 64 bytes)
 
-The segment is created with a random name, ``O_EXCL`` and mode 0600, then unlinked at
-once: no name is ever left in /dev/shm, whatever happens to the processes, and the
-memory is freed by the kernel when the last descriptor and mapping are gone. Space is
-reserved with ``posix_fallocate`` so that a too-small /dev/shm is an error here, not a
-SIGBUS on some later write.
+Two backends make the segment; neither ever has a name anyone else can open, and the
+kernel frees its memory when the last descriptor and mapping are gone, whatever happens
+to the processes:
+
+- ``memfd`` (the default on Linux): ``memfd_create`` (close-on-exec), anonymous from
+  birth, sealed against shrinking and growing once reserved, so no process can cut it
+  under a mapping. Its pages are charged to the process's memory cgroup, not to the
+  /dev/shm mount: a 64 MB /dev/shm (Docker's default) limits nothing.
+- ``posix``: ``shm_open`` (posix_ipc) with a random name, ``O_EXCL`` and mode 0600,
+  unlinked at once; it lives in /dev/shm and must fit there. Other systems use it, and
+  Linux where ``memfd_create`` is refused (a seccomp profile: ENOSYS, EPERM), once per
+  process.
+
+Either way the pages are reserved with ``posix_fallocate`` after checking that the
+memory is there (:mod:`shmloader.memory`: reserving past a cgroup's limit would wake the
+OOM killer), so running short is an error here, not a SIGBUS or a kill on a later write.
+The descriptor travels to workers the same way for both.
 """
 
 from __future__ import annotations
@@ -17,15 +29,15 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import sys
 from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
-import posix_ipc
 
-from shmloader import fdguard
+from shmloader import fdguard, memory
 from shmloader._slots import Mapping, StateArray
-from shmloader.errors import ShmSpaceError
+from shmloader.errors import ShmBackendError, ShmSpaceError
 from shmloader.wire import HEADER_WORDS  # the slot header's words (see wire.SlotHeader)
 
 PAGE_BYTES = 4096
@@ -34,6 +46,12 @@ SLOT_ALIGN_BYTES = 64  # slots start on cache lines: no false sharing between wo
 _NAME_ATTEMPTS = 16
 _SHM_DIR = "/dev/shm"
 
+BACKENDS = ("auto", "memfd", "posix")
+BACKEND_ENV = "SHMLOADER_SHM_BACKEND"  # what "auto" means, where set
+# memfd_create refused in this process (ENOSYS, EPERM from a seccomp profile): "auto"
+# then means posix for the rest of the process (a forked child inherits it).
+_memfd_refused: OSError | None = None
+
 
 def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
@@ -41,11 +59,42 @@ def _round_up(n: int, multiple: int) -> int:
 
 def shm_free_bytes() -> int | None:
     """Free bytes in /dev/shm, or None where it cannot be read."""
-    try:
-        st = os.statvfs(_SHM_DIR)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
+    return memory.shm_free_bytes(_SHM_DIR)
+
+
+def check_backend(name: Any, what: str = "shm_backend") -> str:
+    """``name`` if it is a backend's name, else a ValueError naming ``what`` and the choices."""
+    if name not in BACKENDS:
+        raise ValueError(
+            f"{what} should be one of {', '.join(map(repr, BACKENDS))} (got {name!r}): 'memfd' "
+            "keeps rings outside /dev/shm (Linux), 'posix' in /dev/shm (shm_open), 'auto' "
+            "picks memfd where the system allows it."
+        )
+    return name
+
+
+def resolve_backend(name: str = "auto") -> str:
+    """The backend ``name`` stands for in this process: ``"memfd"`` or ``"posix"``.
+    ``"auto"`` follows $SHMLOADER_SHM_BACKEND where set, else memfd where this system has
+    it and has not refused it, else posix."""
+    check_backend(name)
+    if name == "auto":
+        env = os.environ.get(BACKEND_ENV, "").strip()
+        if env:
+            name = check_backend(env, f"${BACKEND_ENV}")
+    if name == "auto":
+        return "memfd" if memfd_usable() else "posix"
+    return name
+
+
+def memfd_usable() -> bool:
+    """True where ``memfd_create`` exists and has not been refused in this process."""
+    return hasattr(os, "memfd_create") and sys.platform.startswith("linux") and _memfd_refused is None
+
+
+def memfd_refusal() -> OSError | None:
+    """The error ``memfd_create`` was refused with in this process, or None."""
+    return _memfd_refused
 
 
 def _control_bytes(num_slots: int) -> int:
@@ -87,27 +136,36 @@ class Ring:
         self._slot_arrays: list[np.ndarray | None] = [None] * num_slots
         self.lease_table: Any = None  # the consumer's slot leases (leases.lease)
 
+    backend = ""  # "memfd" or "posix" for a ring this process created (create())
+
     @classmethod
-    def create(cls, num_slots: int, slot_bytes: int, *, populate: bool = False) -> Ring:
-        """Create, reserve, unlink and map a new ring; ``populate`` pre-faults the mapping
+    def create(
+        cls, num_slots: int, slot_bytes: int, *, populate: bool = False, backend: str = "auto"
+    ) -> Ring:
+        """Create, reserve and map a new ring (``backend``: ``"auto"``, ``"memfd"`` or
+        ``"posix"``, see :func:`resolve_backend`); ``populate`` pre-faults the mapping
         (for a writer about to fill it).
 
-        Raises :class:`ShmSpaceError` when /dev/shm cannot hold it.
+        Raises :class:`ShmSpaceError` when the memory is not there (the cgroup's limit,
+        the machine's memory, or /dev/shm for posix), before reserving anything.
         """
         if num_slots < 1:
             raise ValueError(f"a ring needs at least one slot, got num_slots={num_slots}")
         if slot_bytes < 1:
             raise ValueError(f"slot_bytes must be positive, got {slot_bytes}")
         total = ring_bytes(num_slots, slot_bytes)
-        fd = _create_unlinked_segment()
+        kind = resolve_backend(backend)
+        _check_room(kind, total, num_slots, slot_bytes)
+        fd, kind = _create_segment(kind, explicit=kind == backend)
         try:
-            _reserve(fd, total, num_slots, slot_bytes)
+            _reserve(fd, total, num_slots, slot_bytes, kind)
             # The consumer only reads slots: its pages fault in on first use, and pre-faulting
             # them all here would delay the batch that sized the ring (66 ms for 92 MiB).
             ring = cls(fd, num_slots, slot_bytes, populate=populate)
         except BaseException:
             os.close(fd)
             raise
+        ring.backend = kind
         fdguard.register(ring, fd, closer="close_fd")
         return ring
 
@@ -175,8 +233,33 @@ def attach_fd(fd: int, num_slots: int, slot_bytes: int, *, populate: bool = True
     return ring
 
 
+def _create_segment(kind: str, *, explicit: bool) -> tuple[int, str]:
+    """A new anonymous segment of backend ``kind``: (descriptor, the backend used). A
+    memfd refused by the system falls back to posix (remembered for the process) unless
+    memfd was asked for by name (``explicit``)."""
+    global _memfd_refused
+    if kind == "memfd":
+        try:
+            return os.memfd_create("shmloader", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), "memfd"
+        except (OSError, AttributeError) as exc:
+            refused = exc if isinstance(exc, OSError) else OSError(errno.ENOSYS, str(exc))
+            if refused.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL):
+                raise
+            _memfd_refused = refused
+            if explicit:
+                raise ShmBackendError(
+                    f"memfd_create was refused ({errno.errorcode.get(refused.errno, refused.errno)}: "
+                    f"{refused.strerror}; a seccomp profile or an old kernel forbids it) and "
+                    "shm_backend='memfd' was asked for. Use shm_backend='auto' (falls back to "
+                    "/dev/shm) or 'posix', or allow memfd_create in the container's seccomp profile."
+                ) from refused
+    return _create_unlinked_segment(), "posix"
+
+
 def _create_unlinked_segment() -> int:
-    """Create a new segment with a fresh random name (O_EXCL, 0600) and unlink it at once."""
+    """Create a new POSIX segment with a fresh random name (O_EXCL, 0600) and unlink it at once."""
+    import posix_ipc  # only the posix backend needs it
+
     for _ in range(_NAME_ATTEMPTS):
         name = f"/shmloader-{os.getpid()}-{secrets.token_hex(8)}"
         try:
@@ -195,18 +278,40 @@ def _create_unlinked_segment() -> int:
     )
 
 
-def _reserve(fd: int, total: int, num_slots: int, slot_bytes: int) -> None:
+def _space_error(budget: memory.Budget, total: int, num_slots: int, slot_bytes: int) -> ShmSpaceError:
+    have = "an unknown amount" if budget.bytes is None else memory.mib(budget.bytes)
+    return ShmSpaceError(
+        f"{budget.cause()[0].upper()}{budget.cause()[1:]} leaves {have} for the loader's "
+        f"shared-memory ring, which needs {total} bytes ({memory.mib(total)}: {num_slots} "
+        f"slots of {slot_bytes} bytes, backend {budget.backend!r}). To fix it: {budget.remedy()}; "
+        "or ask for a smaller ring with a lower num_slots or prefetch_factor."
+    )
+
+
+def _check_room(kind: str, total: int, num_slots: int, slot_bytes: int) -> None:
+    """Refuse a ring the memory is not there for, before reserving it: past a cgroup's
+    limit, posix_fallocate does not fail, the OOM killer ends a process of the cgroup."""
+    budget = memory.budget(kind)
+    if budget.bytes is not None and total > budget.bytes:
+        raise _space_error(budget, total, num_slots, slot_bytes)
+
+
+def _reserve(fd: int, total: int, num_slots: int, slot_bytes: int, kind: str = "posix") -> None:
     try:
         os.posix_fallocate(fd, 0, total)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
             raise
-        free = shm_free_bytes()
-        free_text = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
-        raise ShmSpaceError(
-            f"/dev/shm cannot hold the loader's shared-memory ring: it needs {total} bytes "
-            f"({total / 2**20:.1f} MiB: {num_slots} slots of {slot_bytes} bytes) and has "
-            f"{free_text}. Give the container more shared memory (docker run --shm-size=2g "
-            "or --ipc=host), or ask for a smaller ring with a lower num_slots, "
-            "prefetch_factor or num_workers."
-        ) from exc
+        # ENOSPC from a memfd is the memory (machine or cgroup), from posix /dev/shm's size.
+        budget = memory.budget(kind)
+        if kind == "posix" and budget.limit != memory.SHM and budget.shm_free is not None:
+            budget = memory.Budget(
+                kind, budget.shm_free, memory.SHM, budget.cgroup, budget.mem_available, budget.shm_free
+            )
+        raise _space_error(budget, total, num_slots, slot_bytes) from exc
+    if kind == "memfd":
+        import fcntl
+
+        # Sealed at its reserved size: no process holding the descriptor can shrink it
+        # under another's mapping (a SIGBUS there), nor grow it, nor remove the seals.
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)

@@ -85,6 +85,7 @@ class WorkerConfig:
     world_size: int = 1
     resume: dict | None = None  # iterable: this shard's saved record (see state.open_iterable)
     report_state: bool = False  # iterable with state_dict(): send it after every batch
+    shm_backend: str = "auto"  # the loader's: one-off batch segments use the ring's backend
 
 
 def seed_all(seed: int) -> None:
@@ -334,7 +335,7 @@ class _Worker:
         ring)."""
         total = content.total
         try:
-            segment = Ring.create(1, total, populate=True)
+            segment = Ring.create(1, total, populate=True, backend=self.cfg.shm_backend)
         except Exception:  # no room, no /dev/shm, a posix_ipc error: the batch still goes
             batch = build_in_memory(layout, content.data_bytes, objects, fill)
             payload = wire.size_payload(total, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
