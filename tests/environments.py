@@ -518,3 +518,113 @@ def main() -> None:
     res = run(args)
     res.update(info)
     print("RESULT " + json.dumps(res), flush=True)
+
+
+# --------------------------------------------------------------------------- the table
+
+# Kubernetes: a container's /dev/shm is the runtime's 64 MiB unless the pod mounts an
+# emptyDir with medium: Memory there; that tmpfs is sized to the pod's memory limit and
+# what it holds is charged to the container's memory cgroup. Reproduced as a 1 GiB tmpfs
+# on /dev/shm inside a 1 GiB memory cgroup.
+K8S_EMPTYDIR = [
+    "unshare",
+    "--mount",
+    "sh",
+    "-c",
+    'mount -t tmpfs -o size=1g tmpfs /dev/shm && exec "$@"',
+    "sh",
+]
+
+# (row, prefix, cgroup limit, child args): what `python -m tests.environments` measures.
+TABLE_ROWS: list[tuple[str, list[str] | None, int | None, dict[str, Any]]] = [
+    ("Docker default: 64 MiB /dev/shm, 9.6 MB batches", SMALL_SHM, None, {"dtype": "uint8"}),
+    ("Docker default: 64 MiB /dev/shm, 38 MB batches", SMALL_SHM, None, {"dtype": "float32"}),
+    (
+        "Kubernetes emptyDir medium: Memory (1 GiB limit), 38 MB batches",
+        K8S_EMPTYDIR,
+        2**30,
+        {"dtype": "float32"},
+    ),
+    ("no /dev/shm, fork", NO_SHM, None, {"method": "fork"}),
+    ("no /dev/shm, spawn", NO_SHM, None, {"method": "spawn"}),
+    ("no /dev/shm, forkserver", NO_SHM, None, {"method": "forkserver"}),
+    ("read-only /dev/shm", READONLY_SHM, None, {}),
+    ("ulimit -n 64, fork", None, None, {"method": "fork", "nofile": 64}),
+    ("ulimit -n 64, spawn", None, None, {"method": "spawn", "nofile": 64}),
+    ("ulimit -n 64, forkserver", None, None, {"method": "forkserver", "nofile": 64}),
+    ("prctl(PR_SET_PDEATHSIG) refused, fork", None, None, {"method": "fork", "seccomp": "pdeathsig"}),
+    ("memfd_create refused", None, None, {"seccomp": "memfd"}),
+    ("cgroup memory limit 320 MiB, 38 MB batches, fork", None, 320 * 2**20, {"dtype": "float32"}),
+    (
+        "cgroup memory limit 320 MiB, 38 MB batches, spawn",
+        None,
+        320 * 2**20,
+        {"dtype": "float32", "method": "spawn"},
+    ),
+    ("cgroup memory limit 1 GiB, 38 MB batches, fork", None, 2**30, {"dtype": "float32"}),
+]
+
+
+def outcome(child: Child, kills: int | None) -> str:
+    """One table cell: works (with the ring's backend and slots), the error, or the crash."""
+    d = child.data
+    if kills:
+        return f"OOM-killed (rc {child.rc}, {kills} OOM kills in the cgroup)"
+    if not d:
+        return f"crash: rc {child.rc}, no result; {child.err.strip()[-200:]!r}"
+    if d["error"] is None:
+        ring = d.get("ring_end") or {}
+        how = f" ({ring.get('backend', '?')}, {ring['num_slots']} slots)" if ring else ""
+        warn = f"; warning: {d['warnings'][0][:160]}" if d["warnings"] else ""
+        bad = f"; MISMATCHED batches {d['mismatches']}" if d["mismatches"] else ""
+        return f"works{how}, {d['batches']}/{d['expected_batches']} batches{warn}{bad}"
+    err = d["error"]
+    last = err["msg"].strip().splitlines()[-1] if err["msg"].strip() else ""
+    text = err["msg"] if len(err["msg"]) < 400 and "\n" not in err["msg"] else last
+    return f"{err['type']} after {d['batches']} batches: {text[:400]}"
+
+
+def table(loaders: list[tuple[str, dict[str, Any]]], timeout: float = 90) -> list[tuple[str, list[str]]]:
+    """Run every row of :data:`TABLE_ROWS` for every loader; the cells. Rows whose
+    mechanism the machine refuses say so."""
+    rows = []
+    for name, prefix, limit, args in TABLE_ROWS:
+        cells = []
+        for _, extra in loaders:
+            why = refuses(prefix) if prefix else None
+            if why is None and limit is not None:
+                why = MemoryCgroup.refused()
+            if why is None and args.get("seccomp"):
+                why = seccomp_refused()
+            if why:
+                cells.append(f"skipped: {why}")
+                continue
+            if limit is None:
+                child, kills = run_child(dict(args, **extra), prefix=prefix, timeout=timeout), None
+            else:
+                with MemoryCgroup(limit) as cg:
+                    child = run_child(dict(args, **extra), prefix=prefix, cgroup=cg, timeout=timeout)
+                    kills = cg.oom_kills()
+            cells.append(outcome(child, kills))
+        rows.append((name, cells))
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    # python -m tests.environments [shmloader-posix] [torch]: one markdown row per line.
+    which = sys.argv[1:] or ["shmloader", "shmloader-posix", "torch"]
+    chosen = [
+        (
+            w,
+            {
+                "shmloader": {"backend": "auto"},
+                "shmloader-posix": {"backend": "posix"},
+                "torch": {"loader": "torch"},
+            }[w],
+        )
+        for w in which
+    ]
+    print("| environment | " + " | ".join(w for w, _ in chosen) + " |")
+    print("|---" * (len(chosen) + 1) + "|")
+    table(chosen)
