@@ -381,10 +381,14 @@ class Images:
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
     return {
         "type": type(exc).__name__,
         "mro": [c.__name__ for c in type(exc).__mro__],
         "msg": str(exc),
+        "where": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames],
     }
 
 
