@@ -166,6 +166,7 @@ def test_readonly_dev_shm():
     err = child.data["error"]
     assert not _memfd_default(child), f"the memfd backend needs no /dev/shm: {err}"
     _assert_names_dev_shm_remedy(err)
+    assert "read-only" in err["msg"], f"the error must name the cause: {err['msg']}"
 
 
 def _assert_names_dev_shm_remedy(err: dict[str, Any]) -> None:
