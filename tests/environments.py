@@ -426,6 +426,7 @@ def _make_loader(args: dict[str, Any], ds: Any) -> tuple[Any, dict[str, Any]]:
         if "shm_backend" in params:
             kwargs["shm_backend"] = backend
     kwargs["output"] = "numpy"
+    kwargs.update(args.get("loader_kwargs", {}))
     return shmloader.DataLoader(ds, **kwargs), notes
 
 
@@ -565,6 +566,9 @@ TABLE_ROWS: list[tuple[str, list[str] | None, int | None, dict[str, Any]]] = [
         320 * 2**20,
         {"dtype": "float32", "method": "spawn"},
     ),
+    ("cgroup memory limit 448 MiB, 38 MB batches, fork", None, 448 * 2**20, {"dtype": "float32"}),
+    ("cgroup memory limit 512 MiB, 38 MB batches, fork", None, 512 * 2**20, {"dtype": "float32"}),
+    ("cgroup memory limit 640 MiB, 38 MB batches, fork", None, 640 * 2**20, {"dtype": "float32"}),
     ("cgroup memory limit 1 GiB, 38 MB batches, fork", None, 2**30, {"dtype": "float32"}),
 ]
 

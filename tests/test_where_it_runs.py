@@ -331,3 +331,31 @@ def test_cgroup_memory_limit(method):
     _is_loader_memory_error(err)
     assert _names_size(err["msg"], CGROUP_LIMIT), f"the error must name the limit: {err['msg']}"
     assert "cgroup" in err["msg"] or "memory.max" in err["msg"] or "limit_in_bytes" in err["msg"], err
+
+
+TORCH_FITS_LIMIT = 512 * 2**20  # torch 2.13's DataLoader (fork) completes here: measured, and rechecked below
+
+
+@pytest.mark.timeout(90)
+def test_cgroup_where_torch_works():
+    """Where torch's DataLoader completes the epoch (38 MB batches, 2 fork workers) inside
+    a memory cgroup, shmloader's default settings complete it too (a smaller ring, one
+    warning), never OOM-killed. torch runs first in the same cgroup limit; where it fails
+    too, there is nothing to compare and the test skips."""
+    why = MemoryCgroup.refused()
+    if why:
+        pytest.skip(why)
+    pytest.importorskip("torch")
+    with MemoryCgroup(TORCH_FITS_LIMIT) as cg:
+        torch_run = run_child({"loader": "torch", "dtype": "float32"}, cgroup=cg, timeout=40)
+        torch_kills = cg.oom_kills()
+    if torch_kills or not torch_run.data or torch_run.data["error"] is not None:
+        pytest.skip(f"torch's DataLoader itself fails under a {TORCH_FITS_LIMIT >> 20} MiB limit here")
+    with MemoryCgroup(TORCH_FITS_LIMIT) as cg:
+        child = run_child({"dtype": "float32", "backend": "auto"}, cgroup=cg, timeout=40)
+        kills = cg.oom_kills()
+    assert child.rc != -signal.SIGKILL and kills == 0, child.why()
+    assert _worked(child), (
+        f"torch completes the epoch under this limit, shmloader refuses: {child.data['error']}"
+    )
+    assert len(child.data["warnings"]) <= 1, child.data["warnings"]
