@@ -337,11 +337,14 @@ def test_a_lease_releases_through_the_pinner_it_was_taken_with():
 
 
 def test_doctor_fails_a_ring_the_loaders_default_limit_refuses(monkeypatch):
-    """The default max_shm_bytes is half of /dev/shm's free space: a ring that fits in
-    /dev/shm but passes that limit fails in the loader (RingLimitError), so doctor
-    says FAIL, not WARN."""
-    total, _, _ = doctor.default_ring_bytes(2, 10 * 2**20)
-    free = total * 3 // 2  # fits, but more than half of it
+    """The posix backend's default max_shm_bytes is half of /dev/shm's free space: a ring
+    that passes it gets fewer slots (WARN), down to workers + 2; below that the loader
+    refuses (FAIL). With memfd, /dev/shm does not hold rings: never a FAIL."""
+    from shmloader import leases
+
+    total, slots, slot_bytes = doctor.default_ring_bytes(2, 10 * 2**20)
+    least = ring_bytes(leases.min_num_slots(2), slot_bytes)
+    free = least * 3 // 2  # the minimum ring fits /dev/shm, but not half of it
 
     class Stat:
         f_frsize = 1
@@ -349,11 +352,18 @@ def test_doctor_fails_a_ring_the_loaders_default_limit_refuses(monkeypatch):
         f_bavail = free
 
     monkeypatch.setattr(doctor.os, "statvfs", lambda path: Stat())
-    check = doctor.check_shm(2, 10 * 2**20)
+    check = doctor.check_shm(2, 10 * 2**20, "posix")
     assert check.status == doctor.FAIL and "max_shm_bytes" in check.detail, check
     assert "max_shm_bytes" in check.remedy and "--shm-size" in check.remedy
+    assert doctor.check_shm(2, 10 * 2**20, "memfd").status == doctor.OK
+    Stat.f_bavail = total * 3 // 2  # the minimum fits half of it: fewer slots
+    fit = leases.fit_slots(slots, slot_bytes, Stat.f_bavail // 2, leases.min_num_slots(2))
+    assert fit is not None and leases.min_num_slots(2) <= fit < slots
+    check = doctor.check_shm(2, 10 * 2**20, "posix")
+    assert check.status == doctor.WARN and f"gets {fit} slots" in check.detail, check
     Stat.f_bavail = 3 * total  # within half: a warning (few such rings fit)
-    assert doctor.check_shm(2, 10 * 2**20).status == doctor.WARN
+    check = doctor.check_shm(2, 10 * 2**20, "posix")
+    assert check.status == doctor.WARN and "such ring(s) fit" in check.detail, check
 
 
 def test_a_ring_limit_when_a_persistent_epoch_starts_stops_the_workers():

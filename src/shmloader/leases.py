@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -261,7 +262,7 @@ class Leases:
         if fit is None:
             need = ring_bytes(least, slot_bytes)
             text = (
-                f"{why} for the loader's shared-memory ring, which needs at least "
+                f"{why[0].upper()}{why[1:]}; the loader's shared-memory ring needs at least "
                 f"{memory.mib(need)} ({least} slots of {memory.mib(slot_bytes)}: one batch in "
                 f"flight per worker, the batch being handed out and the previous one)."
             )
@@ -274,11 +275,11 @@ class Leases:
             self._warned = True
             warnings.warn(
                 f"the loader's ring has {fit} slots instead of {num_slots} "
-                f"({memory.mib(slot_bytes)} each): {why}, so workers prefetch fewer batches "
+                f"({memory.mib(slot_bytes)} each) because {why}; workers prefetch fewer batches "
                 f"(the ring needs {memory.mib(ring_bytes(num_slots, slot_bytes))} for "
                 f"{num_slots}). To keep them all: {remedy}.",
                 RingSizeWarning,
-                stacklevel=2,
+                stacklevel=_user_stacklevel(),
             )
         return fit
 
@@ -287,12 +288,11 @@ class Leases:
         if room == bound and self.explicit_max:
             return f"max_shm_bytes={self.max_shm_bytes} (passed to the loader) leaves {memory.mib(room)}"
         cause = fresh.cause()
-        cause = cause[0].upper() + cause[1:]
-        if self.explicit_max:
+        if self.explicit_max or fresh.bytes is None:
             return f"{cause} leaves {memory.mib(room)}"
         return (
-            f"{cause} leaves {memory.mib(2 * room)}, and the loader takes at most half of it "
-            f"by default ({memory.mib(room)}: the other half is margin)"
+            f"{cause} leaves {memory.mib(fresh.bytes)}, of which the loader takes at most half "
+            f"by default ({memory.mib(room)}), keeping the rest as margin"
         )
 
     def _remedy(self, fresh: memory.Budget) -> str:
@@ -396,6 +396,16 @@ os.register_at_fork(before=_note_fork, after_in_parent=_note_fork, after_in_chil
 
 
 # --- errors -------------------------------------------------------------------------------
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first caller outside this package (the user's loop), so a
+    warning points at the user's line, not at the loader's insides."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def limit_error(

@@ -240,7 +240,10 @@ def _create_segment(kind: str, *, explicit: bool) -> tuple[int, str]:
     global _memfd_refused
     if kind == "memfd":
         try:
-            return os.memfd_create("shmloader", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), "memfd"
+            # The name is only a label (/proc/PID/fd, /proc/PID/maps): nobody can open a
+            # memfd by it. Unique, as the posix names are, so a ring can be told apart.
+            name = f"shmloader-{os.getpid()}-{secrets.token_hex(8)}"
+            return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), "memfd"
         except (OSError, AttributeError) as exc:
             refused = exc if isinstance(exc, OSError) else OSError(errno.ENOSYS, str(exc))
             if refused.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL):
