@@ -133,7 +133,8 @@ class MemoryCgroup:
         try:
             if self.version == 2:
                 (path / "memory.max").write_text(str(self.limit))
-                (path / "memory.swap.max").exists() and (path / "memory.swap.max").write_text("0")
+                if (path / "memory.swap.max").exists():  # a limit that swap cannot stretch
+                    (path / "memory.swap.max").write_text("0")
             else:
                 (path / "memory.limit_in_bytes").write_text(str(self.limit))
         except BaseException:
@@ -194,8 +195,10 @@ def _own_cgroup() -> tuple[int, Path] | None:
         if hid == "0":
             for base in (unified, unified / "unified"):
                 d = base / rel.lstrip("/")
-                ctl = base / "cgroup.controllers"
-                if ctl.exists() and "memory" in ctl.read_text().split() and os.access(d, os.W_OK):
+                # A child of ours gets a memory controller only where our cgroup hands it
+                # down (cgroup.subtree_control); enabling it is the machine owner's call.
+                sub = d / "cgroup.subtree_control"
+                if sub.exists() and "memory" in sub.read_text().split() and os.access(d, os.W_OK):
                     return 2, d
     for line in lines:
         hid, controllers, rel = line.split(":", 2)
