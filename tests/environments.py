@@ -510,9 +510,10 @@ def main() -> None:
     args.setdefault("loader", "shmloader")
     args.setdefault("method", "fork")
     args.setdefault("batch_size", BATCH)
+    info: dict[str, Any] = {}
     if args.get("wait_stdin"):
         sys.stdin.readline()  # the parent moves us into a cgroup meanwhile
-    info: dict[str, Any] = {}
+        info["cgroups"] = Path("/proc/self/cgroup").read_text().splitlines()
     if args.get("nofile"):
         import resource
 

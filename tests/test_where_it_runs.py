@@ -318,6 +318,7 @@ def test_cgroup_memory_limit(method):
     with MemoryCgroup(CGROUP_LIMIT) as cg:
         child = run_child({"method": method, "dtype": "float32", "backend": "auto"}, cgroup=cg, timeout=40)
         kills = cg.oom_kills()
+        _assert_inside(child, cg)
     assert child.rc != -signal.SIGKILL and kills == 0, (
         f"the OOM killer struck ({kills} kills in the cgroup v{cg.version}): {child.why()}"
     )
@@ -332,6 +333,12 @@ def test_cgroup_memory_limit(method):
     _is_loader_memory_error(err)
     assert _names_size(err["msg"], CGROUP_LIMIT), f"the error must name the limit: {err['msg']}"
     assert "cgroup" in err["msg"] or "memory.max" in err["msg"] or "limit_in_bytes" in err["msg"], err
+
+
+def _assert_inside(child: Child, cg: MemoryCgroup) -> None:
+    """The child ran its loader inside ``cg`` (its /proc/self/cgroup names it)."""
+    assert cg.path is not None
+    assert any(line.endswith("/" + cg.path.name) for line in child.data.get("cgroups", [])), child.why()
 
 
 TORCH_FITS_LIMIT = 512 * 2**20  # torch 2.13's DataLoader (fork) completes here: measured, and rechecked below
@@ -355,6 +362,7 @@ def test_cgroup_where_torch_works():
     with MemoryCgroup(TORCH_FITS_LIMIT) as cg:
         child = run_child({"dtype": "float32", "backend": "auto"}, cgroup=cg, timeout=40)
         kills = cg.oom_kills()
+        _assert_inside(child, cg)
     assert child.rc != -signal.SIGKILL and kills == 0, child.why()
     assert _worked(child), (
         f"torch completes the epoch under this limit, shmloader refuses: {child.data['error']}"
