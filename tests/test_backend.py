@@ -162,6 +162,28 @@ def test_a_refused_memfd_falls_back_to_posix_once():
     assert "named: memfd_create was refused (EPERM" in proc.stdout and "shm_backend='auto'" in proc.stdout
 
 
+def test_no_writable_dev_shm_is_named_for_posix(monkeypatch, tmp_path):
+    """posix without a usable /dev/shm: the error names why (places' tests mount the real
+    cases); memfd does not care."""
+    from shmloader.errors import ShmBackendError
+
+    assert (
+        memory.shm_problem(str(tmp_path / "absent"))
+        == f"there is no {tmp_path / 'absent'} here (nothing is mounted there)"
+    )
+    assert memory.shm_problem(str(tmp_path)) is None
+    monkeypatch.setattr(memory, "shm_problem", lambda *a: "/dev/shm is mounted read-only")
+    with pytest.raises(
+        ShmBackendError, match=r"^/dev/shm is mounted read-only, so the 'posix'.*shm_backend='memfd'"
+    ):
+        Ring.create(1, 4096, backend="posix")
+    with pytest.raises(ShmBackendError, match=r"^/dev/shm is mounted read-only"):  # said at construction
+        DataLoader(D.Squares(8), batch_size=4, num_workers=2, shm_backend="posix")
+    if LINUX_MEMFD:
+        ring = Ring.create(1, 4096, backend="memfd")
+        ring.close_fd()
+
+
 # --- B. memory-aware sizing --------------------------------------------------------------------
 
 
@@ -195,6 +217,7 @@ def _fake_budget(monkeypatch, cause: str) -> None:
     cg = memory.CgroupLimit(2, "/kubepods/pod1", 64 * 2**20, 61 * 2**20, 0)
     monkeypatch.setattr(memory, "cgroup_limit", lambda *a: cg if cause == "cgroup" else None)
     monkeypatch.setattr(memory, "shm_free_bytes", lambda *a: small if cause == "shm" else 2**40)
+    monkeypatch.setattr(memory, "shm_size_bytes", lambda *a: 64 * 2**20 if cause == "shm" else 2**40)
 
 
 @pytest.mark.parametrize(
@@ -208,7 +231,7 @@ def _fake_budget(monkeypatch, cause: str) -> None:
             "(cgroup v2 /kubepods/pod1: memory.max 64.0 MiB, 61.0 MiB in use)",
             "raise the container's memory limit",
         ),
-        ("shm", "posix", "/dev/shm's free space (3.0 MiB", "--shm-size"),
+        ("shm", "posix", "/dev/shm (64.0 MiB, 3.0 MiB free", "--shm-size"),
     ],
 )
 def test_nothing_fits_the_error_leads_with_the_binding_limit(
@@ -285,6 +308,32 @@ def test_cgroup_v2_limits_are_read_up_the_hierarchy(tmp_path):
     proc.write_text("4:memory:/kubepods\n0::/kubepods/pod1\n")
     (root / "kubepods" / "memory.max").write_text(f"{2**30}\n")
     assert memory.cgroup_limit(str(root), str(proc)).version == 2
+
+
+def test_a_container_sees_its_own_cgroup_at_the_mount_root(tmp_path):
+    """Docker on cgroup v1 without a cgroup namespace: /proc/self/cgroup names
+    /docker/ID, and that cgroup is bind-mounted on /sys/fs/cgroup/memory (mountinfo's
+    root field): its files are read at the mount, not at mount + /docker/ID."""
+    mnt = tmp_path / "memory"
+    _write(mnt / "memory.limit_in_bytes", f"{512 * 2**20}\n")
+    _write(mnt / "memory.usage_in_bytes", f"{100 * 2**20}\n")
+    _write(mnt / "memory.stat", "cache 0\ntotal_inactive_file 0\n")
+    proc = tmp_path / "cgroup.txt"
+    proc.write_text("9:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        f"31 23 0:28 / {tmp_path} rw - tmpfs tmpfs rw\n"
+        f"35 31 0:32 /docker/abc {mnt} rw,relatime - cgroup cgroup rw,memory\n"
+    )
+    cg = memory.cgroup_limit(proc_cgroup=str(proc), mountinfo=str(info))
+    assert (cg.version, cg.path, cg.limit, cg.headroom) == (1, "/docker/abc", 512 * 2**20, 412 * 2**20)
+    # cgroup v2 with a cgroup namespace: "0::/" and the container's cgroup is the mount.
+    _write(tmp_path / "unified" / "memory.max", f"{2**30}\n")
+    _write(tmp_path / "unified" / "memory.current", "0\n")
+    proc.write_text("0::/\n")
+    info.write_text(f"40 31 0:40 / {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw\n")
+    cg = memory.cgroup_limit(proc_cgroup=str(proc), mountinfo=str(info))
+    assert (cg.version, cg.path, cg.limit) == (2, "/", 2**30)
 
 
 def _own_v1_memory_cgroup() -> str:

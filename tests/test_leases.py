@@ -350,6 +350,7 @@ def test_doctor_fails_a_ring_the_loaders_default_limit_refuses(monkeypatch):
         f_frsize = 1
         f_blocks = 2 * free
         f_bavail = free
+        f_flag = 0
 
     monkeypatch.setattr(doctor.os, "statvfs", lambda path: Stat())
     check = doctor.check_shm(2, 10 * 2**20, "posix")
@@ -364,6 +365,10 @@ def test_doctor_fails_a_ring_the_loaders_default_limit_refuses(monkeypatch):
     Stat.f_bavail = 3 * total  # within half: a warning (few such rings fit)
     check = doctor.check_shm(2, 10 * 2**20, "posix")
     assert check.status == doctor.WARN and "such ring(s) fit" in check.detail, check
+    Stat.f_flag = os.ST_RDONLY  # read-only: nothing goes there (posix), nothing needs it (memfd)
+    check = doctor.check_shm(2, 10 * 2**20, "posix")
+    assert check.status == doctor.FAIL and "read-only" in check.detail and "memfd" in check.remedy
+    assert doctor.check_shm(2, 10 * 2**20, "memfd").status == doctor.OK
 
 
 def test_a_ring_limit_when_a_persistent_epoch_starts_stops_the_workers():

@@ -68,8 +68,12 @@ def _budget_text(budget: Any) -> str:
         f"the {budget.backend} backend can use {_mib(budget.bytes) if budget.bytes else 'an unknown amount'}"
     ]
     if budget.limit:
-        names = {"cgroup": "the cgroup's limit", "machine": "the machine's available memory"}
-        parts.append(f"bound by {names.get(budget.limit, budget.limit + ' free space')}")
+        names = {
+            "cgroup": "the cgroup's limit",
+            "machine": "the machine's available memory",
+            "/dev/shm": "/dev/shm's free space",
+        }
+        parts.append(f"bound by {names.get(budget.limit, budget.limit)}")
     parts.append(f"MemAvailable {avail}")
     parts.append(cg_text)
     if budget.shm_free is not None:
@@ -115,23 +119,24 @@ def check_backend(backend: str = "auto") -> Check:
 
 
 def check_memory(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
-    """Whether the default ring fits the loader's default bound (half of what the backend
-    can give): OK, WARN (the ring gets fewer slots), FAIL (not even the minimum fits)."""
+    """Whether the default ring fits what the loader lets its first ring take (half of
+    what the backend can give, less a margin for the processes: leases.first_ring_room):
+    OK, WARN (the ring gets fewer slots), FAIL (not even the minimum fits)."""
     from shmloader import leases, memory
     from shmloader.ring import resolve_backend, ring_bytes
 
     budget = memory.budget(resolve_backend(backend))
     total, slots, slot_bytes = default_ring_bytes(workers, batch_bytes)
     detail = _budget_text(budget)
-    if budget.bytes is None:
+    room = leases.first_ring_room(budget, workers, slot_bytes)
+    if room is None:
         return Check("memory", WARN, detail + ": no memory figure could be read", "")
-    bound = budget.bytes // 2  # the default max_shm_bytes (leases.default_max_shm_bytes)
     least = leases.min_num_slots(workers)
-    fit = leases.fit_slots(slots, slot_bytes, bound, least)
+    fit = leases.fit_slots(slots, slot_bytes, room, least)
     detail += (
         f"; the default ring for {workers} workers and {_mib(batch_bytes)} batches needs "
-        f"{_mib(total)} ({slots} slots of {_mib(slot_bytes)}), the loader takes at most half "
-        f"({_mib(bound)})"
+        f"{_mib(total)} ({slots} slots of {_mib(slot_bytes)}), the loader lets it take "
+        f"{_mib(room)} (at most half, and a margin for the processes' own memory)"
     )
     remedy = budget.remedy() + ", or pass max_shm_bytes explicitly"
     if fit is None:
@@ -165,6 +170,16 @@ def check_shm(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
             f"{_SHM_DIR} cannot be read ({exc}); POSIX shared memory is unavailable",
             "mount a tmpfs on /dev/shm (docker: --shm-size=2g or --ipc=host), or use "
             "shm_backend='memfd' (Linux)",
+        )
+    if st.f_flag & getattr(os, "ST_RDONLY", 0):
+        if kind == "memfd":
+            return Check("/dev/shm", OK, f"{_SHM_DIR} is mounted read-only; rings use memfd, not /dev/shm")
+        return Check(
+            "/dev/shm",
+            FAIL,
+            f"{_SHM_DIR} is mounted read-only: the posix backend cannot put rings there",
+            "use shm_backend='memfd' (Linux), or mount a writable tmpfs on /dev/shm "
+            "(docker run --shm-size=2g or --ipc=host)",
         )
     size = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize

@@ -66,8 +66,10 @@ class ShmSpaceError(ShmLoaderError, MemoryError, RuntimeError):
 
 
 class ShmBackendError(ShmLoaderError, RuntimeError):
-    """The shared-memory backend asked for by name cannot be used here (``memfd_create``
-    refused by a seccomp profile or an old kernel): the message names the remedy."""
+    """The shared-memory backend cannot be used here: ``memfd_create`` refused (a seccomp
+    profile, an old kernel) where ``shm_backend='memfd'`` was asked for, or no writable
+    /dev/shm (none mounted, or read-only) for ``posix``. The message names the cause and
+    the remedy."""
 
 
 class BatchLayoutError(ShmLoaderError, ValueError, RuntimeError):

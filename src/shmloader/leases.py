@@ -3,9 +3,12 @@
 A :class:`Leases` holds a loader's current ring (where new batches go) and counts the
 retired ones (rings that grew or were shared with a forked child: freed when the last
 batch viewing them dies). It applies the sizing policy (also used by ``shmloader doctor``
-and ``shmloader bench``), claims slots for tasks, grows the ring when the consumer holds
-every slot, and leases a handed-out slot to its batch: the slot returns to FREE when the
-batch's root array dies.
+and ``shmloader bench``): the bound is ``max_shm_bytes`` (default: half of what the
+backend can give, :mod:`shmloader.memory`), and the first ring gets fewer slots than the
+default where memory is short, down to one in flight per worker plus two, with one
+:class:`~shmloader.errors.RingSizeWarning`. It claims slots for tasks, grows the ring
+when the consumer holds every slot, and leases a handed-out slot to its batch: the slot
+returns to FREE when the batch's root array dies.
 
 Three rules keep a held slot from being rewritten:
 
@@ -33,7 +36,7 @@ from typing import Any
 
 from shmloader import _slots, memory
 from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
-from shmloader.ring import Ring, resolve_backend, ring_bytes, shm_free_bytes
+from shmloader.ring import Ring, check_usable, resolve_backend, ring_bytes, shm_free_bytes
 from shmloader.wire import NO_SLOT
 
 # --- sizing policy ------------------------------------------------------------------------
@@ -68,10 +71,37 @@ def min_num_slots(num_workers: int) -> int:
 def default_max_shm_bytes(backend: str = "auto") -> int:
     """The default bound on a loader's rings: half of what ``backend`` can give now
     (:func:`shmloader.memory.budget`: the machine's available memory, the cgroup's
-    headroom and, for posix, /dev/shm's free space). The other half is the margin that
-    keeps the cgroup's OOM killer away from the consumer."""
-    have = memory.budget(resolve_backend(backend)).bytes
-    return have // 2 if have else DEFAULT_MAX_SHM_BYTES
+    headroom and, for posix, /dev/shm's free space). Each ring is also held to what is
+    there when it is made, less a margin (:func:`shmloader.memory.ring_room`), which keeps
+    the cgroup's OOM killer away from the processes."""
+    return _half(memory.budget(resolve_backend(backend)))
+
+
+def _half(budget: memory.Budget | None) -> int:
+    return budget.bytes // 2 if budget is not None and budget.bytes else DEFAULT_MAX_SHM_BYTES
+
+
+def _have(budget: memory.Budget) -> str:
+    return "an unknown amount" if budget.bytes is None else memory.mib(budget.bytes)
+
+
+def margin_reserve(num_workers: int, slot_bytes: int) -> int:
+    """What the processes allocate beside a ring of ``slot_bytes`` slots once it is made:
+    about one batch (the batch such a slot was sized for) per worker, which holds its
+    samples while it collates the next one, and one for the consumer's own work on a
+    batch (a conversion, a transform). Kept free by :func:`shmloader.memory.ring_room`."""
+    batch = max(0, int((slot_bytes - SLOT_SLACK_BYTES) / SLOT_HEADROOM))
+    return (num_workers + 1) * batch
+
+
+def first_ring_room(budget: memory.Budget, num_workers: int, slot_bytes: int) -> int | None:
+    """The bytes a loader with the default max_shm_bytes, made where ``budget`` is what
+    the backend can give, lets its first ring take (what ``shmloader doctor`` reports):
+    half of the budget, and no more than it leaves beside the margin."""
+    if budget.bytes is None:
+        return None
+    now = memory.ring_room(budget, margin_reserve(num_workers, slot_bytes))
+    return min(_half(budget), now if now is not None else budget.bytes)
 
 
 def fit_slots(num_slots: int, slot_bytes: int, room: int, least: int) -> int | None:
@@ -168,18 +198,27 @@ class Leases:
         *,
         backend: str = "auto",
         min_slots: int | None = None,
+        num_workers: int = 0,
     ) -> None:
         """``num_slots``: slots of the first ring; ``max_shm_bytes``: the user's bound, or
         None for the default (:func:`default_max_shm_bytes`); ``pinner``: a
         pinning.RingPinner or None; ``stats``: the loader's counters (``rings_created`` is
         bumped here); ``backend``: the rings' (ring.resolve_backend); ``min_slots``: where
         given, the first ring may get fewer slots, down to this, when memory is short
-        (None: ``num_slots`` was the user's, and is kept)."""
+        (None: ``num_slots`` was the user's, and is kept); ``num_workers``: the loader's,
+        for the memory margin (each worker holds a batch's samples while it collates)."""
         self.num_slots = num_slots
+        self.num_workers = num_workers
         self.backend = backend
         self.min_slots = min_slots
+        if num_workers > 0:
+            # Where neither backend can work here (memfd refused and no writable /dev/shm,
+            # or the one asked for), say so now, when the loader is made.
+            check_usable(backend)
         self.explicit_max = max_shm_bytes is not None
-        self._max_shm_bytes = max_shm_bytes if max_shm_bytes is not None else default_max_shm_bytes(backend)
+        # The default bound: half of what the backend could give when the loader was made.
+        self._start_budget = None if self.explicit_max else memory.budget(resolve_backend(backend))
+        self._max_shm_bytes = max_shm_bytes if max_shm_bytes is not None else _half(self._start_budget)
         self._warned = False
         self.pinner = pinner
         self._stats = stats
@@ -199,6 +238,7 @@ class Leases:
     def max_shm_bytes(self, value: int) -> None:
         self._max_shm_bytes = value
         self.explicit_max = True
+        self._start_budget = None
 
     @property
     def current(self) -> Ring | None:
@@ -219,16 +259,20 @@ class Leases:
 
     def new_ring(self, num_slots: int, slot_bytes: int, *, held: int = 0) -> Ring:
         """Make a new current ring (the old one is retired: it is freed when the last
-        batch viewing it dies). Raises :class:`RingLimitError` when that would pass
+        batch viewing it dies). The first ring may get fewer slots where memory is short
+        (see ``min_slots``). Raises :class:`RingLimitError` when that would pass
         ``max_shm_bytes`` (``held``: batches the consumer holds, for the message), and
-        :class:`ShmSpaceError` when /dev/shm cannot hold it."""
+        :class:`ShmSpaceError` when the memory is not there (the margin kept), naming
+        the limit that binds."""
         with self._lock:
             pinned = self.pinned_bytes()
+            fresh = memory.budget(resolve_backend(self.backend))
             if self._current is None and self.min_slots is not None:
-                num_slots = self._fit_first(num_slots, slot_bytes, pinned)
+                num_slots = self._fit_first(num_slots, slot_bytes, pinned, fresh)
             need = ring_bytes(num_slots, slot_bytes)
-            if pinned + need > self.max_shm_bytes:
-                raise self._limit_error(need, pinned, held)
+            room = memory.ring_room(fresh, self._reserve(slot_bytes))
+            if pinned + need > self.max_shm_bytes or (room is not None and need > room):
+                raise self._limit_error(need, pinned, held, fresh, room)
             ring = Ring.create(num_slots, slot_bytes, backend=self.backend)
             self._stats["rings_created"] += 1
             if self.pinner is not None:
@@ -240,37 +284,28 @@ class Leases:
                 old.close_fd()  # its memory stays mapped while batches view it
             return ring
 
-    def _fit_first(self, num_slots: int, slot_bytes: int, pinned: int) -> int:
-        """The slots of the first ring: ``num_slots`` where they fit the bound and the
-        memory there now, else fewer (one warning), down to ``min_slots``; an error
-        naming the binding limit first when not even those fit."""
+    def _reserve(self, slot_bytes: int) -> int:
+        return margin_reserve(self.num_workers, slot_bytes)
+
+    def _fit_first(self, num_slots: int, slot_bytes: int, pinned: int, fresh: memory.Budget) -> int:
+        """The slots of the first ring: ``num_slots`` where they fit ``max_shm_bytes`` and
+        the memory there now (less the margin), else fewer (one warning), down to
+        ``min_slots``; an error naming the binding limit first when not even those fit."""
         bound = self.max_shm_bytes - pinned
-        fresh = memory.budget(resolve_backend(self.backend))
-        room = bound
-        if fresh.bytes is not None:
-            # The default bound keeps half of the memory as margin; an explicit one may
-            # take all of what is there, never more.
-            room = min(room, fresh.bytes if self.explicit_max else fresh.bytes // 2)
+        now = memory.ring_room(fresh, self._reserve(slot_bytes))
+        room = bound if now is None else min(bound, now)
         least = min(self.min_slots or num_slots, num_slots)
         fit = fit_slots(num_slots, slot_bytes, room, least)
-        why = self._why(room, bound, fresh)
-        remedy = (
-            "pass a larger max_shm_bytes, or use a smaller batch_size or fewer num_workers"
-            if room == bound and self.explicit_max
-            else self._remedy(fresh)
-        )
+        why, remedy, limit_binds = self._why(room, now is None or bound <= now, fresh)
         if fit is None:
             need = ring_bytes(least, slot_bytes)
             text = (
-                f"{why[0].upper()}{why[1:]}; the loader's shared-memory ring needs at least "
+                f"{_sentence(why)}; the loader's shared-memory ring needs at least "
                 f"{memory.mib(need)} ({least} slots of {memory.mib(slot_bytes)}: one batch in "
-                f"flight per worker, the batch being handed out and the previous one)."
+                f"flight per worker, the batch being handed out and the previous one). "
+                f"To fix it: {remedy}."
             )
-            if room == bound and self.explicit_max:
-                raise RingLimitError(
-                    f"{text} Pass a larger max_shm_bytes, or use a smaller batch_size or fewer num_workers."
-                )
-            raise ShmSpaceError(f"{text} To fix it: {remedy}.")
+            raise RingLimitError(text) if limit_binds else ShmSpaceError(text)
         if fit < num_slots and not self._warned:
             self._warned = True
             warnings.warn(
@@ -283,28 +318,47 @@ class Leases:
             )
         return fit
 
-    def _why(self, room: int, bound: int, fresh: memory.Budget) -> str:
-        """What leaves only ``room`` bytes, its figures first."""
-        if room == bound and self.explicit_max:
-            return f"max_shm_bytes={self.max_shm_bytes} (passed to the loader) leaves {memory.mib(room)}"
-        cause = fresh.cause()
-        if self.explicit_max or fresh.bytes is None:
-            return f"{cause} leaves {memory.mib(room)}"
+    def _why(self, room: int, max_binds: bool, fresh: memory.Budget) -> tuple[str, str, bool]:
+        """(What leaves only ``room`` bytes, its figures first; the remedy; whether it is
+        an explicit max_shm_bytes rather than the memory there.) ``max_binds``: the bound
+        is max_shm_bytes, not the memory there now (``fresh``) less the margin."""
+        if max_binds and self.explicit_max:
+            return (
+                f"max_shm_bytes={self.max_shm_bytes} (passed to the loader) leaves {memory.mib(room)}",
+                "pass a larger max_shm_bytes, or use a smaller batch_size or fewer num_workers",
+                True,
+            )
+        start = self._start_budget
+        if max_binds and start is not None and start.bytes is not None:
+            return (
+                f"{start.cause()} left {memory.mib(start.bytes)} when the loader was made, of "
+                f"which its rings take at most half by default ({memory.mib(self.max_shm_bytes)})",
+                f"{start.remedy()}, or pass a larger max_shm_bytes",
+                False,
+            )
         return (
-            f"{cause} leaves {memory.mib(fresh.bytes)}, of which the loader takes at most half "
-            f"by default ({memory.mib(room)}), keeping the rest as margin"
+            f"{fresh.cause()} leaves {_have(fresh)}, of which the loader's rings may take "
+            f"{memory.mib(room)} (the rest is margin for the processes' own memory)",
+            fresh.remedy(),
+            False,
         )
 
-    def _remedy(self, fresh: memory.Budget) -> str:
-        text = fresh.remedy()
-        if not self.explicit_max:
-            text += " (or pass max_shm_bytes to take more of what is there)"
-        return text
-
-    def _limit_error(self, need: int, pinned: int, held: int) -> RingLimitError:
+    def _limit_error(
+        self, need: int, pinned: int, held: int, fresh: memory.Budget, room: int | None
+    ) -> MemoryError:
+        """The error for a ring of ``need`` bytes that passes max_shm_bytes, or ``room``
+        (what the memory there now leaves it): what binds first, then the remedy."""
         kind = resolve_backend(self.backend)
-        budget = None if self.explicit_max else memory.budget(kind)
-        return limit_error(self.max_shm_bytes, need, pinned, held, budget, kind)
+        max_binds = pinned + need > self.max_shm_bytes
+        if held or (self.explicit_max and max_binds):
+            return limit_error(self.max_shm_bytes, need, pinned, held, backend=kind)
+        mapped = f" (the loader's rings already map {memory.mib(pinned)})" if pinned else ""
+        left = self.max_shm_bytes - pinned if max_binds else room or 0
+        why, remedy, _ = self._why(left, max_binds, fresh)
+        return ShmSpaceError(
+            f"{_sentence(why)}; the loader's next ring needs {memory.mib(need)}{mapped}. To fix "
+            f"it: {remedy}, or ask for a smaller ring with a lower num_slots or prefetch_factor."
+        )
 
     def ring_for_batch(self, batch_bytes: int, like: Ring | None) -> Ring:
         """A new current ring whose slots hold a batch of ``batch_bytes`` (the first
@@ -398,6 +452,12 @@ os.register_at_fork(before=_note_fork, after_in_parent=_note_fork, after_in_chil
 # --- errors -------------------------------------------------------------------------------
 
 
+def _sentence(text: str) -> str:
+    """``text`` as a sentence's start: capitalized, unless it starts with a name
+    (``max_shm_bytes=...``, ``/dev/shm``)."""
+    return text if text.startswith(("max_shm_bytes", "/")) else text[0].upper() + text[1:]
+
+
 def _user_stacklevel() -> int:
     """The stacklevel of the first caller outside this package (the user's loop), so a
     warning points at the user's line, not at the loader's insides."""
@@ -409,20 +469,13 @@ def _user_stacklevel() -> int:
 
 
 def limit_error(
-    max_shm_bytes: int,
-    need: int,
-    pinned: int,
-    held: int,
-    budget: memory.Budget | None = None,
-    backend: str = "posix",
+    max_shm_bytes: int, need: int, pinned: int, held: int, backend: str = "posix"
 ) -> RingLimitError:
     """The error for a ring of ``need`` bytes that would pass ``max_shm_bytes`` with
     ``pinned`` bytes of rings mapped and ``held`` batches held by the consumer. It leads
-    with what binds: the held batches where there are any, else the limit under the
-    default max_shm_bytes (``budget``), else the explicit max_shm_bytes. (``backend``:
-    the rings', for the /dev/shm hint.)"""
+    with what binds: the held batches where there are any, else max_shm_bytes.
+    (``backend``: the rings', for the /dev/shm hint.)"""
     hint = shm_size_hint(need) if backend == "posix" else ""
-    fewer = "use a smaller batch_size or fewer num_workers"
     if held:
         return RingLimitError(
             f"The consumer holds {held} batches, which pin {pinned} bytes of rings, and the next "
@@ -431,17 +484,11 @@ def limit_error(
             "copy=True), or pass a larger max_shm_bytes." + hint
         )
     mapped = f" (the loader's rings already map {pinned} bytes)" if pinned else ""
-    if budget is not None and budget.bytes is not None:
-        cause = budget.cause()
-        return RingLimitError(
-            f"{cause[0].upper()}{cause[1:]} leaves {memory.mib(budget.bytes)}, and the loader "
-            f"takes at most half of it by default (max_shm_bytes={max_shm_bytes} bytes); its next "
-            f"ring needs {need} bytes{mapped}. To fix it: {budget.remedy()}, or pass a larger "
-            "max_shm_bytes."
-        )
     return RingLimitError(
         f"max_shm_bytes={max_shm_bytes} bytes (passed to the loader) is too small: the loader's "
-        f"next ring needs {need} bytes{mapped}. Pass a larger max_shm_bytes, or {fewer}." + hint
+        f"next ring needs {need} bytes{mapped}. Pass a larger max_shm_bytes, use a smaller "
+        "batch_size or fewer num_workers, or ask for a smaller ring with a lower num_slots or "
+        "prefetch_factor." + hint
     )
 
 

@@ -56,8 +56,12 @@ class DataLoader(Generic[T_co]):
     larger slots; when given, a batch that does not fit is an error), ``max_shm_bytes``
     (the bound on all of the loader's rings; default half of the memory the backend can
     give: the machine's available memory, the container's cgroup headroom and, for
-    ``posix``, /dev/shm's free space; where the default ring does not fit it, the first ring
-    gets fewer slots, down to ``num_workers + 2``, with one :class:`RingSizeWarning`),
+    ``posix``, /dev/shm's free space, when the loader is made; a ring also leaves a margin
+    of what is there when it is made for the processes' own memory (a batch per worker and
+    one for the consumer, plus 32 MiB), so a cgroup's OOM killer is never what stops it;
+    where the default ring does not fit, the first ring gets fewer slots, down to
+    ``num_workers + 2``, with one :class:`~shmloader.errors.RingSizeWarning`, and where even
+    that does not fit the error names the limit that binds),
     ``shm_backend`` (where rings live: ``"auto"``, the default, is ``"memfd"`` on Linux
     (``memfd_create``: charged to the process's memory, so a small /dev/shm such as
     Docker's 64 MB limits nothing) falling back to ``"posix"`` where the system refuses it,
@@ -290,6 +294,7 @@ class DataLoader(Generic[T_co]):
             backend=shm_backend,
             # The default slot count adapts to the memory there; one the user gave is kept.
             min_slots=_leases.min_num_slots(num_workers) if num_slots is None else None,
+            num_workers=num_workers,
         )
         if slot_bytes is not None and num_workers > 0:
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.

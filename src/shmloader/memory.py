@@ -20,6 +20,7 @@ This module imports nothing from the package: the ring, the leases and doctor us
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -29,8 +30,8 @@ SHM_DIR = "/dev/shm"
 
 
 def mib(n: float) -> str:
-    """``n`` bytes as MiB with one decimal, for messages."""
-    return f"{n / 2**20:.1f} MiB"
+    """``n`` bytes as MiB with one decimal for messages (as bytes below 1 MiB)."""
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{int(n)} bytes"
 
 
 # --- the machine ----------------------------------------------------------------------------
@@ -57,6 +58,34 @@ def shm_free_bytes(path: str = SHM_DIR) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def shm_size_bytes(path: str = SHM_DIR) -> int | None:
+    """/dev/shm's size in bytes (what docker --shm-size sets), or None where it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
+def shm_problem(path: str = SHM_DIR) -> str | None:
+    """Why the posix backend cannot put a segment in /dev/shm here, in words ("there is
+    no /dev/shm here", "/dev/shm is mounted read-only"), or None where nothing is wrong
+    that can be seen. (Linux only: elsewhere shm_open does not live in /dev/shm.)"""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        st = os.statvfs(path)
+    except FileNotFoundError:
+        return f"there is no {path} here (nothing is mounted there)"
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return f"{path} is mounted read-only"
+    return None
+
+
 # --- the cgroup -----------------------------------------------------------------------------
 
 
@@ -68,7 +97,7 @@ class CgroupLimit:
     path: str  # the cgroup, as /proc/self/cgroup names it ("/" for the root)
     limit: int  # bytes
     usage: int  # bytes charged now (v1 usage_in_bytes, v2 memory.current)
-    reclaimable: int  # inactive file cache in that usage, which the kernel frees first
+    reclaimable: int  # file cache in that usage no process maps: the kernel frees it first
 
     @property
     def headroom(self) -> int:
@@ -99,16 +128,26 @@ def _read_int(path: str) -> int | None:
     return None if value >= _NO_LIMIT else value
 
 
-def _stat_value(path: str, key: str) -> int:
+def _stat_values(path: str) -> dict[str, int]:
+    out = {}
     try:
         with open(path) as f:
             for line in f:
                 name, _, value = line.partition(" ")
-                if name == key:
-                    return int(value)
-    except (OSError, ValueError):
+                with contextlib.suppress(ValueError):
+                    out[name] = int(value)
+    except OSError:
         pass
-    return 0
+    return out
+
+
+def _reclaimable(stat: dict[str, int], prefix: str, mapped_key: str) -> int:
+    """File cache the kernel can drop before it OOM-kills: the file LRU lists less the
+    pages processes map (their code, which would only be read back). Shared memory
+    (memfd, tmpfs) is not on the file lists: it is never counted here."""
+    inactive = stat.get(prefix + "inactive_file", 0)
+    unmapped = inactive + stat.get(prefix + "active_file", 0) - stat.get(mapped_key, 0)
+    return max(inactive, unmapped)
 
 
 def _own_cgroups(proc_cgroup: str) -> tuple[str | None, str | None]:
@@ -142,49 +181,104 @@ def _ancestors(path: str) -> list[str]:
         path = os.path.dirname(path)
 
 
-def cgroup_v2_limit(root: str, path: str) -> CgroupLimit | None:
-    """The tightest ``memory.max`` over cgroup ``path`` (unified hierarchy mounted at
-    ``root``) and its ancestors: the one with the least headroom; None where none is set."""
-    tightest = None
+def _dirs(mount: str, mount_root: str, path: str) -> list[tuple[str, str]]:
+    """(cgroup path, its directory) for ``path`` and each ancestor visible under a
+    hierarchy mounted at ``mount`` whose root is the cgroup ``mount_root`` (a container
+    sees its own cgroup as the mount's root, e.g. /docker/ID bind-mounted on
+    /sys/fs/cgroup/memory: the ancestors above it cannot be read from inside)."""
+    mount_root = "/" + mount_root.strip("/")
+    out = []
     for cg in _ancestors(path):
-        d = os.path.join(root, cg.lstrip("/"))
-        limit = _read_int(os.path.join(d, "memory.max"))
-        if limit is None:  # "max", absent (the root has none) or unreadable
+        if mount_root == "/":
+            rel = cg
+        elif cg == mount_root or cg.startswith(mount_root + "/"):
+            rel = cg[len(mount_root) :]
+        else:
             continue
-        usage = _read_int(os.path.join(d, "memory.current")) or 0
-        found = CgroupLimit(2, cg, limit, usage, _stat_value(os.path.join(d, "memory.stat"), "inactive_file"))
+        out.append((cg, os.path.join(mount, rel.lstrip("/"))))
+    if not out:  # a path outside the mount (another namespace's view): the mount is ours
+        out.append((path, mount))
+    return out
+
+
+def _tightest(version: int, dirs: list[tuple[str, str]]) -> CgroupLimit | None:
+    limit_file, usage_file, prefix, mapped_key = (
+        ("memory.max", "memory.current", "", "file_mapped")
+        if version == 2
+        else ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_", "total_mapped_file")
+    )
+    tightest = None
+    for cg, d in dirs:
+        limit = _read_int(os.path.join(d, limit_file))
+        if limit is None:  # "max", no limit, absent (the v2 root has none) or unreadable
+            continue
+        usage = _read_int(os.path.join(d, usage_file)) or 0
+        stat = _stat_values(os.path.join(d, "memory.stat"))
+        found = CgroupLimit(version, cg, limit, usage, _reclaimable(stat, prefix, mapped_key))
         if tightest is None or found.headroom < tightest.headroom:
             tightest = found
     return tightest
 
 
-def cgroup_v1_limit(root: str, path: str) -> CgroupLimit | None:
+def cgroup_v2_limit(mount: str, path: str, mount_root: str = "/") -> CgroupLimit | None:
+    """The tightest ``memory.max`` over cgroup ``path`` (the unified hierarchy mounted at
+    ``mount``, whose root is cgroup ``mount_root``) and its visible ancestors: the one
+    with the least headroom; None where none is set."""
+    return _tightest(2, _dirs(mount, mount_root, path))
+
+
+def cgroup_v1_limit(mount: str, path: str, mount_root: str = "/") -> CgroupLimit | None:
     """The tightest ``memory.limit_in_bytes`` over cgroup ``path`` (the v1 memory
-    controller mounted at ``root``) and its ancestors; None where none is set. (A
-    parent's limit binds its children: memory.stat's ``hierarchical_memory_limit``.)"""
-    tightest = None
-    for cg in _ancestors(path):
-        d = os.path.join(root, cg.lstrip("/"))
-        limit = _read_int(os.path.join(d, "memory.limit_in_bytes"))
-        if limit is None:
+    controller mounted at ``mount``) and its visible ancestors; None where none is set.
+    (A parent's limit binds its children, as memory.stat's ``hierarchical_memory_limit``
+    says; walking up also gives the parent's usage, which its other children share.)"""
+    return _tightest(1, _dirs(mount, mount_root, path))
+
+
+def _cgroup_mounts(mountinfo: str) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+    """((mount point, root) of the v1 memory controller, the same of cgroup2), from
+    /proc/self/mountinfo; None where absent."""
+    v1 = v2 = None
+    try:
+        with open(mountinfo) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
             continue
-        usage = _read_int(os.path.join(d, "memory.usage_in_bytes")) or 0
-        stat = os.path.join(d, "memory.stat")
-        found = CgroupLimit(1, cg, limit, usage, _stat_value(stat, "total_inactive_file"))
-        if tightest is None or found.headroom < tightest.headroom:
-            tightest = found
-    return tightest
+        root, point = fields[3].replace("\\040", " "), fields[4].replace("\\040", " ")
+        if tail[0] == "cgroup" and "memory" in tail[2].split(",") and v1 is None:
+            v1 = (point, root)
+        elif tail[0] == "cgroup2" and v2 is None:
+            v2 = (point, root)
+    return v1, v2
 
 
-def cgroup_limit(root: str = CGROUP_ROOT, proc_cgroup: str = "/proc/self/cgroup") -> CgroupLimit | None:
+def cgroup_limit(
+    root: str | None = None,
+    proc_cgroup: str = "/proc/self/cgroup",
+    mountinfo: str = "/proc/self/mountinfo",
+) -> CgroupLimit | None:
     """This process's binding cgroup memory limit (v1 memory controller where it is
-    mounted, else v2), or None where no limit applies or none can be read."""
+    mounted, else v2), or None where no limit applies or none can be read. The
+    hierarchies are found in ``mountinfo``; ``root`` instead says they are mounted at
+    ``root/memory`` (v1) and ``root`` (v2), each rooted at "/" (tests, odd systems)."""
     v1, v2 = _own_cgroups(proc_cgroup)
-    v1_root = os.path.join(root, "memory")
-    if v1 is not None and os.path.isdir(v1_root):
-        return cgroup_v1_limit(v1_root, v1)
-    if v2 is not None:
-        return cgroup_v2_limit(root, v2)
+    if root is not None:
+        m1 = (os.path.join(root, "memory"), "/") if os.path.isdir(os.path.join(root, "memory")) else None
+        m2: tuple[str, str] | None = (root, "/")
+    else:
+        m1, m2 = _cgroup_mounts(mountinfo)
+        if m1 is None and m2 is None:  # no mountinfo: the usual places
+            m1 = (os.path.join(CGROUP_ROOT, "memory"), "/")
+            m2 = (CGROUP_ROOT, "/")
+    if v1 is not None and m1 is not None and os.path.isdir(m1[0]):
+        return cgroup_v1_limit(m1[0], v1, m1[1])
+    if v2 is not None and m2 is not None:
+        return cgroup_v2_limit(m2[0], v2, m2[1])
     return None
 
 
@@ -204,13 +298,15 @@ class Budget:
     cgroup: CgroupLimit | None
     mem_available: int | None
     shm_free: int | None
+    shm_size: int | None = None
 
     def cause(self) -> str:
         """The binding limit in words, its figures first: what an error leads with."""
         if self.limit == CGROUP and self.cgroup is not None:
             return f"the memory limit of this process's cgroup ({self.cgroup.describe()})"
         if self.limit == SHM:
-            return f"/dev/shm's free space ({mib(self.shm_free or 0)}; the 'posix' backend keeps rings there)"
+            size = "size unknown" if self.shm_size is None else mib(self.shm_size)
+            return f"/dev/shm ({size}, {mib(self.shm_free or 0)} free; the 'posix' backend keeps rings there)"
         if self.limit == MACHINE:
             return f"the machine's available memory (MemAvailable {mib(self.mem_available or 0)})"
         return "the memory available"
@@ -232,6 +328,29 @@ class Budget:
         return f"{fewer}, or free memory on this machine"
 
 
+MARGIN_FRACTION = 4  # rings leave at least a quarter of what is there to the processes
+MARGIN_FLOOR_BYTES = 32 * 2**20  # and, where RAM or a cgroup binds, this beside what the
+# workers allocate while they make their next batches (``reserve``)
+
+
+def ring_room(budget: Budget, reserve: int = 0) -> int | None:
+    """Of what ``budget`` says is there, the bytes a new ring may take: all but a margin
+    for what the processes allocate after the ring is made. Past a cgroup's limit the
+    OOM killer ends a process, so where the machine's memory or a cgroup binds the margin
+    is ``reserve`` (the leases': a batch per worker, which holds its samples while it
+    collates, and one for the consumer) plus 32 MiB, or a quarter if that is more; where
+    /dev/shm binds, a quarter. None where nothing could be read. (Measured, 2 fork workers
+    and 38.5 MB batches in a cgroup v1 limit: the cgroup's peak was the usage when the ring
+    was made, plus the ring, plus one batch per worker; a margin of a quarter alone let
+    the OOM killer in at 432 MiB.)"""
+    if budget.bytes is None:
+        return None
+    margin = budget.bytes // MARGIN_FRACTION
+    if budget.limit in (CGROUP, MACHINE):
+        margin = max(margin, MARGIN_FLOOR_BYTES + reserve)
+    return max(0, budget.bytes - margin)
+
+
 def budget(backend: str) -> Budget:
     """The bytes a ring of ``backend`` (``"memfd"`` or ``"posix"``) can take now: the
     least of the machine's available memory, the cgroup's headroom and (posix) /dev/shm's
@@ -239,6 +358,7 @@ def budget(backend: str) -> Budget:
     cg = cgroup_limit()
     avail = mem_available()
     shm = shm_free_bytes() if backend == "posix" else None
+    shm_size = shm_size_bytes() if backend == "posix" else None
     candidates = []
     if cg is not None:
         candidates.append((cg.headroom, CGROUP))
@@ -247,6 +367,6 @@ def budget(backend: str) -> Budget:
     if shm is not None:
         candidates.append((shm, SHM))
     if not candidates:
-        return Budget(backend, None, None, cg, avail, shm)
+        return Budget(backend, None, None, cg, avail, shm, shm_size)
     size, limit = min(candidates)
-    return Budget(backend, size, limit, cg, avail, shm)
+    return Budget(backend, size, limit, cg, avail, shm, shm_size)

@@ -26,6 +26,7 @@ The descriptor travels to workers the same way for both.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import secrets
@@ -34,6 +35,11 @@ from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
+
+try:
+    import posix_ipc  # the posix backend's shm_open
+except ImportError:  # pragma: no cover - a system without it uses memfd only
+    posix_ipc = None
 
 from shmloader import fdguard, memory
 from shmloader._slots import Mapping, StateArray
@@ -233,36 +239,80 @@ def attach_fd(fd: int, num_slots: int, slot_bytes: int, *, populate: bool = True
     return ring
 
 
+def check_usable(backend: str = "auto") -> str:
+    """The backend a ring of ``backend`` would use here (``"memfd"`` or ``"posix"``),
+    checked now: memfd_create is tried (a refusal is remembered, as a ring's would be) and
+    /dev/shm is looked at for posix. Raises :class:`ShmBackendError` naming the cause and
+    the remedy where neither can work, so a loader can say so when it is made."""
+    kind = resolve_backend(backend)
+    if kind == "memfd":
+        fd = _open_memfd(explicit=backend == "memfd")
+        if fd is not None:
+            os.close(fd)
+            return "memfd"
+    _check_posix()
+    return "posix"
+
+
+def _open_memfd(*, explicit: bool) -> int | None:
+    """A new sealable memfd, or None where the system refuses memfd_create (remembered
+    for the process: "auto" then means posix); a ShmBackendError instead where memfd was
+    asked for by name (``explicit``)."""
+    global _memfd_refused
+    try:
+        # The name is only a label (/proc/PID/fd, /proc/PID/maps): nobody can open a
+        # memfd by it. Unique, as the posix names are, so a ring can be told apart.
+        name = f"shmloader-{os.getpid()}-{secrets.token_hex(8)}"
+        return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except (OSError, AttributeError) as exc:
+        refused = exc if isinstance(exc, OSError) else OSError(errno.ENOSYS, str(exc))
+        if refused.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL):
+            raise
+        _memfd_refused = refused
+        if explicit:
+            raise ShmBackendError(
+                f"memfd_create was refused ({errno.errorcode.get(refused.errno, refused.errno)}: "
+                f"{refused.strerror}; a seccomp profile or an old kernel forbids it) and "
+                "shm_backend='memfd' was asked for. Use shm_backend='auto' (falls back to "
+                "/dev/shm) or 'posix', or allow memfd_create in the container's seccomp profile."
+            ) from refused
+        return None
+
+
+def _check_posix() -> None:
+    """Raise a ShmBackendError where /dev/shm cannot take a posix segment (absent, read-only)."""
+    problem = memory.shm_problem(_SHM_DIR)
+    if problem is not None:
+        refused = ""
+        if _memfd_refused is not None:
+            refused = f"memfd_create was refused ({_memfd_refused.strerror}), and "
+        raise ShmBackendError(
+            f"{refused}{problem}, so the 'posix' shared-memory backend has nowhere to put "
+            "the loader's ring. Use shm_backend='memfd' (the default on Linux, which needs no "
+            "/dev/shm), or mount a writable tmpfs on /dev/shm (docker run --shm-size=2g or "
+            "--ipc=host)."
+        )
+
+
 def _create_segment(kind: str, *, explicit: bool) -> tuple[int, str]:
     """A new anonymous segment of backend ``kind``: (descriptor, the backend used). A
     memfd refused by the system falls back to posix (remembered for the process) unless
     memfd was asked for by name (``explicit``)."""
-    global _memfd_refused
     if kind == "memfd":
-        try:
-            # The name is only a label (/proc/PID/fd, /proc/PID/maps): nobody can open a
-            # memfd by it. Unique, as the posix names are, so a ring can be told apart.
-            name = f"shmloader-{os.getpid()}-{secrets.token_hex(8)}"
-            return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), "memfd"
-        except (OSError, AttributeError) as exc:
-            refused = exc if isinstance(exc, OSError) else OSError(errno.ENOSYS, str(exc))
-            if refused.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL):
-                raise
-            _memfd_refused = refused
-            if explicit:
-                raise ShmBackendError(
-                    f"memfd_create was refused ({errno.errorcode.get(refused.errno, refused.errno)}: "
-                    f"{refused.strerror}; a seccomp profile or an old kernel forbids it) and "
-                    "shm_backend='memfd' was asked for. Use shm_backend='auto' (falls back to "
-                    "/dev/shm) or 'posix', or allow memfd_create in the container's seccomp profile."
-                ) from refused
+        fd = _open_memfd(explicit=explicit)
+        if fd is not None:
+            return fd, "memfd"
+    _check_posix()
     return _create_unlinked_segment(), "posix"
 
 
 def _create_unlinked_segment() -> int:
     """Create a new POSIX segment with a fresh random name (O_EXCL, 0600) and unlink it at once."""
-    import posix_ipc  # only the posix backend needs it
-
+    if posix_ipc is None:
+        raise ShmBackendError(
+            "the posix shared-memory backend needs the posix_ipc package, which is not "
+            "installed: pip install posix_ipc, or use shm_backend='memfd' (Linux)."
+        )
     for _ in range(_NAME_ATTEMPTS):
         name = f"/shmloader-{os.getpid()}-{secrets.token_hex(8)}"
         try:
@@ -284,11 +334,15 @@ def _create_unlinked_segment() -> int:
 def _space_error(budget: memory.Budget, total: int, num_slots: int, slot_bytes: int) -> ShmSpaceError:
     have = "an unknown amount" if budget.bytes is None else memory.mib(budget.bytes)
     return ShmSpaceError(
-        f"{budget.cause()[0].upper()}{budget.cause()[1:]} leaves {have} for the loader's "
+        f"{_sentence(budget.cause())} leaves {have} for the loader's "
         f"shared-memory ring, which needs {total} bytes ({memory.mib(total)}: {num_slots} "
         f"slots of {slot_bytes} bytes, backend {budget.backend!r}). To fix it: {budget.remedy()}; "
         "or ask for a smaller ring with a lower num_slots or prefetch_factor."
     )
+
+
+def _sentence(text: str) -> str:
+    return text if text.startswith("/") else text[0].upper() + text[1:]
 
 
 def _check_room(kind: str, total: int, num_slots: int, slot_bytes: int) -> None:
@@ -308,9 +362,7 @@ def _reserve(fd: int, total: int, num_slots: int, slot_bytes: int, kind: str = "
         # ENOSPC from a memfd is the memory (machine or cgroup), from posix /dev/shm's size.
         budget = memory.budget(kind)
         if kind == "posix" and budget.limit != memory.SHM and budget.shm_free is not None:
-            budget = memory.Budget(
-                kind, budget.shm_free, memory.SHM, budget.cgroup, budget.mem_available, budget.shm_free
-            )
+            budget = dataclasses.replace(budget, bytes=budget.shm_free, limit=memory.SHM)
         raise _space_error(budget, total, num_slots, slot_bytes) from exc
     if kind == "memfd":
         import fcntl
