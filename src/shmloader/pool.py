@@ -64,7 +64,9 @@ class WorkerHandle:
 def uses_pdeathsig(method: str) -> bool:
     """Whether workers started now with ``method`` can rely on PR_SET_PDEATHSIG: only
     when their parent thread is this process's main thread (fork, spawn). Elsewhere the
-    lifeline alone follows the consumer."""
+    lifeline alone follows the consumer. Where a sandbox refuses the prctl, a worker
+    learns it when it arms the signal and starts its lifeline watch instead (see
+    worker.worker_main): the consumer needs no probe and gives no warning."""
     return method in ("fork", "spawn") and threading.current_thread() is threading.main_thread()
 
 

@@ -108,12 +108,20 @@ def worker_main(config: WorkerConfig, conn: Any) -> None:
     # the worker never prints a KeyboardInterrupt traceback. The consumer handles Ctrl-C.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    watch_lifeline = not config.use_pdeathsig
     if config.use_pdeathsig:
-        _slots.set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != config.parent_pid and config.use_pdeathsig:
-        return  # the consumer died before the death signal was armed
-    if not config.use_pdeathsig:
-        # forkserver (or started from a non-main thread): no death signal follows the
+        try:
+            _slots.set_parent_death_signal(signal.SIGKILL)
+        except OSError:
+            # A sandbox refused prctl (a seccomp profile, gVisor): the lifeline below
+            # follows the consumer instead, as it does under forkserver. No warning: the
+            # worker still dies with the consumer (within _LIFELINE_GRACE_S of its exit).
+            watch_lifeline = True
+        else:
+            if os.getppid() != config.parent_pid:
+                return  # the consumer died before the death signal was armed
+    if watch_lifeline:
+        # forkserver, a non-main thread, or prctl refused: no death signal follows the
         # consumer, and EOF on the socket is seen only between tasks, so a worker busy
         # in a long __getitem__ would outlive a killed consumer. Watch the socket.
         threading.Thread(
