@@ -123,6 +123,8 @@ def test_doctor_reports_every_check():
     assert proc.returncode in (0, 1), proc.stderr
     for name in [
         "native helper",
+        "shm backend",
+        "memory",
         "/dev/shm",
         "ring creation",
         "open files",
@@ -135,10 +137,11 @@ def test_doctor_reports_every_check():
 
 
 def test_doctor_json_and_too_small_shm():
-    proc = _cli("doctor", "--workers", "1", "--batch-mb", str(2**30), "--json")
+    proc = _cli("doctor", "--workers", "1", "--batch-mb", str(2**30), "--json", "--backend", "posix")
     data = json.loads(proc.stdout)
     checks = {c["name"]: c for c in data["checks"]}
     assert checks["/dev/shm"]["status"] == "FAIL" and "--shm-size" in checks["/dev/shm"]["remedy"]
+    assert checks["memory"]["status"] == "FAIL"
     assert proc.returncode == 1
 
 

@@ -56,8 +56,12 @@ def _command(case: str, kwargs: dict[str, Any]) -> list[str]:
     return [sys.executable, "-c", CHILD_CODE, case, json.dumps(kwargs)]
 
 
-def _env() -> dict[str, str]:
+def _env(backend: str | None = None) -> dict[str, str]:
+    """The child's environment; ``backend`` pins its ring backend (SHMLOADER_SHM_BACKEND)
+    for cases whose subject is the posix segment in /dev/shm."""
     env = dict(os.environ)
+    if backend is not None:
+        env["SHMLOADER_SHM_BACKEND"] = backend
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
@@ -73,14 +77,19 @@ def _parse(rc: int, out: str, err: str, elapsed: float, exited_at: float) -> Chi
 
 
 def run_case(
-    case: str, timeout: float = CHILD_TIMEOUT_S, prefix: list[str] | None = None, **kwargs: Any
+    case: str,
+    timeout: float = CHILD_TIMEOUT_S,
+    prefix: list[str] | None = None,
+    backend: str | None = None,
+    **kwargs: Any,
 ) -> Child:
-    """Run scenario ``case`` of tests/faultcases.py in a child; its result and timings."""
+    """Run scenario ``case`` of tests/faultcases.py in a child (``backend``: its ring
+    backend, default the loader's); its result and timings."""
     t0 = time.monotonic()
     proc = subprocess.run(
         (prefix or []) + _command(case, kwargs),
         cwd=ROOT,
-        env=_env(),
+        env=_env(backend),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -154,8 +163,8 @@ def test_consumer_sigkilled(method, mode):
     """SIGKILL the consumer while workers sleep in __getitem__ over a 64 MiB ring
     ('busy'), or while they are blocked sending a 16 MiB result ('blocked'): every worker
     exits within 2 s and the ring's memory is freed: no process on the machine maps it
-    or holds a descriptor of it any more (the kernel frees an unlinked segment then),
-    and no /dev/shm file ever existed."""
+    or holds a descriptor of it any more (the kernel frees an unlinked segment or a memfd
+    then), and no /dev/shm file ever existed. (Default backend: memfd on Linux.)"""
     shm_before = set(os.listdir("/dev/shm"))
     used_before = shm_used_bytes()
     proc = subprocess.Popen(
@@ -171,7 +180,7 @@ def test_consumer_sigkilled(method, mode):
         pids = json.loads(line.split(" ", 1)[1])
         time.sleep(0.5)  # let the workers get busy / fill the socket
         assert all(alive(p) for p in pids)
-        segment = f"/dev/shm/shmloader-{proc.pid}-"
+        segment = f"shmloader-{proc.pid}-"  # /dev/shm/shmloader-... or /memfd:shmloader-...
         holders = _segment_holders(segment)
         if mode == "busy":  # the ring exists: the consumer and every worker map it
             assert set(holders) >= {proc.pid, *pids}, holders
@@ -207,8 +216,8 @@ def test_consumer_sigkilled(method, mode):
 
 
 def _segment_holders(prefix: str) -> dict[int, int]:
-    """Processes that map or hold a descriptor of a segment whose name starts with
-    ``prefix``: pid -> bytes mapped."""
+    """Processes that map or hold a descriptor of a segment whose name contains ``prefix``
+    (a posix name or a memfd label): pid -> bytes mapped."""
     holders: dict[int, int] = {}
     for pid in psutil.pids():
         try:
@@ -327,7 +336,7 @@ def test_held_batches(method):
     """10,000 batches kept alive (ring of 16 slots): no hang, values correct, and one
     descriptor for the ring whatever happens once every slot is held (the core issue's
     rule: the ring grows, or batches come by copy with at most one RuntimeWarning)."""
-    data = assert_clean(run_case("held", method=method))
+    data = assert_clean(run_case("held", method=method, backend="posix"))
     print(
         f"held {method}: {data['iterate_s']:.2f} s, final ring {data['final_num_slots']} slots, "
         f"{data['views']} batches in it, pinned {data['pinned_shm_bytes']} bytes, "
@@ -422,7 +431,7 @@ def test_dev_shm_too_small(method):
     ShmSpaceError (a MemoryError) naming the bytes and the remedies; no SIGBUS."""
     if not _can_mount_tmpfs():
         pytest.skip("cannot mount a private tmpfs on /dev/shm here (needs root and unshare)")
-    data = assert_clean(run_case("shm_small", prefix=SMALL_SHM, method=method))
+    data = assert_clean(run_case("shm_small", prefix=SMALL_SHM, method=method, backend="posix"))
     assert data["shm_size"] == 16 * 2**20
     for key in ("fixed", "sized"):
         sub = data[key]
@@ -525,7 +534,7 @@ def test_segment_is_private(method):
     """Mode 0600, O_EXCL: a name someone created beforehand is never used (a new random
     name is drawn), nobody can open the segment by name, and every name taken is a
     clear error."""
-    data = assert_clean(run_case("security", method=method))
+    data = assert_clean(run_case("security", method=method, backend="posix"))
     created = data["created"]
     assert len(created) == 1 and created[0]["mode"] == 0o600
     assert created[0]["name"].endswith("-" + "11" * 8), "the squatted name was not skipped"
@@ -560,7 +569,7 @@ def test_dev_shm_full_while_the_ring_grows_closes_the_iterator(method):
     reaped, as RingLimitError does (it left them running)."""
     if not _can_mount_tmpfs():
         pytest.skip("cannot mount a private tmpfs on /dev/shm here (needs root and unshare)")
-    data = assert_clean(run_case("shm_full_mid_epoch", prefix=SMALL_SHM, method=method))
+    data = assert_clean(run_case("shm_full_mid_epoch", prefix=SMALL_SHM, method=method, backend="posix"))
     err = data["error"]
     assert err is not None and err["type"] == "ShmSpaceError", data
     assert "--shm-size" in err["msg"] and "num_slots" in err["msg"], err
