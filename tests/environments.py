@@ -358,14 +358,24 @@ DISTINCT = 8  # distinct base images; each sample also carries its index
 class Images:
     """``n`` images of shape (3, 224, 224) held in memory: sample ``i`` is base image
     ``i % 8`` with its first value set to ``i % 251``. Samples from ``sleep_from`` on
-    take ``sleep_s`` each (a worker busy in user code)."""
+    take ``sleep_s`` each (a worker busy in user code). Loading sample ``hog_at`` first
+    touches ``hog_mb`` MiB of private memory (a worker that outgrows a memory cgroup)."""
 
-    def __init__(self, n: int, dtype: str, sleep_s: float = 0.0, sleep_from: int = 0) -> None:
+    def __init__(
+        self,
+        n: int,
+        dtype: str,
+        sleep_s: float = 0.0,
+        sleep_from: int = 0,
+        hog_at: int = -1,
+        hog_mb: int = 0,
+    ) -> None:
         import numpy as np
 
         self.n = n
         self.sleep_s = sleep_s
         self.sleep_from = sleep_from
+        self.hog_at, self.hog_mb = hog_at, hog_mb
         rng = np.random.default_rng(14)
         self.base = rng.integers(0, 256, (DISTINCT, *SHAPE), dtype=np.uint8).astype(dtype)
 
@@ -380,6 +390,10 @@ class Images:
     def __getitem__(self, i: int) -> Any:
         if self.sleep_s and i >= self.sleep_from:
             time.sleep(self.sleep_s)
+        if i == self.hog_at:
+            hog = b"\x01" * (self.hog_mb << 20)  # written, so every page is charged
+            time.sleep(5)  # held: the OOM killer acts meanwhile
+            del hog
         return self.sample(i)
 
 
@@ -467,6 +481,8 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         args.get("dtype", "uint8"),
         args.get("sleep_s", 0.0),
         args.get("sleep_from", 0),
+        args.get("hog_at", -1),
+        args.get("hog_mb", 0),
     )
     stage = "construction"
     t0 = time.monotonic()
@@ -505,7 +521,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     """Child entry point: ``main()`` with argv[1] a JSON object (see module docstring):
     loader ('shmloader' | 'torch'), method, dtype, backend, nofile, seccomp, samples,
-    sleep_s, announce, wait_stdin."""
+    sleep_s, sleep_from, hog_at, hog_mb, announce, wait_stdin."""
     args = json.loads(sys.argv[1])
     args.setdefault("loader", "shmloader")
     args.setdefault("method", "fork")

@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from .environments import (
+    BATCH,
     NO_SHM,
     READONLY_SHM,
     SMALL_SHM,
@@ -344,6 +345,26 @@ def _assert_inside(child: Child, cg: MemoryCgroup) -> None:
     """The child ran its loader inside ``cg`` (its /proc/self/cgroup names it)."""
     assert cg.path is not None
     assert any(line.endswith("/" + cg.path.name) for line in child.data.get("cgroups", [])), child.why()
+
+
+@pytest.mark.timeout(60)
+def test_worker_oom_killed_in_a_cgroup_names_the_limit():
+    """A worker that outgrows the cgroup (it touches 400 MiB under a 320 MiB limit) is
+    taken by the OOM killer: the consumer lives and its WorkerDiedError names the signal,
+    the cgroup's limit and the kills the kernel counted there."""
+    why = MemoryCgroup.refused()
+    if why:
+        pytest.skip(why)
+    with MemoryCgroup(320 * MiB) as cg:
+        child = run_child({"hog_at": 3 * BATCH, "hog_mb": 400}, cgroup=cg, timeout=40)
+        kills = cg.oom_kills()
+        _assert_inside(child, cg)
+    assert child.rc == 0 and kills >= 1, child.why()
+    err = child.data["error"]
+    assert err is not None and "WorkerDiedError" in err["mro"], child.why()
+    msg = err["msg"]
+    assert "SIGKILL" in msg and "memory limit" in msg and _names_size(msg, 320 * MiB), msg
+    assert "OOM kill" in msg, msg
 
 
 TORCH_FITS_LIMIT = 512 * 2**20  # torch 2.13's DataLoader (fork) completes here: measured, and rechecked below

@@ -98,6 +98,7 @@ class CgroupLimit:
     limit: int  # bytes
     usage: int  # bytes charged now (v1 usage_in_bytes, v2 memory.current)
     reclaimable: int  # file cache in that usage no process maps: the kernel frees it first
+    oom_kills: int = 0  # processes the kernel's OOM killer ended in this cgroup so far
 
     @property
     def headroom(self) -> int:
@@ -214,7 +215,11 @@ def _tightest(version: int, dirs: list[tuple[str, str]]) -> CgroupLimit | None:
             continue
         usage = _read_int(os.path.join(d, usage_file)) or 0
         stat = _stat_values(os.path.join(d, "memory.stat"))
-        found = CgroupLimit(version, cg, limit, usage, _reclaimable(stat, prefix, mapped_key))
+        # v2 memory.events and v1 memory.oom_control both have an "oom_kill N" line.
+        events = _stat_values(os.path.join(d, "memory.events" if version == 2 else "memory.oom_control"))
+        found = CgroupLimit(
+            version, cg, limit, usage, _reclaimable(stat, prefix, mapped_key), events.get("oom_kill", 0)
+        )
         if tightest is None or found.headroom < tightest.headroom:
             tightest = found
     return tightest

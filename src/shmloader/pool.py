@@ -39,6 +39,7 @@ from shmloader.errors import (
     WorkerError,
 )
 from shmloader.leases import own_forks
+from shmloader.memory import cgroup_limit
 from shmloader.worker import WorkerFailure
 
 JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit before killing them
@@ -294,6 +295,7 @@ class WorkerPool:
                 advice = (
                     " SIGKILL usually comes from the kernel's out-of-memory killer: check "
                     "`dmesg`, and lower batch_size, num_workers or the dataset's memory use."
+                    + _cgroup_advice()
                 )
         elif code is not None:
             how = f"exited unexpectedly with exit code {code}"
@@ -360,3 +362,16 @@ def rebuild_error(failure: WorkerFailure, seq: int) -> BaseException:
     exc.indices = failure.indices  # type: ignore[attr-defined]
     exc.worker_traceback = failure.traceback  # type: ignore[attr-defined]
     return exc
+
+
+def _cgroup_advice() -> str:
+    """For a SIGKILLed worker: the memory cgroup limit this process runs under, and the
+    OOM kills the kernel counted there (the likely killer), or nothing without a limit."""
+    limit = cgroup_limit()
+    if limit is None:
+        return ""
+    kills = f"; the kernel counts {limit.oom_kills} OOM kill(s) there" if limit.oom_kills else ""
+    return (
+        f" This process runs under a memory limit ({limit.describe()}{kills}): raise the "
+        "container's memory limit, or load with less memory."
+    )
