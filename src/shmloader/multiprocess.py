@@ -242,7 +242,7 @@ class MultiProcessIter:
                     self._source_done = True
                     return
                 kind, payload = wire.task_payload(indices)
-            slot = self._claim_slot()
+            slot = self._claim_slot(wid)
             seq = sched.assign(wid)
             task = _Task(seq, worker, slot, indices, self._ring)
             self._tasks[seq] = task
@@ -251,13 +251,18 @@ class MultiProcessIter:
             if not sched.any_active():
                 return
 
-    def _claim_slot(self) -> int:
-        """A slot for the next task (NO_SLOT before the first batch sized the ring). The
-        leases may hand back a new ring (grown, or the old one shared with a forked
-        child): the workers get it before the task that uses it."""
-        if self._ring is None:
+    def _claim_slot(self, wid: int) -> int:
+        """A slot for worker ``wid``'s next task (NO_SLOT before the first batch sized the
+        ring). The leases may hand back a new ring (grown, or the old one shared with a
+        forked child): the workers get it before the task that uses it."""
+        ring = self._ring
+        if ring is None:
             return wire.NO_SLOT
-        ring, slot = self._loader._leases.claim(self._send_seq)
+        # Each worker looks first in its own share of the slots, from its start: a worker
+        # keeps writing the few slots it already faulted in (pages are mapped per process,
+        # ~2 us a page on first write), instead of every worker faulting in every slot.
+        start = wid * ring.num_slots // len(self._workers)
+        ring, slot = self._loader._leases.claim(start)
         if ring is not self._ring and ring is not None:
             self._adopt_ring(ring)
         return slot
