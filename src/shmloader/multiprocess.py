@@ -34,6 +34,7 @@ from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.layout import decode, make_reader
 from shmloader.pool import WorkerHandle, WorkerPool, rebuild_error
 from shmloader.ring import Ring, attach_fd
+from shmloader.ringmaker import RingMaker
 from shmloader.scheduler import Scheduler
 from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
@@ -107,6 +108,7 @@ class MultiProcessIter:
         self._workers = self._pool.workers
         self._readers: dict[bytes, Callable[[np.ndarray, Any, list[int]], Any]] = {}
         self._ring_wanted = 0  # bytes a batch that came outside the ring needs: a ring to make
+        self._ring_maker: RingMaker | None = None  # making that ring meanwhile, on a thread
         ctx = loader.multiprocessing_context
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
@@ -281,11 +283,13 @@ class MultiProcessIter:
                 if self.closed:
                     raise StopIteration
                 self.start()
-            if self._ring_wanted:
+            if self._ring_wanted and self._ring_ready():
                 self._make_wanted_ring()
                 # Tasks go out at once (with in_order=False a slow first batch must not
                 # hold the other workers: torch's order).
                 self._dispatch()
+            # (A ring still being made: results already here go out first; _dispatch
+            # waits for the ring when nothing else is left to hand out.)
             item = self._next_result()
             if item is not None and not self._ring_wanted:
                 # (A ring to make waits for the next call: this batch goes out first.)
@@ -375,6 +379,10 @@ class MultiProcessIter:
             if kind == wire.RES_SHARD_STATE:
                 self._shard_state(worker, seq, wire.body(msg))
                 return
+            if kind == wire.RES_SIZE:
+                if seq in self._tasks and self._ring is None:
+                    self._want_ring(wire.needed_bytes(wire.body(msg)))
+                return
             if kind == wire.RES_STATS:
                 counts = self._loader._stats["dataset"]
                 for name, gained in pickle.loads(wire.body(msg)).items():
@@ -404,9 +412,8 @@ class MultiProcessIter:
                 ring = self._ring
                 if ring is None or (needed > ring.slot_bytes and self._loader.slot_bytes is None):
                     # The first batch sizes the ring; a batch that outgrew its slot makes
-                    # a ring of larger slots. Made at the next __next__, after this batch
-                    # is handed out (reserving a ring takes tens of ms).
-                    self._ring_wanted = max(self._ring_wanted, needed)
+                    # a ring of larger slots.
+                    self._want_ring(needed)
             elif kind == wire.RES_ITER_END:
                 self.scheduler.ended(worker.id, seq)  # tasks sent from now on skip it
         self.scheduler.put(seq, (kind, task, payload))
@@ -431,11 +438,31 @@ class MultiProcessIter:
         while self._pool.has_input(worker) and self._receive(worker):
             pass
 
+    def _want_ring(self, needed: int) -> None:
+        """A batch needs ``needed`` slot bytes and the ring has no such slot: a ring to make.
+        Reserving it takes tens of ms, so it is made on a thread from now on, while the
+        batches already here are handed out (see ringmaker)."""
+        self._ring_wanted = max(self._ring_wanted, needed)
+        if self._ring_maker is None:
+            self._ring_maker = RingMaker(self._loader._leases, needed, self._ring)
+
+    def _ring_ready(self) -> bool:
+        """True when the wanted ring can be taken without waiting for its maker."""
+        maker = self._ring_maker
+        return maker is None or maker.done()
+
     def _make_wanted_ring(self) -> None:
-        """Make the ring that a batch from outside it asked for (the first one, or one with
-        larger slots: the old ring retires as its batches die); hand it to the workers."""
+        """Take (waiting if need be) the ring that a batch from outside it asked for (the
+        first one, or one with larger slots: the old ring retires as its batches die);
+        hand it to the workers. A maker's error (no room, max_shm_bytes) is raised here."""
         wanted, self._ring_wanted = self._ring_wanted, 0
-        self._adopt_ring(self._loader._leases.ring_for_batch(wanted, self._ring))
+        maker, self._ring_maker = self._ring_maker, None
+        leases = self._loader._leases
+        ring = maker.result() if maker is not None else None
+        if ring is None or wanted > ring.slot_bytes:
+            # A batch larger than the one the maker sized for arrived meanwhile.
+            ring = leases.ring_for_batch(wanted, ring if ring is not None else self._ring)
+        self._adopt_ring(ring)
 
     def _adopt_ring(self, ring: Ring) -> None:
         """Make ``ring`` this iterator's ring and hand it to every worker. Tasks sent
@@ -577,6 +604,9 @@ class MultiProcessIter:
         if os.getpid() != self._pid:
             return  # a forked copy of the consumer: the workers are not ours to stop
         self._pool.stop(graceful)
+        maker, self._ring_maker = self._ring_maker, None
+        if maker is not None:
+            maker.wait()  # its ring (if made) stays the loader's current one, for later epochs
         # The workers are gone: slots they were given but we never handed out are free.
         for task in self._tasks.values():
             _leases.give_back(task.ring, task.slot)

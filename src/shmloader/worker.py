@@ -300,6 +300,10 @@ class _Worker:
                     f"(slot_bytes was fixed). Pass a larger slot_bytes (at least {total}), "
                     "a smaller batch_size, or leave slot_bytes unset so the loader sizes it."
                 )
+            if ring is None:
+                # No ring yet: say its size now, so the consumer starts reserving the ring
+                # while this batch is written apart (both take tens of ms for big batches).
+                wire.send_frame(self.fd, wire.frame(wire.pack(wire.RES_SIZE, slot, seq, wire.size_payload(total))))
             self.deliver_apart(slot, seq, layout, content, objects, fill)
             return
         # Views of a slot for a layout are made once: the steady state (same layout, the
