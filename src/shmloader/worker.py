@@ -303,7 +303,8 @@ class _Worker:
             if ring is None:
                 # No ring yet: say its size now, so the consumer starts reserving the ring
                 # while this batch is written apart (both take tens of ms for big batches).
-                wire.send_frame(self.fd, wire.frame(wire.pack(wire.RES_SIZE, slot, seq, wire.size_payload(total))))
+                size = wire.pack(wire.RES_SIZE, slot, seq, wire.size_payload(total))
+                wire.send_frame(self.fd, wire.frame(size))
             self.deliver_apart(slot, seq, layout, content, objects, fill)
             return
         # Views of a slot for a layout are made once: the steady state (same layout, the
