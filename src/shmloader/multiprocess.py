@@ -263,7 +263,7 @@ class MultiProcessIter:
         # Each worker looks first in its own share of the slots, from its start: a worker
         # keeps writing the few slots it already faulted in (pages are mapped per process,
         # ~2 us a page on first write), instead of every worker faulting in every slot.
-        start = wid * ring.num_slots // len(self._workers)
+        start = wid * ring.num_slots // self._loader.num_workers
         ring, slot = self._loader._leases.claim(start)
         if ring is not self._ring and ring is not None:
             self._adopt_ring(ring)
