@@ -4,8 +4,8 @@
   batch is a view of the ring, under every start method.
 - Workers do not pre-fault the whole ring: a worker's pages of the ring are only those of
   the slots it wrote, and each worker writes into its own share of the slots.
-- The first ring is made on a thread (shmloader.ringmaker): its errors come out in the
-  consumer, nothing is left running, and a fork waits for a ring being made.
+- The first ring of big batches is made on a thread (shmloader.ringmaker): its errors come
+  out in the consumer, nothing is left running, and a fork waits for a ring being made.
 - Held batches keep their values while claims go worker by worker and the ring grows.
 
 Behaviour only: the timings are the benchmark's (``shmloader bench``, its cold column).
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from shmloader import Dataset, RingLimitError, get_worker_info
-from shmloader.ringmaker import RingMaker
+from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
 
 from .datasets import NumpyLoader as DataLoader
 
@@ -51,15 +51,31 @@ def _ring_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "shmloader-ring"]
 
 
+_BIG = BACKGROUND_MIN_BATCH_BYTES // 4 // 4  # float32 values a sample: batches of 4 get a ring maker
+
+
 @pytest.mark.timeout(60)
-def test_first_batches_come_apart_and_the_rest_from_the_ring(method):
-    dl = DataLoader(Tagged(48), batch_size=4, num_workers=2, multiprocessing_context=method)
+@pytest.mark.parametrize("side", [256, _BIG], ids=["small", "big"])
+def test_first_batches_come_apart_and_the_rest_from_the_ring(method, side, monkeypatch):
+    from shmloader import multiprocess
+
+    made: list[int] = []
+
+    class Counted(RingMaker):
+        def __init__(self, leases, batch_bytes, like):
+            made.append(batch_bytes)
+            super().__init__(leases, batch_bytes, like)
+
+    monkeypatch.setattr(multiprocess, "RingMaker", Counted)
+    dl = DataLoader(Tagged(48, side), batch_size=4, num_workers=2, multiprocessing_context=method)
     in_ring = []
     for b, batch in enumerate(dl):
         _check(batch, 4 * b, 4)
         in_ring.append(dl.ring is not None and dl.ring.contains(batch[0]))
     assert in_ring == [False, False] + [True] * 10, "each worker's first batch sized the ring"
     assert dl.stats()["batches_copied"] == 2 and dl.stats()["rings_created"] == 1
+    # Big batches: the ring was made on a thread, once; small ones: in line.
+    assert len(made) == (1 if side == _BIG else 0)
     assert not _ring_threads()
 
 
@@ -121,8 +137,9 @@ def test_held_batches_keep_their_values_while_the_ring_grows():
 
 
 @pytest.mark.timeout(60)
-def test_a_ring_that_cannot_be_made_fails_in_the_consumer_and_leaves_nothing():
-    dl = DataLoader(Tagged(48), batch_size=4, num_workers=2, max_shm_bytes=4096)
+@pytest.mark.parametrize("side", [256, _BIG], ids=["small", "big"])
+def test_a_ring_that_cannot_be_made_fails_in_the_consumer_and_leaves_nothing(side):
+    dl = DataLoader(Tagged(48, side), batch_size=4, num_workers=2, max_shm_bytes=4096)
     got = []
     with pytest.raises(RingLimitError, match="max_shm_bytes=4096"):
         for batch in dl:

@@ -34,7 +34,7 @@ from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.layout import decode, make_reader
 from shmloader.pool import WorkerHandle, WorkerPool, rebuild_error
 from shmloader.ring import Ring, attach_fd
-from shmloader.ringmaker import RingMaker
+from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
 from shmloader.scheduler import Scheduler
 from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
@@ -440,10 +440,11 @@ class MultiProcessIter:
 
     def _want_ring(self, needed: int) -> None:
         """A batch needs ``needed`` slot bytes and the ring has no such slot: a ring to make.
-        Reserving it takes tens of ms, so it is made on a thread from now on, while the
-        batches already here are handed out (see ringmaker)."""
+        Reserving a ring of big slots takes tens of ms: it is made on a thread from now on,
+        while the batches already here are handed out (see ringmaker). A small one is made
+        in line at the next call, after this batch is handed out."""
         self._ring_wanted = max(self._ring_wanted, needed)
-        if self._ring_maker is None:
+        if self._ring_maker is None and needed >= BACKGROUND_MIN_BATCH_BYTES:
             self._ring_maker = RingMaker(self._loader._leases, needed, self._ring)
 
     def _ring_ready(self) -> bool:

@@ -9,6 +9,10 @@ consumer hands out the first batches; the consumer takes the ring when it has no
 else to hand out, and an error (no room, ``max_shm_bytes``) is raised there, exactly
 where a ring made in line would have raised it.
 
+Only for big batches (:data:`BACKGROUND_MIN_BATCH_BYTES`): a small ring takes well under
+a millisecond to make, less than a thread and an extra message cost, and is made in line
+at the next call, as before.
+
 A fork waits for running makers first (an at-fork hook), so a child never inherits a
 half-made ring or a lock held by the maker's thread.
 """
@@ -19,6 +23,10 @@ import os
 import threading
 import weakref
 from typing import Any
+
+# A first batch this big (a ring of ~8 such slots: ~5 MiB, ~1 ms to reserve here, more
+# for bigger ones) is announced by its worker (wire.RES_SIZE) and its ring made on a thread.
+BACKGROUND_MIN_BATCH_BYTES = 512 * 1024
 
 _running: weakref.WeakSet = weakref.WeakSet()
 

@@ -31,6 +31,7 @@ from shmloader.context import WorkerInfo, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
 from shmloader.layout import encode, split
 from shmloader.ring import Ring, attach_fd
+from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES
 
 _VIEW_CACHE_SIZE = 1024  # entries of the skeleton and view caches (ragged batches: a view set per shape)
 
@@ -300,7 +301,7 @@ class _Worker:
                     f"(slot_bytes was fixed). Pass a larger slot_bytes (at least {total}), "
                     "a smaller batch_size, or leave slot_bytes unset so the loader sizes it."
                 )
-            if ring is None:
+            if ring is None and total >= BACKGROUND_MIN_BATCH_BYTES:
                 # No ring yet: say its size now, so the consumer starts reserving the ring
                 # while this batch is written apart (both take tens of ms for big batches).
                 size = wire.pack(wire.RES_SIZE, slot, seq, wire.size_payload(total))
