@@ -379,10 +379,6 @@ class MultiProcessIter:
             if kind == wire.RES_SHARD_STATE:
                 self._shard_state(worker, seq, wire.body(msg))
                 return
-            if kind == wire.RES_SIZE:
-                if seq in self._tasks and self._ring is None:
-                    self._want_ring(wire.needed_bytes(wire.body(msg)))
-                return
             if kind == wire.RES_STATS:
                 counts = self._loader._stats["dataset"]
                 for name, gained in pickle.loads(wire.body(msg)).items():

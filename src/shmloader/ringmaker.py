@@ -2,16 +2,18 @@
 
 A loader's first ring is sized from its first batch, which a worker delivers outside the
 ring (in a segment of its own). Reserving the ring (``posix_fallocate`` of every slot:
-tens of ms for 100s of MB, the kernel zeroing every page) used to happen in the consumer
+~85 ms for 385 MB here, the kernel allocating every page) used to happen in the consumer
 between two batches, with the workers idle. A :class:`RingMaker` starts it on a thread as
 soon as that first batch arrives (``posix_fallocate`` releases the GIL), while the
 consumer hands out the first batches; the consumer takes the ring when it has nothing
 else to hand out, and an error (no room, ``max_shm_bytes``) is raised there, exactly
-where a ring made in line would have raised it.
+where a ring made in line would have raised it. (Not earlier, say as soon as a worker
+knows the size: the ring is sized from the memory there is when it is made, and the
+workers' first batches must be counted in that by then.)
 
 Only for big batches (:data:`BACKGROUND_MIN_BATCH_BYTES`): a small ring takes well under
-a millisecond to make, less than a thread and an extra message cost, and is made in line
-at the next call, as before.
+a millisecond to make, less than starting a thread costs, and is made in line at the
+next call, as before.
 
 A fork waits for running makers first (an at-fork hook), so a child never inherits a
 half-made ring or a lock held by the maker's thread.
@@ -25,7 +27,7 @@ import weakref
 from typing import Any
 
 # A first batch this big (a ring of ~8 such slots: ~5 MiB, ~1 ms to reserve here, more
-# for bigger ones) is announced by its worker (wire.RES_SIZE) and its ring made on a thread.
+# for bigger ones) gets its ring made on a thread.
 BACKGROUND_MIN_BATCH_BYTES = 512 * 1024
 
 _running: weakref.WeakSet = weakref.WeakSet()

@@ -62,8 +62,6 @@ class Kind(enum.IntEnum):
     RES_INIT_ERROR = 15  # payload: pickled WorkerFailure; the worker exits after sending it
     RES_SHARD_STATE = 16  # payload: pickled dataset.state_dict() after batch `seq` (before its result)
     RES_STATS = 17  # payload: pickled {name: increase} of the dataset's stats() counters
-    RES_SIZE = 18  # payload: int64 [slot_bytes] batch `seq` needs, sent before that batch when
-    # the worker has no ring yet: the consumer starts making the first ring meanwhile
     # The consumer checks kinds >= RES_INIT_ERROR with one comparison, off the per-batch
     # path: give a new rare kind a number above these and handle it in that branch.
 
@@ -83,7 +81,6 @@ RES_ITER_END = int(Kind.RES_ITER_END)
 RES_INIT_ERROR = int(Kind.RES_INIT_ERROR)
 RES_SHARD_STATE = int(Kind.RES_SHARD_STATE)
 RES_STATS = int(Kind.RES_STATS)
-RES_SIZE = int(Kind.RES_SIZE)
 
 _I64 = struct.Struct("<q")
 _I64X2 = struct.Struct("<qq")
@@ -130,7 +127,7 @@ def size_payload(slot_bytes: int, rest: bytes = b"") -> bytes:
 
 
 def needed_bytes(payload: Any) -> int:
-    """The slot bytes a RES_SEGMENT / RES_PICKLED / RES_SIZE payload says its batch needs."""
+    """The slot bytes a RES_SEGMENT / RES_PICKLED payload says its batch needs."""
     return _I64.unpack_from(payload)[0]
 
 

@@ -31,7 +31,6 @@ from shmloader.context import WorkerInfo, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
 from shmloader.layout import encode, split
 from shmloader.ring import Ring, attach_fd
-from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES
 
 _VIEW_CACHE_SIZE = 1024  # entries of the skeleton and view caches (ragged batches: a view set per shape)
 
@@ -301,11 +300,6 @@ class _Worker:
                     f"(slot_bytes was fixed). Pass a larger slot_bytes (at least {total}), "
                     "a smaller batch_size, or leave slot_bytes unset so the loader sizes it."
                 )
-            if ring is None and total >= BACKGROUND_MIN_BATCH_BYTES:
-                # No ring yet: say its size now, so the consumer starts reserving the ring
-                # while this batch is written apart (both take tens of ms for big batches).
-                size = wire.pack(wire.RES_SIZE, slot, seq, wire.size_payload(total))
-                wire.send_frame(self.fd, wire.frame(size))
             self.deliver_apart(slot, seq, layout, content, objects, fill)
             return
         # Views of a slot for a layout are made once: the steady state (same layout, the
