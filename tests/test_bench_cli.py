@@ -16,7 +16,7 @@ import pytest
 from shmloader import bench, doctor
 
 _DEADLINE_S = 90
-_TINY = ["--workloads", "W4", "--batches", "20", "--repeat", "1", "--seconds", "0.2"]
+_TINY = ["--workloads", "W4", "--batches", "20", "--repeat", "1", "--seconds", "0.2", "--cold-batches", "4"]
 _LOADERS = ["shmloader", "torch", "shmloader w0", "copy ceiling", "copy ceiling shm"]
 
 
@@ -61,6 +61,9 @@ def test_bench_prints_table_and_writes_json(tmp_path):
         assert column in text
     assert "[1/" in text  # plain progress lines when not on a terminal
     assert "Time to first batch" in text and "Targets (2 workers)" in text
+    cold_table = text.split("Cold vs steady")[1].split("\n\n")[0]
+    (cold_line,) = [line for line in cold_table.splitlines() if line.startswith("W4 w2")]
+    assert cold_line.split()[2] == "4" and " ms ±" in cold_line  # the cold epoch's batches, its time
     table = [line for line in text.splitlines() if line.startswith("W4 w2")]
     assert {name for name in _LOADERS if any(f"  {name}  " in line for line in table)} == set(_LOADERS)
     try:
@@ -86,8 +89,17 @@ def test_bench_prints_table_and_writes_json(tmp_path):
         assert rows["torch"]["ratio_to_torch"] == pytest.approx(1.0)
         assert shm["ratio_to_torch"] > 0
         assert set(config["first_batch_s"]) == {"shmloader", "torch"}
-    (target,) = data["targets"]
-    assert target["target"] == "W4 w2 vs torch" and target["goal"] == ">= 20x"
+        cold = config["cold"]
+        assert cold["batches"] == 4 and data["settings"]["cold_batches"] == 4
+        assert len(cold["shmloader"]["runs_s"]) == len(cold["torch"]["runs_s"]) == 1
+        assert cold["ratio"] == pytest.approx(cold["torch"]["median_s"] / cold["shmloader"]["median_s"])
+        # The cold epoch ends after the first batch: time to first batch comes from the same runs.
+        assert cold["shmloader"]["median_s"] >= config["first_batch_s"]["shmloader"]["median_s"]
+    targets = {t["target"]: t for t in data["targets"]}
+    assert targets["W4 w2 vs torch"]["goal"] == ">= 20x"
+    if _torch_installed():
+        assert targets["W4 w2 cold vs torch"]["goal"] == ">= 4x"
+        assert targets["W4 w2 cold vs torch"]["value"] == pytest.approx(config["cold"]["ratio"])
     assert md.read_text().startswith("# shmloader vs torch DataLoader")
     assert "Reproduce with: `shmloader bench --workloads W4" in md.read_text()
 
@@ -105,6 +117,9 @@ def test_bench_without_torch_says_not_installed(tmp_path):
     assert rows["torch"]["status"] == "not installed" and rows["torch"]["batches_per_s"] is None
     assert rows["shmloader"]["batches_per_s"] > 0 and rows["shmloader"]["ratio_to_torch"] is None
     assert set(config["first_batch_s"]) == {"shmloader"}
+    assert set(config["cold"]) == {"batches", "shmloader"}  # no torch: no ratio
+    cold_line = proc.stdout.split("Cold vs steady")[1].splitlines()[3]
+    assert cold_line.startswith("W4 w2") and "not installed" in cold_line
     # The memory probe ran for shmloader only, in its own process.
     assert set(config["memory"]) == {"shmloader"}
     mem = config["memory"]["shmloader"]
@@ -116,6 +131,8 @@ def test_bench_without_torch_says_not_installed(tmp_path):
 def test_bench_rejects_unknown_workload():
     proc = _cli("bench", "--workloads", "W9")
     assert proc.returncode == 2 and "unknown workload" in proc.stderr
+    proc = _cli("bench", "--cold-batches", "0")
+    assert proc.returncode == 2 and "--cold-batches must be positive" in proc.stderr
 
 
 def test_doctor_reports_every_check():
@@ -181,13 +198,24 @@ def test_configs_and_targets_offline():
         "shmloader": {"median_s": 0.2, "spread": 0.0},
         "torch": {"median_s": 0.1, "spread": 0.0},
     }
+    res.cold = {
+        "batches": 64,
+        "shmloader": {"median_s": 0.15, "spread": 0.1},
+        "torch": {"median_s": 0.5, "spread": 0.2},
+        "ratio": 3.3,
+        "ratio_range": [3.0, 3.6],
+    }
     targets = {t["target"]: t for t in bench.evaluate_targets([res])}
     assert targets["W1 w2 vs torch"]["met"] is True
+    assert targets["W1 w2 cold vs torch"]["met"] is False and targets["W1 w2 cold vs torch"]["value"] == 3.3
     assert targets["W1 w2 % of copy ceiling"]["met"] is True
     assert targets["W1 w2 consumer CPU/batch vs torch"]["value"] == pytest.approx(0.05)
     assert targets["W1 w2 time to first batch vs torch"]["met"] is False
     report = bench.format_report([res], list(targets.values()))
     assert "MISSED" in report and "9.00x" in report
+    cold_line = report.split("Cold vs steady")[1].splitlines()[3]
+    assert cold_line.split() == ["W1", "w2", "64", "150", "ms", "±10%", "500", "ms", "±20%", "3.30x",
+                                 "(3.00-3.60)", "9.00x"]  # fmt: skip
 
 
 def test_datasets_pickle_and_match_workloads():
@@ -254,6 +282,7 @@ def test_bench_w7_bucketed_padding(tmp_path):
     out = tmp_path / "r.json"
     proc = _cli(
         "bench", "--workloads", "W7", "--batches", "20", "--repeat", "1", "--seconds", "0.2", "--no-memory",
+        "--cold-batches", "4",
         "--json", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

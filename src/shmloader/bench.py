@@ -11,8 +11,10 @@ the median, the spread ((max - min) / median) and ratios paired within a repeat.
 Each timed repeat is bounded twice: ``batches`` batches or ``seconds`` seconds, whichever
 comes first, so a fast loader gets many batches and a slow one does not run for minutes.
 
-Time to first batch is measured separately on fresh (non-persistent) loaders, and peak
-consumer memory and the system's shared-memory use in a fresh subprocess per loader, so
+A fresh (non-persistent) loader's short epoch is measured separately, the peers
+alternating: the **cold** figure (constructor to the last batch of a ``cold_batches``-batch
+epoch, worker start-up and the first ring included), with time to first batch from the
+same runs. Peak consumer memory and the system's shared-memory use in a fresh subprocess per loader, so
 one loader's allocations never count against the other.
 
 Run it as ``shmloader bench`` (see ``shmloader bench --help``) or :func:`main`.
@@ -49,6 +51,7 @@ _WARMUP_MAX_S = 1.0
 _PREFETCH = 2  # both loaders' default prefetch_factor
 _PROBE_TIMEOUT_S = 120.0
 _MEM_SAMPLE_INTERVAL_S = 0.005
+COLD_BATCHES = 64  # a fresh loader's short epoch (validation passes, sweeps, notebooks)
 
 # ---------------------------------------------------------------------------------------
 # Datasets: module level, so they pickle under spawn and forkserver.
@@ -322,6 +325,9 @@ class ConfigResult:
     first_batch_s: dict[str, dict[str, Any]] = field(default_factory=dict)
     memory: dict[str, dict[str, Any]] = field(default_factory=dict)
     ring: dict[str, int] | None = None  # the shmloader ring this configuration used
+    # Fresh loaders' short epochs: {"batches": n, "shmloader"/"torch": {"median_s", "spread",
+    # "runs_s"}, "ratio": median of torch/shmloader paired per round, "ratio_range": [lo, hi]}
+    cold: dict[str, Any] = field(default_factory=dict)
     load_average: list[float] | None = None  # 1-minute load at the start and the end
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # W6's report, W7's padding waste
@@ -633,47 +639,90 @@ def _make_loaders(
     return shm, tl, w0
 
 
-def _first_batch_times(
+class _Prefix:
+    """The first ``n`` samples of ``dataset`` (a short epoch over the same samples); W7's
+    ``lengths`` too, for its bucketed sampler."""
+
+    def __init__(self, dataset: Any, n: int):
+        self.dataset = dataset
+        self.n = n
+        lengths = getattr(dataset, "lengths", None)
+        if lengths is not None:
+            self.lengths = lengths[:n]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.dataset[i]
+
+
+def _summary(runs: list[float]) -> dict[str, Any]:
+    med, spread = _median_spread(runs)
+    return {"median_s": med, "spread": spread, "runs_s": runs}
+
+
+def _cold_times(
     cfg: Config,
     dataset: Any,
     wl: Workload,
     torch_dl: Any | None,
     repeat: int,
+    cold_batches: int,
     progress: Progress,
-) -> dict[str, dict[str, Any]]:
-    """Seconds from constructing a fresh loader to holding its first batch (fork)."""
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Fresh loaders (fork, not persistent) over the first ``cold_batches`` batches of
+    ``dataset``, the peers alternating, the first round a warm-up: seconds from
+    constructing the loader to its first batch, and to the last batch of the epoch (the
+    cold figure; the workers' shutdown after it is not counted)."""
     from shmloader import DataLoader
 
+    data = _Prefix(dataset, min(len(dataset), cold_batches * wl.batch_size))
     makers: dict[str, Callable[[], Any]] = {
         "shmloader": lambda: DataLoader(
-            dataset, num_workers=cfg.workers, **_loader_options(wl, dataset, "shmloader")
+            data, num_workers=cfg.workers, **_loader_options(wl, data, "shmloader")
         ),
     }
     if torch_dl is not None:
         makers["torch"] = lambda: torch_dl(
-            dataset, num_workers=cfg.workers, **_loader_options(wl, dataset, "torch")
+            data, num_workers=cfg.workers, **_loader_options(wl, data, "torch")
         )
-    times: dict[str, list[float]] = {k: [] for k in makers}
-    for r in range(repeat + 1):  # the first round is a warm-up
+    first: dict[str, list[float]] = {k: [] for k in makers}
+    last: dict[str, list[float]] = {k: [] for k in makers}
+    batches = 0
+    perf = time.perf_counter
+    for r in range(repeat + 1):
         order = list(makers) if r % 2 == 0 else list(reversed(makers))
         for name in order:
             gc.collect()
-            t0 = time.perf_counter()
+            t0 = perf()
             loader = makers[name]()
             it = iter(loader)
-            batch = next(it)
-            dt = time.perf_counter() - t0
-            del batch
+            batches = len(loader)
+            t_first = None
+            for n, _batch in enumerate(it, 1):
+                if t_first is None:
+                    t_first = perf() - t0
+                if n == batches:
+                    break  # the last batch is in hand: the shutdown that follows is not timed
+            t_last = perf() - t0
+            _batch = None
             _close_iter(it)
             del it, loader
-            if r:
-                times[name].append(dt)
-        progress.step(f"{cfg.label} time to first batch, round {r}/{repeat}")
-    out: dict[str, dict[str, Any]] = {}
-    for name, ts in times.items():
-        med, spread = _median_spread(ts)
-        out[name] = {"median_s": med, "spread": spread, "runs_s": ts}
-    return out
+            if r and t_first is not None:
+                first[name].append(t_first)
+                last[name].append(t_last)
+        progress.step(f"{cfg.label} cold epoch ({batches} batches), round {r}/{repeat}")
+    first_batch = {name: _summary(ts) for name, ts in first.items()}
+    cold: dict[str, Any] = {"batches": batches}
+    cold.update({name: _summary(ts) for name, ts in last.items()})
+    if "torch" in last:
+        ratios = [t / s for s, t in zip(last["shmloader"], last["torch"], strict=True)]
+        cold["ratio"] = statistics.median(ratios)
+        cold["ratio_range"] = [min(ratios), max(ratios)]
+    return first_batch, cold
 
 
 def measure_config(
@@ -685,8 +734,10 @@ def measure_config(
     memory: bool,
     torch_dl: Any | None,
     progress: Progress,
+    cold_batches: int = COLD_BATCHES,
 ) -> ConfigResult:
-    """Time every peer of ``cfg``, then time to first batch and memory."""
+    """Time every peer of ``cfg``, then fresh loaders' short epochs (cold, and time to
+    first batch) and memory."""
     from shmloader.leases import default_num_slots
 
     wl = WORKLOADS[cfg.workload]
@@ -783,7 +834,7 @@ def measure_config(
         res.rows += [
             Row(name, status="n/a (ragged batches)") for name in ("copy ceiling", "copy ceiling shm")
         ]
-    res.first_batch_s = _first_batch_times(cfg, dataset, wl, torch_dl, repeat, progress)
+    res.first_batch_s, res.cold = _cold_times(cfg, dataset, wl, torch_dl, repeat, cold_batches, progress)
     if memory:
         for name in ["shmloader", "torch"] if torch_dl is not None else ["shmloader"]:
             res.memory[name] = _probe_memory(cfg, name)
@@ -1071,6 +1122,7 @@ def machine_info() -> dict[str, Any]:
 # Targets (issue 4): judged on the 2-worker configurations.
 
 _RATIO_TARGETS = {"W1": 8.0, "W2": 6.0, "W3": 10.0, "W4": 20.0}
+_COLD_TARGET = 4.0  # a fresh loader's short epoch vs torch's, W1-W4 with 2 workers (issue 14)
 _W7_TARGET = 5.0
 _W6_TARGETS = {"torch+conventional": 2.0, "torch+ImageFolder": 1.15}
 
@@ -1090,6 +1142,17 @@ def evaluate_targets(results: list[ConfigResult]) -> list[dict[str, Any]]:
         row = res.row("shmloader")
         val = row.ratio_to_torch if row else None
         add(f"{wl} w2 vs torch", val, f">= {goal:g}x", None if val is None else val >= goal)
+    for wl in _RATIO_TARGETS:
+        res = by.get((wl, 2))
+        if res is None or not res.cold:
+            continue
+        val = res.cold.get("ratio")
+        add(
+            f"{wl} w2 cold vs torch",
+            val,
+            f">= {_COLD_TARGET:g}x",
+            None if val is None else val >= _COLD_TARGET,
+        )
     res = by.get(("W5", 2))
     if res is not None:
         row = res.row("shmloader")
@@ -1223,6 +1286,34 @@ def _first_batch_rows(results: list[ConfigResult]) -> list[list[str]]:
     return rows
 
 
+def _ratio_text(ratio: float | None, span: Sequence[float] | None) -> str:
+    if ratio is None:
+        return "n/a"
+    return f"{ratio:.2f}x" + (f" ({span[0]:.2f}-{span[1]:.2f})" if span else "")
+
+
+def _cold_rows(results: list[ConfigResult]) -> list[list[str]]:
+    """Cold (a fresh loader's short epoch) beside steady (persistent workers), per config."""
+    rows = []
+    for res in results:
+        cold = res.cold
+        if not cold:
+            continue  # W6: not measured
+        s, t = cold.get("shmloader"), cold.get("torch")
+        steady = res.row("shmloader")
+        rows.append(
+            [
+                res.config.label,
+                str(cold["batches"]),
+                f"{s['median_s'] * 1e3:.0f} ms ±{s['spread']:.0%}" if s else "-",
+                f"{t['median_s'] * 1e3:.0f} ms ±{t['spread']:.0%}" if t else "not installed",
+                _ratio_text(cold.get("ratio"), cold.get("ratio_range")),
+                _ratio_text(steady.ratio_to_torch, steady.ratio_range) if steady else "n/a",
+            ]
+        )
+    return rows
+
+
 def _memory_rows(results: list[ConfigResult]) -> list[list[str]]:
     rows = []
     for res in results:
@@ -1254,6 +1345,11 @@ def _nonneg(v: float | None) -> float | None:
 
 
 _FB_HEADER = ["workload", "shmloader", "torch", "ratio"]
+_COLD_HEADER = ["workload", "batches", "shmloader", "torch", "cold vs torch", "steady vs torch"]
+_COLD_TITLE = (
+    "Cold vs steady (cold: a fresh loader, fork, constructor to the last batch of a short "
+    "epoch, median ± spread; ratios: median of paired rounds (min-max))"
+)
 _MEM_HEADER = [
     "workload",
     "loader",
@@ -1311,6 +1407,9 @@ def format_report(results: list[ConfigResult], targets: list[dict[str, Any]]) ->
     waste = _waste_rows(results)
     if waste:
         parts.append(f"{_WASTE_TITLE}:\n" + _text_table(_WASTE_HEADER, waste))
+    cold = _cold_rows(results)
+    if cold:
+        parts.append(f"{_COLD_TITLE}:\n" + _text_table(_COLD_HEADER, cold))
     parts.append(
         "Time to first batch (fresh loader, fork):\n" + _text_table(_FB_HEADER, _first_batch_rows(results))
     )
@@ -1335,6 +1434,11 @@ _LEGEND = [
     "so each epoch's worker start-up counts). W1-unordered, W7-unordered: in_order=False (both "
     "loaders then give no task to a worker that already has its share in flight).",
     "- shmloader w0: this loader with num_workers=0 (fetch and collate in the consumer).",
+    "- cold: each round a fresh loader of each kind (fork, persistent_workers=False, the same "
+    "settings) over the first --cold-batches batches of the same dataset, timed from its "
+    "constructor to the last batch in hand (worker start-up and shmloader's first ring "
+    "included, the workers' shutdown after it not); the first round is a warm-up, the peers "
+    "alternate. Time to first batch comes from the same runs.",
     "- copy ceiling: as many processes as workers, each doing one np.copyto per leaf per batch "
     "of the same bytes from the same cached samples, rotating over as many batch-sized "
     "buffers as the ring has slots (private memory: numpy's allocator, huge pages where the "
@@ -1386,6 +1490,9 @@ def format_markdown(
     waste = _waste_rows(results)
     if waste:
         lines += [f"## {_WASTE_TITLE}", "", _md_table(_WASTE_HEADER, waste), ""]
+    cold = _cold_rows(results)
+    if cold:
+        lines += [f"## {_COLD_TITLE}", "", _md_table(_COLD_HEADER, cold), ""]
     lines += [
         "## Time to first batch (fresh loader, fork)",
         "",
@@ -1510,6 +1617,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeat", type=int, default=3, help="timed repeats; the median is reported (default: 3)"
     )
     parser.add_argument(
+        "--cold-batches",
+        type=int,
+        default=COLD_BATCHES,
+        help=f"batches of the fresh loaders' short epoch, the cold figure (default: {COLD_BATCHES})",
+    )
+    parser.add_argument(
         "--no-memory", action="store_true", help="skip the memory probes (a subprocess per loader)"
     )
     parser.add_argument("--json", metavar="PATH", help="write machine-readable results here")
@@ -1541,6 +1654,7 @@ def run(
     memory: bool = True,
     out: Callable[[str], None] = print,
     quiet: bool = False,
+    cold_batches: int = COLD_BATCHES,
 ) -> list[ConfigResult]:
     """Measure ``configs``; torch's rows say "not installed" when torch is missing."""
     torch_dl = _torch_dataloader()
@@ -1560,6 +1674,7 @@ def run(
                     memory=memory,
                     torch_dl=torch_dl,
                     progress=progress,
+                    cold_batches=cold_batches,
                 )
             )
     finally:
@@ -1574,8 +1689,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         print(json.dumps(_probe_main(json.loads(args.probe))))
         return 0
-    if args.repeat < 1 or (args.batches is not None and args.batches < 1) or args.seconds <= 0:
-        parser.error("--repeat and --batches must be positive, and --seconds above zero")
+    if (
+        args.repeat < 1
+        or (args.batches is not None and args.batches < 1)
+        or args.seconds <= 0
+        or args.cold_batches < 1
+    ):
+        parser.error("--repeat, --batches and --cold-batches must be positive, and --seconds above zero")
     if any(w < 1 for w in args.workers):
         parser.error("--workers must be positive: the num_workers=0 path is measured in every configuration")
 
@@ -1607,6 +1727,7 @@ def main(argv: list[str] | None = None) -> int:
         memory=not args.no_memory,
         out=out,
         quiet=args.quiet,
+        cold_batches=args.cold_batches,
     )
     targets = evaluate_targets(results)
     out("")
@@ -1619,6 +1740,7 @@ def main(argv: list[str] | None = None) -> int:
         "batches": args.batches,
         "seconds": args.seconds,
         "repeat": args.repeat,
+        "cold_batches": args.cold_batches,
         "memory": not args.no_memory,
         "command": command.strip(),
     }

@@ -34,6 +34,7 @@ from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.layout import decode, make_reader
 from shmloader.pool import WorkerHandle, WorkerPool, rebuild_error
 from shmloader.ring import Ring, attach_fd
+from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
 from shmloader.scheduler import Scheduler
 from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
 
@@ -107,6 +108,7 @@ class MultiProcessIter:
         self._workers = self._pool.workers
         self._readers: dict[bytes, Callable[[np.ndarray, Any, list[int]], Any]] = {}
         self._ring_wanted = 0  # bytes a batch that came outside the ring needs: a ring to make
+        self._ring_maker: RingMaker | None = None  # making that ring meanwhile, on a thread
         ctx = loader.multiprocessing_context
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
@@ -248,7 +250,7 @@ class MultiProcessIter:
                     self._source_done = True
                     return
                 kind, payload = wire.task_payload(indices)
-            slot = self._claim_slot()
+            slot = self._claim_slot(wid)
             seq = sched.assign(wid)
             task = _Task(seq, worker, slot, indices, self._ring)
             self._tasks[seq] = task
@@ -257,13 +259,18 @@ class MultiProcessIter:
             if not sched.any_active():
                 return
 
-    def _claim_slot(self) -> int:
-        """A slot for the next task (NO_SLOT before the first batch sized the ring). The
-        leases may hand back a new ring (grown, or the old one shared with a forked
-        child): the workers get it before the task that uses it."""
-        if self._ring is None:
+    def _claim_slot(self, wid: int) -> int:
+        """A slot for worker ``wid``'s next task (NO_SLOT before the first batch sized the
+        ring). The leases may hand back a new ring (grown, or the old one shared with a
+        forked child): the workers get it before the task that uses it."""
+        ring = self._ring
+        if ring is None:
             return wire.NO_SLOT
-        ring, slot = self._loader._leases.claim(self._send_seq)
+        # Each worker looks first in its own share of the slots, from its start: a worker
+        # keeps writing the few slots it already faulted in (pages are mapped per process,
+        # ~2 us a page on first write), instead of every worker faulting in every slot.
+        start = wid * ring.num_slots // self._loader.num_workers
+        ring, slot = self._loader._leases.claim(start)
         if ring is not self._ring and ring is not None:
             self._adopt_ring(ring)
         return slot
@@ -282,11 +289,13 @@ class MultiProcessIter:
                 if self.closed:
                     raise StopIteration
                 self.start()
-            if self._ring_wanted:
+            if self._ring_wanted and self._ring_ready():
                 self._make_wanted_ring()
                 # Tasks go out at once (with in_order=False a slow first batch must not
                 # hold the other workers: torch's order).
                 self._dispatch()
+            # (A ring still being made: results already here go out first; _dispatch
+            # waits for the ring when nothing else is left to hand out.)
             item = self._next_result()
             if item is not None and not self._ring_wanted:
                 # (A ring to make waits for the next call: this batch goes out first.)
@@ -405,9 +414,8 @@ class MultiProcessIter:
                 ring = self._ring
                 if ring is None or (needed > ring.slot_bytes and self._loader.slot_bytes is None):
                     # The first batch sizes the ring; a batch that outgrew its slot makes
-                    # a ring of larger slots. Made at the next __next__, after this batch
-                    # is handed out (reserving a ring takes tens of ms).
-                    self._ring_wanted = max(self._ring_wanted, needed)
+                    # a ring of larger slots.
+                    self._want_ring(needed)
             elif kind == wire.RES_ITER_END:
                 self.scheduler.ended(worker.id, seq)  # tasks sent from now on skip it
         self.scheduler.put(seq, (kind, task, payload))
@@ -432,11 +440,32 @@ class MultiProcessIter:
         while self._pool.has_input(worker) and self._receive(worker):
             pass
 
+    def _want_ring(self, needed: int) -> None:
+        """A batch needs ``needed`` slot bytes and the ring has no such slot: a ring to make.
+        Reserving a ring of big slots takes tens of ms: it is made on a thread from now on,
+        while the batches already here are handed out (see ringmaker). A small one is made
+        in line at the next call, after this batch is handed out."""
+        self._ring_wanted = max(self._ring_wanted, needed)
+        if self._ring_maker is None and needed >= BACKGROUND_MIN_BATCH_BYTES:
+            self._ring_maker = RingMaker(self._loader._leases, needed, self._ring)
+
+    def _ring_ready(self) -> bool:
+        """True when the wanted ring can be taken without waiting for its maker."""
+        maker = self._ring_maker
+        return maker is None or maker.done()
+
     def _make_wanted_ring(self) -> None:
-        """Make the ring that a batch from outside it asked for (the first one, or one with
-        larger slots: the old ring retires as its batches die); hand it to the workers."""
+        """Take (waiting if need be) the ring that a batch from outside it asked for (the
+        first one, or one with larger slots: the old ring retires as its batches die);
+        hand it to the workers. A maker's error (no room, max_shm_bytes) is raised here."""
         wanted, self._ring_wanted = self._ring_wanted, 0
-        self._adopt_ring(self._loader._leases.ring_for_batch(wanted, self._ring))
+        maker, self._ring_maker = self._ring_maker, None
+        leases = self._loader._leases
+        ring = maker.result() if maker is not None else None
+        if ring is None or wanted > ring.slot_bytes:
+            # A batch larger than the one the maker sized for arrived meanwhile.
+            ring = leases.ring_for_batch(wanted, ring if ring is not None else self._ring)
+        self._adopt_ring(ring)
 
     def _adopt_ring(self, ring: Ring) -> None:
         """Make ``ring`` this iterator's ring and hand it to every worker. Tasks sent
@@ -578,6 +607,9 @@ class MultiProcessIter:
         if os.getpid() != self._pid:
             return  # a forked copy of the consumer: the workers are not ours to stop
         self._pool.stop(graceful)
+        maker, self._ring_maker = self._ring_maker, None
+        if maker is not None:
+            maker.wait()  # its ring (if made) stays the loader's current one, for later epochs
         # The workers are gone: slots they were given but we never handed out are free.
         for task in self._tasks.values():
             _leases.give_back(task.ring, task.slot)

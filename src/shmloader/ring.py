@@ -227,9 +227,12 @@ def _attach(dup: Any, num_slots: int, slot_bytes: int) -> Ring:
     return attach_fd(dup.detach(), num_slots, slot_bytes)
 
 
-def attach_fd(fd: int, num_slots: int, slot_bytes: int, *, populate: bool = True) -> Ring:
+def attach_fd(fd: int, num_slots: int, slot_bytes: int, *, populate: bool = False) -> Ring:
     """Map a ring from a descriptor this process received, and close the descriptor.
-    ``populate`` (for writers) pre-faults the mapping: no faults on the hot path."""
+    ``populate`` pre-faults the whole mapping. Workers do not: pages are mapped per
+    process (~2 us a page here), so a worker maps only the slots it writes, on its first
+    write into each (it writes into its own share of the slots first: see
+    multiprocess._claim_slot); the consumer's reads fault pages in 16 at a time."""
     try:
         ring = Ring(fd, num_slots, slot_bytes, populate=populate)
     except BaseException:

@@ -214,7 +214,9 @@ class _Worker:
                     return
                 if kind == wire.TASK_RING:
                     num_slots, slot_bytes = wire.ring_info(msg)
-                    self.ring = attach_fd(self.reader.take_fd(), num_slots, slot_bytes)
+                    # Not pre-faulted: a slot's pages are faulted in by this worker's
+                    # first write into it (see deliver), only for the slots it writes.
+                    self.ring = attach_fd(self.reader.take_fd(), num_slots, slot_bytes, populate=False)
                     self.views.clear()
                 elif kind == wire.TASK_EPOCH:
                     self.start_epoch(wire.epoch_seed(msg))

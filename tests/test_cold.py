@@ -1,0 +1,183 @@
+"""A fresh loader's first epoch (issue 14, part 2): the behaviour its speed relies on.
+
+- Each worker's first batch comes apart (a one-off segment) and is correct; every later
+  batch is a view of the ring, under every start method.
+- Workers do not pre-fault the whole ring: a worker's pages of the ring are only those of
+  the slots it wrote, and each worker writes into its own share of the slots.
+- The first ring of big batches is made on a thread (shmloader.ringmaker): its errors come
+  out in the consumer, nothing is left running, and a fork waits for a ring being made.
+- Held batches keep their values while claims go worker by worker and the ring grows.
+
+Behaviour only: the timings are the benchmark's (``shmloader bench``, its cold column).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from shmloader import Dataset, RingLimitError, get_worker_info
+from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
+
+from .datasets import NumpyLoader as DataLoader
+
+
+class Tagged(Dataset):
+    """Sample i: ``side`` float32 values equal to i, then i, the loading worker's id and pid."""
+
+    def __init__(self, n: int, side: int = 256):
+        self.n = n
+        self.side = side
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        return np.full(self.side, i, np.float32), i, -1 if info is None else info.id, os.getpid()
+
+
+def _check(batch, first: int, size: int) -> None:
+    values, index, _, _ = batch
+    assert index.tolist() == list(range(first, first + size))
+    assert (values == index[:, None]).all(), "a batch holds its own samples' values"
+
+
+def _ring_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "shmloader-ring"]
+
+
+_BIG = BACKGROUND_MIN_BATCH_BYTES // 4 // 4  # float32 values a sample: batches of 4 get a ring maker
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("side", [256, _BIG], ids=["small", "big"])
+def test_first_batches_come_apart_and_the_rest_from_the_ring(method, side, monkeypatch):
+    from shmloader import multiprocess
+
+    made: list[int] = []
+
+    class Counted(RingMaker):
+        def __init__(self, leases, batch_bytes, like):
+            made.append(batch_bytes)
+            super().__init__(leases, batch_bytes, like)
+
+    monkeypatch.setattr(multiprocess, "RingMaker", Counted)
+    dl = DataLoader(Tagged(48, side), batch_size=4, num_workers=2, multiprocessing_context=method)
+    in_ring = []
+    for b, batch in enumerate(dl):
+        _check(batch, 4 * b, 4)
+        in_ring.append(dl.ring is not None and dl.ring.contains(batch[0]))
+    assert in_ring == [False, False] + [True] * 10, "each worker's first batch sized the ring"
+    assert dl.stats()["batches_copied"] == 2 and dl.stats()["rings_created"] == 1
+    # Big batches: the ring was made on a thread, once; small ones: in line.
+    assert len(made) == (1 if side == _BIG else 0)
+    assert not _ring_threads()
+
+
+def _ring_rss(pid: int, size: int) -> int:
+    """Resident bytes of the ``size``-byte shmloader mapping of process ``pid``."""
+    found, rss = False, None
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                found = hi - lo >= size and hi - lo - size < 4096 and "shmloader" in line
+            elif found and fields[0] == "Rss:":
+                rss = int(fields[1]) * 1024
+                found = False
+    assert rss is not None, f"no shmloader mapping of {size} bytes in process {pid}"
+    return rss
+
+
+@pytest.mark.timeout(60)
+def test_each_worker_faults_in_only_its_own_slots():
+    dl = DataLoader(Tagged(4 * 40, side=16384), batch_size=4, num_workers=2, persistent_workers=True)
+    try:
+        _each_worker_faults_in_only_its_own_slots(dl)
+    finally:
+        dl.shutdown()
+
+
+def _each_worker_faults_in_only_its_own_slots(dl: DataLoader) -> None:
+    slots: dict[int, set[int]] = {0: set(), 1: set()}
+    pids = {}
+    for b, batch in enumerate(dl):  # one batch held at a time (and the previous, during next())
+        _check(batch, 4 * b, 4)
+        ring = dl.ring
+        if ring is not None and ring.contains(batch[0]):
+            start = batch[0].__array_interface__["data"][0] - ring.mapping.address
+            wid = int(batch[2][0])
+            slots[wid].add((start - ring.slot_offset(0)) // ring.slot_stride)
+            pids[wid] = int(batch[3][0])
+    del batch
+    assert dl.stats()["rings_created"] == 1
+    share = ring.num_slots // 2
+    assert slots[0] and slots[1] and not slots[0] & slots[1], f"slots written: {slots}"
+    assert all(len(s) <= share for s in slots.values()), f"each within its share: {slots}"
+    for wid, pid in pids.items():
+        # Not pre-faulted: a worker maps the ring's control pages and the slots it wrote.
+        rss = _ring_rss(pid, ring.total_bytes)
+        assert rss <= ring.slot_offset(0) + len(slots[wid]) * ring.slot_stride + 4096, (wid, rss)
+        assert rss < ring.total_bytes // 2
+
+
+@pytest.mark.timeout(60)
+def test_held_batches_keep_their_values_while_the_ring_grows():
+    dl = DataLoader(Tagged(4 * 24, side=4096), batch_size=4, num_workers=2)
+    kept = list(dl)  # every batch held: the ring grows past its 8 slots
+    assert dl.stats()["rings_created"] >= 2
+    for b, batch in enumerate(kept):
+        _check(batch, 4 * b, 4)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("side", [256, _BIG], ids=["small", "big"])
+def test_a_ring_that_cannot_be_made_fails_in_the_consumer_and_leaves_nothing(side):
+    dl = DataLoader(Tagged(48, side), batch_size=4, num_workers=2, max_shm_bytes=4096)
+    got = []
+    with pytest.raises(RingLimitError, match="max_shm_bytes=4096"):
+        for batch in dl:
+            got.append(batch[1].tolist())
+    assert got in ([], [[0, 1, 2, 3]], [[0, 1, 2, 3], [4, 5, 6, 7]]), "only the batches made apart"
+    assert not _ring_threads()
+    assert dl.ring is None
+
+
+class _SlowLeases:
+    """Stands in for leases.Leases: ring_for_batch takes ``delay`` s, or raises ``error``."""
+
+    def __init__(self, delay: float, error: BaseException | None = None):
+        self.delay = delay
+        self.error = error
+
+    def ring_for_batch(self, batch_bytes: int, like):
+        time.sleep(self.delay)
+        if self.error is not None:
+            raise self.error
+        return ("ring", batch_bytes, like)
+
+
+def test_ring_maker_hands_over_its_ring_or_its_error():
+    maker = RingMaker(_SlowLeases(0.05), 1000, None)
+    assert maker.result() == ("ring", 1000, None) and maker.done()
+    failing = RingMaker(_SlowLeases(0.0, RingLimitError("no room (test)")), 1000, None)
+    with pytest.raises(RingLimitError, match="no room"):
+        failing.result()
+    assert not _ring_threads()
+
+
+def test_a_fork_waits_for_the_ring_being_made():
+    maker = RingMaker(_SlowLeases(0.3), 1000, None)
+    assert not maker.done()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if not _ring_threads() else 1)  # the child copies no maker thread
+    assert maker.done(), "the fork waited for the maker (an at-fork hook)"
+    assert os.waitpid(pid, 0)[1] == 0
+    assert maker.result() == ("ring", 1000, None)
