@@ -187,10 +187,13 @@ def test_no_writable_dev_shm_is_named_for_posix(monkeypatch, tmp_path):
 # --- B. memory-aware sizing --------------------------------------------------------------------
 
 
-def test_a_small_budget_gives_fewer_slots_one_warning_and_the_same_batches():
-    dataset = D.Squares(96, side=32)
+@pytest.mark.parametrize("side", [32, 256], ids=["ring-made-in-line", "ring-made-on-a-thread"])
+def test_a_small_budget_gives_fewer_slots_one_warning_and_the_same_batches(side):
+    """16 KB batches get their ring made in line, 1 MiB ones on a ring maker's thread
+    (ringmaker.BACKGROUND_MIN_BATCH_BYTES): either way one warning, at the user's line."""
+    dataset = D.Squares(96 if side == 32 else 24, side=side)
     expect = [[a.tolist() for a in b] for b in DataLoader(dataset, batch_size=4, num_workers=0)]
-    batch_bytes = 4 * 32 * 32 * 4 + 4 * 8
+    batch_bytes = 4 * side * side * 4 + 4 * 8
     slot = leases.slot_bytes_for(batch_bytes)
     wanted = leases.default_num_slots(2)
     limit = ring_bytes(leases.min_num_slots(2) + 1, slot + 256)  # room for 5 of the 8
@@ -204,6 +207,7 @@ def test_a_small_budget_gives_fewer_slots_one_warning_and_the_same_batches():
     assert leases.min_num_slots(2) <= ring.num_slots < wanted
     mine = [w for w in caught if issubclass(w.category, RingSizeWarning)]
     assert len(mine) == 1, [str(w.message) for w in caught]
+    assert mine[0].filename == __file__, mine[0].filename  # the user's line, not a thread's
     text = str(mine[0].message)
     assert f"{ring.num_slots} slots instead of {wanted}" in text
     assert f"max_shm_bytes={limit}" in text and "pass a larger max_shm_bytes" in text

@@ -220,6 +220,11 @@ class Leases:
         self._start_budget = None if self.explicit_max else memory.budget(resolve_backend(backend))
         self._max_shm_bytes = max_shm_bytes if max_shm_bytes is not None else _half(self._start_budget)
         self._warned = False
+        # A ring made on a ring maker's thread keeps its warning here, for the consumer's
+        # thread to emit (ringmaker): a warning must point at the user's line and reach
+        # the warning filters the user set, not a thread's.
+        self._deferring = threading.local()
+        self._deferred: list[str] = []
         self.pinner = pinner
         self._stats = stats
         self._current: Ring | None = None
@@ -308,15 +313,30 @@ class Leases:
             raise RingLimitError(text) if limit_binds else ShmSpaceError(text)
         if fit < num_slots and not self._warned:
             self._warned = True
-            warnings.warn(
+            self._deferred.append(
                 f"the loader's ring has {fit} slots instead of {num_slots} "
                 f"({memory.mib(slot_bytes)} each) because {why}; workers prefetch fewer batches "
                 f"(the ring needs {memory.mib(ring_bytes(num_slots, slot_bytes))} for "
-                f"{num_slots}). To keep them all: {remedy}.",
-                RingSizeWarning,
-                stacklevel=_user_stacklevel(),
+                f"{num_slots}). To keep them all: {remedy}."
             )
+            if not getattr(self._deferring, "on", False):
+                self.emit_warnings()
         return fit
+
+    @contextlib.contextmanager
+    def warnings_deferred(self) -> Iterator[None]:
+        """Rings made in this block (on this thread) keep their warning for
+        :meth:`emit_warnings`."""
+        self._deferring.on = True
+        try:
+            yield
+        finally:
+            self._deferring.on = False
+
+    def emit_warnings(self) -> None:
+        """Emit the warnings kept so far (from the consumer's thread)."""
+        while self._deferred:
+            warnings.warn(self._deferred.pop(0), RingSizeWarning, stacklevel=_user_stacklevel())
 
     def _why(self, room: int, max_binds: bool, fresh: memory.Budget) -> tuple[str, str, bool]:
         """(What leaves only ``room`` bytes, its figures first; the remedy; whether it is

@@ -36,12 +36,13 @@ _running: weakref.WeakSet = weakref.WeakSet()
 class RingMaker:
     """Makes ``leases.ring_for_batch(batch_bytes, like)`` on a thread."""
 
-    __slots__ = ("__weakref__", "_error", "_ring", "_thread", "batch_bytes")
+    __slots__ = ("__weakref__", "_error", "_leases", "_ring", "_thread", "batch_bytes")
 
     def __init__(self, leases: Any, batch_bytes: int, like: Any) -> None:
         """Start making a ring whose slots hold ``batch_bytes`` (``like``: the ring it
         replaces, or None)."""
         self.batch_bytes = batch_bytes
+        self._leases = leases
         self._ring: Any = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -52,7 +53,8 @@ class RingMaker:
 
     def _make(self, leases: Any, batch_bytes: int, like: Any) -> None:
         try:
-            self._ring = leases.ring_for_batch(batch_bytes, like)
+            with leases.warnings_deferred():  # emitted by result(), on the consumer's thread
+                self._ring = leases.ring_for_batch(batch_bytes, like)
         except BaseException as exc:  # re-raised in the consumer by result()
             self._error = exc
 
@@ -64,6 +66,7 @@ class RingMaker:
         """The ring (waiting for it), or the error that making it raised."""
         self._thread.join()
         _running.discard(self)
+        self._leases.emit_warnings()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
