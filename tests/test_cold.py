@@ -13,6 +13,7 @@ Behaviour only: the timings are the benchmark's (``shmloader bench``, its cold c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -155,6 +156,12 @@ class _SlowLeases:
     def __init__(self, delay: float, error: BaseException | None = None):
         self.delay = delay
         self.error = error
+
+    def warnings_deferred(self):
+        return contextlib.nullcontext()
+
+    def emit_warnings(self) -> None:
+        pass
 
     def ring_for_batch(self, batch_bytes: int, like):
         time.sleep(self.delay)
