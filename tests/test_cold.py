@@ -56,8 +56,16 @@ _BIG = BACKGROUND_MIN_BATCH_BYTES // 4 // 4  # float32 values a sample: batches 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("side", [256, _BIG], ids=["small", "big"])
-def test_first_batches_come_apart_and_the_rest_from_the_ring(method, side, monkeypatch):
+def test_first_batches_come_apart_and_the_rest_from_the_ring(method, monkeypatch):
+    _first_batches(method, _BIG, monkeypatch)  # big batches: the ring is made on a thread
+
+
+@pytest.mark.timeout(60)
+def test_small_first_batches_make_their_ring_in_line(monkeypatch):
+    _first_batches("fork", 256, monkeypatch)  # (the in-line path: test_variable, every method)
+
+
+def _first_batches(method: str, side: int, monkeypatch: pytest.MonkeyPatch) -> None:
     from shmloader import multiprocess
 
     made: list[int] = []
