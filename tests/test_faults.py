@@ -449,9 +449,10 @@ def test_dev_shm_too_small(method):
         assert "num_slots" in msg, msg
         assert sub["shm_entries"] == [], (key, "a partial file was left")
         assert sub["left"] == [], key
-        # Sized from the first batch: that batch is handed out (by copy) before the ring
-        # is made, and the error comes with the next one.
-        assert sub["batches"] == (0 if key == "fixed" else 1), key
+        # Sized from the first batch: the workers' first batches (each in a segment of its
+        # own) are handed out while the ring is made on a thread (ringmaker), and the error
+        # comes when the consumer needs the ring.
+        assert (sub["batches"] == 0) if key == "fixed" else (1 <= sub["batches"] <= 2), (key, sub)
     assert data["fixed"]["stage"] == "construction"  # slot_bytes given: the ring is made at once
     assert str(ring_bytes(8, 8 * 2**20)) in data["fixed"]["error"]["msg"]
 
