@@ -70,6 +70,26 @@ def alive(pid: int) -> bool:
         return False
 
 
+def read_line(proc: Any, prefix: str, timeout: float) -> str:
+    """The first line starting with ``prefix`` that the child ``proc`` (a Popen with text
+    pipes) writes to stdout within ``timeout`` s; else kill it and fail with its stderr."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(prefix):
+            return line.strip()
+    proc.kill()
+    _, err = proc.communicate()
+    raise AssertionError(f"no {prefix!r} line from the child within {timeout} s\n{err[-3000:]}")
+
+
 def worker_pids(it: Any) -> list[int]:
     """The pids of an iterator's workers (read from the loader's internals). Starts its
     epoch first (as the first next() would): iter() alone starts no worker."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -30,7 +29,7 @@ import pytest
 
 from shmloader.ring import ring_bytes
 
-from .faultcases import WIDE_BAD, alive, wait_gone
+from .faultcases import WIDE_BAD, alive, read_line, wait_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_CODE = "from tests.faultcases import main; main()"
@@ -176,7 +175,7 @@ def test_consumer_sigkilled(method, mode):
         text=True,
     )
     try:
-        line = _read_line(proc, "READY", 30)
+        line = read_line(proc, "READY", 30)
         pids = json.loads(line.split(" ", 1)[1])
         time.sleep(0.5)  # let the workers get busy / fill the socket
         assert all(alive(p) for p in pids)
@@ -238,21 +237,6 @@ def _segment_holders(prefix: str) -> dict[int, int]:
             except OSError:  # closed meanwhile: not held
                 pass
     return holders
-
-
-def _read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(prefix):
-            return line.strip()
-    proc.kill()
-    raise AssertionError(f"child gave no {prefix} line: stderr:\n{proc.stderr.read()[-3000:]}")
 
 
 # --------------------------------------------------------------------------- 3. exceptions
@@ -397,7 +381,7 @@ def test_ctrl_c(method):
         preexec_fn=_sigint_as_a_fresh_process,
     )
     try:
-        line = _read_line(proc, "READY", 30)
+        line = read_line(proc, "READY", 30)
         pids = json.loads(line.split(" ", 1)[1])
         time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)

@@ -36,7 +36,7 @@ from .environments import (
     run_child,
     seccomp_refused,
 )
-from .faultcases import alive, wait_gone
+from .faultcases import alive, read_line, wait_gone
 
 ALL_METHODS = ["fork", "spawn", "forkserver"]
 MiB = 2**20
@@ -241,7 +241,7 @@ def test_pdeathsig_refused_workers_die_with_the_consumer(method):
     )
     workers: list[int] = []
     try:
-        line = _read_line(proc, "READY ", 30)
+        line = read_line(proc, "READY ", 30)
         reported = json.loads(line.split(" ", 1)[1])
         workers = [c.pid for c in psutil.Process(proc.pid).children() if c.pid in reported]
         assert sorted(workers) == sorted(reported) and len(workers) == 2, (reported, workers)
@@ -272,24 +272,6 @@ def _seccomp_mode(pid: int) -> int:
             if line.startswith("Seccomp:"):
                 return int(line.split()[1])
     return -1
-
-
-def _read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
-    import select
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(prefix):
-            return line.strip()
-    proc.kill()
-    _, err = proc.communicate()
-    raise AssertionError(f"no {prefix!r} line from the child within {timeout} s\n{err[-3000:]}")
 
 
 @pytest.mark.timeout(60)
