@@ -305,7 +305,7 @@ class Leases:
         if fit is None:
             need = ring_bytes(least, slot_bytes)
             text = (
-                f"{_sentence(why)}; the loader's shared-memory ring needs at least {need} bytes "
+                f"{memory.sentence(why)}; the loader's shared-memory ring needs at least {need} bytes "
                 f"({memory.mib(need)}: {least} slots of {memory.mib(slot_bytes)}, one batch in "
                 f"flight per worker, the batch being handed out and the previous one). "
                 f"To fix it: {remedy}."
@@ -380,7 +380,7 @@ class Leases:
         left = self.max_shm_bytes - pinned if max_binds else room or 0
         why, remedy, _ = self._why(left, max_binds, fresh)
         return ShmSpaceError(
-            f"{_sentence(why)}; the loader's next ring needs {need} bytes ({memory.mib(need)})"
+            f"{memory.sentence(why)}; the loader's next ring needs {need} bytes ({memory.mib(need)})"
             f"{mapped}. To fix it: {remedy}, or ask for a smaller ring with a lower num_slots "
             "or prefetch_factor."
         )
@@ -475,12 +475,6 @@ os.register_at_fork(before=_note_fork, after_in_parent=_note_fork, after_in_chil
 
 
 # --- errors -------------------------------------------------------------------------------
-
-
-def _sentence(text: str) -> str:
-    """``text`` as a sentence's start: capitalized, unless it starts with a name
-    (``max_shm_bytes=...``, ``/dev/shm``)."""
-    return text if text.startswith(("max_shm_bytes", "/")) else text[0].upper() + text[1:]
 
 
 def _user_stacklevel() -> int:

@@ -34,6 +34,12 @@ def mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{int(n)} bytes"
 
 
+def sentence(text: str) -> str:
+    """``text`` (a limit in words) as a sentence's start: capitalized, unless it starts
+    with a name (``max_shm_bytes=...``, ``/dev/shm``)."""
+    return text if text.startswith(("max_shm_bytes", "/")) else text[0].upper() + text[1:]
+
+
 # --- the machine ----------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import os
 import secrets
 import sys
@@ -337,15 +338,11 @@ def _create_unlinked_segment() -> int:
 def _space_error(budget: memory.Budget, total: int, num_slots: int, slot_bytes: int) -> ShmSpaceError:
     have = "an unknown amount" if budget.bytes is None else memory.mib(budget.bytes)
     return ShmSpaceError(
-        f"{_sentence(budget.cause())} leaves {have} for the loader's "
+        f"{memory.sentence(budget.cause())} leaves {have} for the loader's "
         f"shared-memory ring, which needs {total} bytes ({memory.mib(total)}: {num_slots} "
         f"slots of {slot_bytes} bytes, backend {budget.backend!r}). To fix it: {budget.remedy()}; "
         "or ask for a smaller ring with a lower num_slots or prefetch_factor."
     )
-
-
-def _sentence(text: str) -> str:
-    return text if text.startswith("/") else text[0].upper() + text[1:]
 
 
 def _check_room(kind: str, total: int, num_slots: int, slot_bytes: int) -> None:
@@ -368,8 +365,6 @@ def _reserve(fd: int, total: int, num_slots: int, slot_bytes: int, kind: str = "
             budget = dataclasses.replace(budget, bytes=budget.shm_free, limit=memory.SHM)
         raise _space_error(budget, total, num_slots, slot_bytes) from exc
     if kind == "memfd":
-        import fcntl
-
         # Sealed at its reserved size: no process holding the descriptor can shrink it
         # under another's mapping (a SIGBUS there), nor grow it, nor remove the seals.
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
