@@ -512,3 +512,24 @@ def test_closing_is_prompt_when_later_forks_inherited_our_descriptors():
     it.close()
     assert time.monotonic() - start < 2.0, "no 5 s join timeout: the workers saw the stop"
     it2.close()
+
+
+class _Identity:
+    """Sample i is i itself (a numpy int64): a batch is its task's indices."""
+
+    def __len__(self):
+        return 2_000_000
+
+    def __getitem__(self, i):
+        return np.int64(i)
+
+
+@pytest.mark.timeout(90)
+def test_a_task_of_a_million_indices_gets_its_batch():
+    """A task far larger than a socket's buffer (1,000,000 int64 indices, 8 MB) goes out
+    through the send queue while the other worker's task does too, and each comes back
+    whole: no frame blocks the consumer (issue 15's check on the wire)."""
+    size = 1_000_000
+    dl = DataLoader(_Identity(), batch_size=size, num_workers=2, multiprocessing_context="fork")
+    got = [(int(b[0]), int(b[-1]), len(b), bool((np.diff(b) == 1).all())) for b in dl]
+    assert got == [(0, size - 1, size, True), (size, 2 * size - 1, size, True)]
