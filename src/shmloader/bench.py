@@ -1268,6 +1268,11 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _timing_text(timing: dict[str, float] | None, missing: str) -> str:
+    """``median ms ±spread`` of one loader's timings, or ``missing`` where it did not run."""
+    return f"{timing['median_s'] * 1e3:.0f} ms ±{timing['spread']:.0%}" if timing else missing
+
+
 def _first_batch_rows(results: list[ConfigResult]) -> list[list[str]]:
     rows = []
     for res in results:
@@ -1278,8 +1283,8 @@ def _first_batch_rows(results: list[ConfigResult]) -> list[list[str]]:
         rows.append(
             [
                 res.config.label,
-                f"{s['median_s'] * 1e3:.0f} ms ±{s['spread']:.0%}" if s else "-",
-                f"{t['median_s'] * 1e3:.0f} ms ±{t['spread']:.0%}" if t else "not installed",
+                _timing_text(s, "-"),
+                _timing_text(t, "not installed"),
                 f"{s['median_s'] / t['median_s']:.2f}x" if s and t else "n/a",
             ]
         )
@@ -1305,8 +1310,8 @@ def _cold_rows(results: list[ConfigResult]) -> list[list[str]]:
             [
                 res.config.label,
                 str(cold["batches"]),
-                f"{s['median_s'] * 1e3:.0f} ms ±{s['spread']:.0%}" if s else "-",
-                f"{t['median_s'] * 1e3:.0f} ms ±{t['spread']:.0%}" if t else "not installed",
+                _timing_text(s, "-"),
+                _timing_text(t, "not installed"),
                 _ratio_text(cold.get("ratio"), cold.get("ratio_range")),
                 _ratio_text(steady.ratio_to_torch, steady.ratio_range) if steady else "n/a",
             ]

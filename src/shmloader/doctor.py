@@ -16,6 +16,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from shmloader.memory import shm_problem  # imports nothing else of the package
+
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
 _SHM_DIR = "/dev/shm"
@@ -159,28 +161,22 @@ def check_shm(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
 
     kind = resolve_backend(backend)
     total, slots, slot_bytes = default_ring_bytes(workers, batch_bytes)
-    try:
-        st = os.statvfs(_SHM_DIR)
-    except OSError as exc:
+    problem = shm_problem(_SHM_DIR)  # none there, or read-only (the posix backend's own check)
+    if problem is not None:
         if kind == "memfd":
-            return Check("/dev/shm", OK, f"{_SHM_DIR} cannot be read ({exc}); rings use memfd, not /dev/shm")
+            return Check("/dev/shm", OK, f"{problem}; rings use memfd, not /dev/shm")
         return Check(
             "/dev/shm",
             FAIL,
-            f"{_SHM_DIR} cannot be read ({exc}); POSIX shared memory is unavailable",
-            "mount a tmpfs on /dev/shm (docker: --shm-size=2g or --ipc=host), or use "
-            "shm_backend='memfd' (Linux)",
-        )
-    if st.f_flag & getattr(os, "ST_RDONLY", 0):
-        if kind == "memfd":
-            return Check("/dev/shm", OK, f"{_SHM_DIR} is mounted read-only; rings use memfd, not /dev/shm")
-        return Check(
-            "/dev/shm",
-            FAIL,
-            f"{_SHM_DIR} is mounted read-only: the posix backend cannot put rings there",
+            f"{problem}: the posix backend cannot put rings there",
             "use shm_backend='memfd' (Linux), or mount a writable tmpfs on /dev/shm "
             "(docker run --shm-size=2g or --ipc=host)",
         )
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError as exc:
+        status = OK if kind == "memfd" else FAIL
+        return Check("/dev/shm", status, f"{_SHM_DIR} cannot be read ({exc})", "check /dev/shm's mount")
     size = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
     detail = (
