@@ -404,6 +404,45 @@ def test_workers_give_torch_one_thread_as_torch_workers_do(ctx):
         torch.set_num_threads(before)
 
 
+class SeededDraws(TorchDataset):
+    """Each sample: the worker's seed and its first draws from torch's global RNG, plus
+    whether those draws are the stream ``torch.manual_seed(seed)`` starts."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict:
+        seed = torch.utils.data.get_worker_info().seed
+        draws = torch.rand(3)
+        torch.manual_seed(torch.initial_seed())  # replay this worker's stream from its start
+        expected = torch.rand(3 * (self.calls + 1))[-3:]
+        self.calls += 1
+        return {"seed": seed, "draws": draws, "is_manual_seed_stream": bool(torch.equal(draws, expected))}
+
+    calls = 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_workers_seed_torch_as_manual_seed_does(ctx):
+    """A worker's torch RNG is where ``torch.manual_seed(worker seed)`` puts it, as in
+    torch's workers (the oracle), though shmloader seeds only the CPU generator on a
+    build with no accelerator (which this CPU build is: the fast path is the one tested)."""
+    from shmloader.worker import _cpu_only
+
+    assert _cpu_only(torch) == (torch.version.cuda is None and torch.version.hip is None)
+    kw = {"batch_size": 1, "num_workers": 2}
+    for loader in (
+        TorchLoader(SeededDraws(), multiprocessing_context="fork", **kw),
+        ours(SeededDraws(), multiprocessing_context=ctx, **kw),
+    ):
+        batches = list(loader)
+        assert all(bool(b["is_manual_seed_stream"][0]) for b in batches), batches
+        first = {int(b["seed"][0]): b["draws"][0] for b in batches[:2]}
+        for seed, draws in first.items():
+            assert torch.equal(draws, torch.rand(3, generator=torch.Generator().manual_seed(seed)))
+
+
 # --- 3. batch_size=None ---------------------------------------------------------------------
 
 

@@ -104,12 +104,18 @@ class WorkerPool:
     # --- start --------------------------------------------------------------------------
 
     def start(
-        self, ctx: Any, num_workers: int, make_config: Callable[[int, bool], Any], target: Callable
+        self,
+        ctx: Any,
+        num_workers: int,
+        make_config: Callable[[int, bool], Any],
+        target: Callable,
+        started: Callable[[], None] | None = None,
     ) -> None:
         """Start ``num_workers`` processes running ``target(make_config(wid,
-        use_pdeathsig), conn)``. Raises TypeError (see :func:`unpicklable_error`) when the
-        config cannot be sent to a worker; the workers started so far stay in the pool
-        (stop them with :meth:`stop`)."""
+        use_pdeathsig), conn)``, calling ``started()`` after each is in the pool (to give
+        it work while the next one is forked). Raises TypeError (see
+        :func:`unpicklable_error`) when the config cannot be sent to a worker; the workers
+        started so far stay in the pool (stop them with :meth:`stop`)."""
         method = ctx.get_start_method()
         use_pdeathsig = uses_pdeathsig(method)
         main_thread = threading.current_thread() is threading.main_thread()
@@ -133,6 +139,8 @@ class WorkerPool:
                     raise unpicklable_error(exc, method) from exc
                 theirs.close()
                 self._add(WorkerHandle(wid, proc, ours))
+                if started is not None:
+                    started()
         finally:
             if main_thread:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

@@ -72,12 +72,14 @@ class Scheduler:
         """Whether any worker can still be given tasks this epoch."""
         return any(self.active)
 
-    def pick(self, cap: int) -> int | None:
+    def pick(self, cap: int, started: int | None = None) -> int | None:
         """The worker to send the next task to, or None when none can take one now.
 
         ``cap``: tasks allowed in flight (sent and not handed out) for all workers
         together; with ``in_order=False`` each active worker's share of it bounds that
-        worker's tasks in flight."""
+        worker's tasks in flight. ``started``: only workers ``0 .. started-1`` run yet
+        (they are being started); the round robin waits at the first that does not,
+        never skips it (which worker loads which batch decides its seed)."""
         n = self.num_workers
         active, outstanding = self.active, self.outstanding
         share = None
@@ -86,6 +88,8 @@ class Scheduler:
         start = self.next_worker
         for k in range(n):
             w = (start + k) % n
+            if started is not None and w >= started:
+                return None
             if active[w] and (share is None or outstanding[w] < share):
                 self.next_worker = (w + 1) % n
                 return w

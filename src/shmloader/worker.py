@@ -97,8 +97,30 @@ def seed_all(seed: int) -> None:
     np.random.seed(seed % 2**32)
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(seed)
+        if _cpu_only(torch):
+            # What torch.manual_seed does on a build with no accelerator: the devices it
+            # also seeds (lazily, recording traceback.format_stack() for each: 3-15 ms
+            # of a worker's start, reading source files) can never be used here.
+            torch.default_generator.manual_seed(seed)
+        else:
+            torch.manual_seed(seed)
         torch.set_num_threads(1)
+
+
+def _cpu_only(torch: Any) -> bool:
+    """Whether this torch build has no device that ``torch.manual_seed`` seeds besides the
+    CPU (no CUDA/ROCm, XPU, MTIA or MPS compiled in, no custom backend registered). Any
+    doubt (a torch whose private names moved) answers False: the full seeding then runs."""
+    try:
+        return not (
+            torch.cuda._is_compiled()
+            or torch.xpu._is_compiled()
+            or torch.mtia._is_compiled()
+            or torch.backends.mps.is_built()
+            or torch._C._get_privateuse1_backend_name() != "privateuseone"
+        )
+    except Exception:
+        return False
 
 
 def worker_main(config: WorkerConfig, conn: Any) -> None:
