@@ -316,7 +316,7 @@ def test_w7_collate_and_waste_offline():
 
 
 def test_w6_rows_and_targets_offline(monkeypatch):
-    from shmloader.vision import benchmark as vb
+    from shmloader.bench import jpeg as vb
 
     def fake_run(root, *, batch_size, workers, repeat, log):
         for _ in range(len(vb.PEERS) * (1 + repeat)):

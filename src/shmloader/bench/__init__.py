@@ -884,7 +884,7 @@ def measure_w6(cfg: Config, *, repeat: int, torch_dl: Any | None, progress: Prog
         for _ in range(_w6_steps(repeat)):
             progress.step(f"{cfg.label} skipped")
         return res
-    from shmloader.vision import benchmark as vb
+    from shmloader.bench import jpeg as vb
 
     folder = vb.default_cache_dir() / f"w6-jpeg-{vb.W6_COUNT}"
     if not (folder / ".complete").exists():
