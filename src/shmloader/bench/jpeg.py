@@ -1,7 +1,8 @@
-"""W6: the JPEG training pipeline, this loader beside torch's, in one run.
+"""W6, the JPEG training pipeline: this loader beside torch's over an image folder.
 
-2,000 synthetic JPEGs (~400 px) -> random resized crop 224 + horizontal flip -> batches
-of 64 uint8 HWC images and int64 labels, 2 workers, shuffled. Peers:
+2,000 synthetic JPEGs (~400 px, written once under ``$SHMLOADER_CACHE`` or
+``~/.cache/shmloader``) -> random resized crop 224 + horizontal flip -> batches of 64
+uint8 HWC images and int64 labels, shuffled, persistent workers. Peers:
 
 - ``torch+conventional``: ``torch.utils.data.DataLoader`` over the dataset people write
   (Pillow open, ``convert("RGB")``, crop and resize as torchvision's
@@ -10,34 +11,38 @@ of 64 uint8 HWC images and int64 labels, 2 workers, shuffled. Peers:
   (its ``__getitem__``);
 - ``shmloader+ImageFolder``: this loader over the same ImageFolder (write-into path).
 
-Workers are persistent; one warm-up epoch each, then ``repeat`` timed epochs, the peers
-alternating inside each repeat. Reported: median images/s, median consumer CPU per
-batch (``time.process_time`` of the consuming process) and ratios paired per repeat.
-
-Run ``python -m shmloader.vision.benchmark`` (``--help`` for options).
+Timed by the one harness (:func:`shmloader.bench.peers.time_peers`) over whole epochs: one
+warm-up epoch each, then ``repeat`` timed epochs, the peers alternating. Reported: median
+images/s (and batches/s = images/s / 64), median consumer CPU per batch
+(``time.process_time`` of the consuming process), CPU per image of consumer and workers,
+and ratios paired per repeat. Run it as ``shmloader bench --workloads W6``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from shmloader.bench.machine import load1
+from shmloader.bench.peers import close_loader, close_peers, summarize, time_peers
+from shmloader.bench.progress import Progress
+from shmloader.bench.results import ConfigResult, Row
+from shmloader.bench.workloads import WORKLOADS, Config
+
 W6_COUNT = 2000
 W6_SIZE = 224
 W6_BATCH = 64
-W6_WORKERS = 2
 PEERS = ("torch+conventional", "torch+ImageFolder", "shmloader+ImageFolder")
+_BASE = "torch+conventional"  # what 'vs torch' is relative to
+_OURS = "shmloader+ImageFolder"
 
 
 def default_cache_dir() -> Path:
@@ -97,16 +102,6 @@ class ConventionalFolder:
         return np.array(img), label
 
 
-@dataclass
-class PeerResult:
-    peer: str
-    images_per_s: float  # median over repeats
-    consumer_cpu_ms_per_batch: float  # median
-    total_cpu_ms_per_image: float  # median; consumer and workers (nan without psutil)
-    spread: float  # (max - min) / median of images/s
-    runs: list[float]
-
-
 def _children_cpu_s() -> float:
     """CPU seconds used so far by this process's live children (the loaders' workers;
     idle ones add nothing); nan without psutil."""
@@ -137,7 +132,35 @@ def _epoch(loader: Iterable[Any]) -> tuple[int, int, float, float, float]:
     return images, batches, wall, cpu, cpu + _children_cpu_s() - w0
 
 
-def _loaders(root: Path, batch_size: int, workers: int, backend: str) -> dict[str, Any]:
+class EpochPeer:
+    """A persistent loader timed over whole epochs (W6): ``run`` ignores the batch and time
+    bounds, and keeps each epoch's images/s and all-CPU per image for W6's own table."""
+
+    def __init__(self, name: str, loader: Any, batch_size: int):
+        self.name = name
+        self.loader = loader
+        self.batch_size = batch_size
+        self.images_per_s: list[float] = []
+        self.all_cpu_ms_per_image: list[float] = []
+
+    def warm_up(self) -> None:
+        """One untimed epoch: starts the workers, fills the page cache."""
+        _epoch(self.loader)
+
+    def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
+        """One timed epoch: images/s / batch size (the last batch may be short), consumer
+        CPU seconds per batch, batches."""
+        images, n, wall, cpu, total = _epoch(self.loader)
+        self.images_per_s.append(images / wall)
+        self.all_cpu_ms_per_image.append(total / images * 1e3)
+        return images / wall / self.batch_size, cpu / n, n
+
+    def close(self) -> None:
+        """Stop the loader's workers."""
+        close_loader(self.loader)
+
+
+def _peers(root: Path, batch_size: int, workers: int, backend: str, torch_dl: Any) -> list[EpochPeer]:
     import torch
 
     from shmloader import DataLoader
@@ -154,147 +177,139 @@ def _loaders(root: Path, batch_size: int, workers: int, backend: str) -> dict[st
     }
 
     def torch_loader(dataset: Any) -> Any:
-        return torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(0), **common)
+        return torch_dl(dataset, generator=torch.Generator().manual_seed(0), **common)
 
-    return {
+    loaders = {
         "torch+conventional": torch_loader(ConventionalFolder(folder.samples)),
         "torch+ImageFolder": torch_loader(folder),
         "shmloader+ImageFolder": DataLoader(folder, seed=0, **common),
     }
+    return [EpochPeer(name, loaders[name], batch_size) for name in PEERS]
 
 
-def run(
-    root: str | os.PathLike | None = None,
-    *,
-    count: int = W6_COUNT,
-    batch_size: int = W6_BATCH,
-    workers: int = W6_WORKERS,
-    repeat: int = 3,
-    backend: str = "auto",
-    log: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run W6 and return ``{"results": [PeerResult...], "ratios": {...}, ...}``."""
-    log = log or (lambda s: None)
-    folder = ensure_images(root, count)
-    load_before = os.getloadavg()[0]
-    loaders = _loaders(folder, batch_size, workers, backend)
-    per: dict[str, list[tuple[float, float, float]]] = {p: [] for p in PEERS}
+def _importable(module: str) -> bool:
     try:
-        for name in PEERS:
-            _epoch(loaders[name])  # warm-up: starts the workers, fills the page cache
-            log(f"warmed up {name}")
-        for r in range(repeat):
-            for name in PEERS if r % 2 == 0 else reversed(PEERS):
-                images, batches, wall, cpu, total = _epoch(loaders[name])
-                per[name].append((images / wall, cpu / batches * 1e3, total / images * 1e3))
-                log(f"repeat {r + 1}: {name:<22} {images / wall:8.0f} images/s")
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def w6_missing(torch_dl: Any | None) -> str | None:
+    """Why W6 cannot run here, or None."""
+    import importlib.util
+
+    missing = [
+        name for mod, name in (("PIL", "Pillow"), ("simplejpeg", "simplejpeg")) if not _importable(mod)
+    ]
+    if missing:
+        return f'needs Pillow and simplejpeg ({", ".join(missing)} missing: pip install "shmloader[vision]")'
+    if torch_dl is None or importlib.util.find_spec("torch") is None:
+        return "needs torch (its peers are torch DataLoaders)"
+    return None
+
+
+def w6_steps(repeat: int) -> int:
+    """Progress steps of :func:`measure_w6`: the dataset, warm-up epochs, timed epochs."""
+    return 1 + len(PEERS) * (1 + repeat)
+
+
+def measure_w6(
+    cfg: Config,
+    *,
+    repeat: int,
+    torch_dl: Any | None,
+    progress: Progress,
+    root: str | os.PathLike | None = None,
+    count: int = W6_COUNT,
+    backend: str = "auto",
+) -> ConfigResult:
+    """W6: the three peers side by side, ``repeat`` timed epochs each after a warm-up
+    epoch; rows in batches of 64 and ratios to torch+conventional, W6's own report (images/s,
+    CPU per image) in ``extra["w6"]`` and as text in ``extra["w6_table"]``."""
+    wl = WORKLOADS["W6"]
+    res = ConfigResult(cfg, wl.description, wl.batch_size, wl.batch_size * (W6_SIZE * W6_SIZE * 3 + 8), 0)
+    why = w6_missing(torch_dl)
+    if why is not None:
+        res.rows = [Row(name, status=f"skipped: {why}") for name in PEERS]
+        res.notes.append(f"{cfg.label} skipped: {why}")
+        for _ in range(w6_steps(repeat)):
+            progress.step(f"{cfg.label} skipped")
+        return res
+    folder = Path(root) if root is not None else default_cache_dir() / f"w6-jpeg-{count}"
+    if not (folder / ".complete").exists():
+        progress.out(f"{cfg.label}: writing {count} synthetic JPEGs to {folder} (once, about a minute)")
+    ensure_images(folder, count)
+    progress.step(f"{cfg.label} dataset ready: {folder}")
+    load0 = load1()
+    peers = _peers(folder, wl.batch_size, cfg.workers, backend, torch_dl)
+    resample = peers[-1].loader.dataset.backend
+    try:
+        rows = time_peers(cfg.label, peers, batches=0, max_s=math.inf, repeat=repeat, progress=progress)
     finally:
-        for name, loader in loaders.items():
-            if name.startswith("shmloader"):
-                loader.shutdown()
-            else:
-                it = getattr(loader, "_iterator", None)
-                if it is not None:
-                    it._shutdown_workers()
-    results = []
-    for name in PEERS:
-        rates = [r[0] for r in per[name]]
-        med = statistics.median(rates)
-        results.append(
-            PeerResult(
-                name,
-                med,
-                statistics.median(r[1] for r in per[name]),
-                statistics.median(r[2] for r in per[name]),
-                (max(rates) - min(rates)) / med,
-                rates,
-            )
-        )
+        close_peers(peers)
+    summarize(rows, res.batch_bytes, base=_BASE)
+    res.rows = list(rows.values())
+    by = {p.name: p for p in peers}
 
     def paired(a: str, b: str) -> float:
-        return statistics.median(x[0] / y[0] for x, y in zip(per[a], per[b], strict=False))
+        return statistics.median(x / y for x, y in zip(by[a].images_per_s, by[b].images_per_s, strict=True))
 
-    ratios = {
-        "shmloader+ImageFolder / torch+conventional": paired("shmloader+ImageFolder", "torch+conventional"),
-        "shmloader+ImageFolder / torch+ImageFolder": paired("shmloader+ImageFolder", "torch+ImageFolder"),
-        "torch+ImageFolder / torch+conventional": paired("torch+ImageFolder", "torch+conventional"),
-    }
-    return {
+    res.extra["w6"] = {
         "workload": f"W6: {count} JPEGs ~400px -> RandomResizedCrop {W6_SIZE} + flip -> "
-        f"batch {batch_size} "
-        f"uint8, {workers} workers",
+        f"batch {wl.batch_size} uint8, {cfg.workers} workers",
         "folder": str(folder),
-        "load": (load_before, os.getloadavg()[0]),
+        "load": [load0, load1()],
         "cores": os.cpu_count(),
-        "backend": loaders["shmloader+ImageFolder"].dataset.backend,
-        "results": results,
-        "ratios": ratios,
-        "targets": {
-            "shmloader+ImageFolder / torch+conventional": 2.0,
-            "shmloader+ImageFolder / torch+ImageFolder": 1.15,
+        "backend": resample,
+        "results": [
+            {
+                "peer": p.name,
+                "images_per_s": statistics.median(p.images_per_s),
+                "consumer_cpu_ms_per_batch": rows[p.name].consumer_cpu_ms,
+                "total_cpu_ms_per_image": statistics.median(p.all_cpu_ms_per_image),
+                "spread": rows[p.name].spread,
+                "runs": p.images_per_s,
+            }
+            for p in peers
+        ],
+        "ratios": {
+            f"{a} / {b}": paired(a, b)
+            for a, b in ((_OURS, _BASE), (_OURS, "torch+ImageFolder"), ("torch+ImageFolder", _BASE))
         },
     }
+    res.extra["w6_table"] = w6_table(res.extra["w6"])
+    res.notes.append(
+        f"{cfg.label}: batches/s = images/s / 64 over whole epochs of {count} images (the last "
+        f"batch short); 'vs torch' = vs torch+conventional; resample backend {resample}"
+    )
+    if load0 is not None:
+        res.load_average = [load0, load1() or 0.0]
+    return res
 
 
-def format_table(report: dict[str, Any]) -> str:
+def w6_table(report: dict[str, Any]) -> str:
+    """W6's own table: images/s, consumer CPU per batch, CPU per image of all processes,
+    the paired ratios, and a warning when other processes competed for the CPU."""
     lines = [report["workload"], f"(resample backend: {report['backend']}; median of repeats)", ""]
     lines.append(f"{'peer':<24}{'images/s':>10}{'spread':>9}{'consumer CPU/batch':>21}{'all CPU/image':>16}")
     for r in report["results"]:
         lines.append(
-            f"{r.peer:<24}{r.images_per_s:>10.0f}{r.spread:>8.0%} "
-            f"{r.consumer_cpu_ms_per_batch:>16.2f} ms{r.total_cpu_ms_per_image:>13.2f} ms"
+            f"{r['peer']:<24}{r['images_per_s']:>10.0f}{r['spread']:>8.0%} "
+            f"{r['consumer_cpu_ms_per_batch']:>16.2f} ms{r['total_cpu_ms_per_image']:>13.2f} ms"
         )
     lines.append("")
     for name, value in report["ratios"].items():
-        target = report["targets"].get(name)
-        verdict = (
-            "" if target is None else f"  (target >= {target:.2f}x: {'met' if value >= target else 'MISSED'})"
-        )
-        lines.append(f"{name:<46} {value:5.2f}x{verdict}")
-    cpu = {r.peer: r.total_cpu_ms_per_image for r in report["results"]}
-    ours = cpu["shmloader+ImageFolder"]
+        lines.append(f"{name:<46} {value:5.2f}x")
+    cpu = {r["peer"]: r["total_cpu_ms_per_image"] for r in report["results"]}
     lines.append("")
     lines.append("CPU per image, consumer + workers (far less sensitive to other load than images/s):")
     for peer in ("torch+conventional", "torch+ImageFolder"):
-        lines.append(f"  {peer} / shmloader+ImageFolder {'':<18} {cpu[peer] / ours:5.2f}x")
+        lines.append(f"  {peer} / shmloader+ImageFolder {'':<18} {cpu[peer] / cpu[_OURS]:5.2f}x")
     lo, hi = report["load"]
-    if max(lo, hi) > report["cores"]:
+    if lo is not None and hi is not None and max(lo, hi) > report["cores"]:
         lines.append(
             f"note: load average {lo:.1f} -> {hi:.1f} on {report['cores']} cores: other processes "
             "competed for the CPU, so images/s and its ratios are noisy; trust the CPU ratios more."
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m shmloader.vision.benchmark", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--dir", help="image folder to use or create (default: a cache folder)")
-    parser.add_argument("--count", type=int, default=W6_COUNT, help="images (default 2000)")
-    parser.add_argument("--batch-size", type=int, default=W6_BATCH)
-    parser.add_argument("--workers", type=int, default=W6_WORKERS)
-    parser.add_argument("--repeat", type=int, default=3, help="timed epochs per peer (default 3)")
-    parser.add_argument("--backend", default="auto", choices=("auto", "torch", "pillow"))
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("-q", "--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    report = run(
-        args.dir,
-        count=args.count,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        repeat=args.repeat,
-        backend=args.backend,
-        log=None if args.quiet or args.json else print,
-    )
-    if args.json:
-        report = {**report, "results": [asdict(r) for r in report["results"]]}
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_table(report))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
