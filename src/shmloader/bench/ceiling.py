@@ -15,7 +15,7 @@ from shmloader.bench.datasets import CACHE_ITEMS
 from shmloader.tree import leaves as tree_leaves
 
 
-def _ceiling_sources(dataset: Any, batch_size: int) -> list[np.ndarray]:
+def _sources(dataset: Any, batch_size: int) -> list[np.ndarray]:
     """Per leaf, the first ``k`` samples stacked, ``k`` dividing the batch size: copying
     them ``batch_size / k`` times moves exactly a batch's bytes from the same cached
     source the datasets read."""
@@ -26,7 +26,7 @@ def _ceiling_sources(dataset: Any, batch_size: int) -> list[np.ndarray]:
     return [np.stack(col) for col in cols]
 
 
-def _ceiling_child(
+def _copy_child(
     sources: list[np.ndarray],
     batch_size: int,
     num_slots: int,
@@ -88,7 +88,7 @@ class CeilingPeer:
     def __init__(self, dataset: Any, batch_size: int, num_slots: int, procs: int, shared: bool = False):
         self.name = "copy ceiling shm" if shared else "copy ceiling"
         self.shared = shared
-        self.sources = _ceiling_sources(dataset, batch_size)
+        self.sources = _sources(dataset, batch_size)
         self.batch_size = batch_size
         self.num_slots = num_slots
         self.procs = procs
@@ -109,7 +109,7 @@ class CeilingPeer:
         for _ in range(self.procs):
             ours, theirs = ctx.Pipe(duplex=False)
             p = ctx.Process(
-                target=_ceiling_child,
+                target=_copy_child,
                 args=(
                     self.sources,
                     self.batch_size,
@@ -151,6 +151,6 @@ class CeilingPeer:
 
 def batch_bytes_of(dataset: Any, batch_size: int) -> int:
     """Bytes of array data in one batch."""
-    return sum(int(s.nbytes) for s in _ceiling_sources(dataset, batch_size)) * (
+    return sum(int(s.nbytes) for s in _sources(dataset, batch_size)) * (
         batch_size // math.gcd(batch_size, CACHE_ITEMS)
     )

@@ -46,6 +46,7 @@ _OURS = "shmloader+ImageFolder"
 
 
 def default_cache_dir() -> Path:
+    """Where W6's images are written once: ``$SHMLOADER_CACHE`` or ``~/.cache/shmloader``."""
     base = os.environ.get("SHMLOADER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "shmloader")
     return Path(base)
 

@@ -184,7 +184,7 @@ def _waste_rows(results: list[ConfigResult]) -> list[list[str]]:
     return rows
 
 
-def torch_ran(results: list[ConfigResult]) -> bool:
+def _torch_ran(results: list[ConfigResult]) -> bool:
     """Whether any configuration has a figure relative to torch."""
     return any(r.ratio_to_torch is not None for res in results for r in res.rows) or any(
         "torch" in res.first_batch_s or "torch" in res.cold for res in results
@@ -209,7 +209,7 @@ def _tables(results: list[ConfigResult]) -> list[tuple[str, list[str], list[list
 
 
 def _sections(results: list[ConfigResult]) -> list[tuple[str, list[str], list[list[str]]]]:
-    compared = torch_ran(results)
+    compared = _torch_ran(results)
     out = []
     for title, header, rows in [("", COLUMNS, table_rows(results)), *_tables(results)]:
         if not compared:
