@@ -6,14 +6,19 @@ Everything that starts worker processes runs the CLI in a subprocess with a dead
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from shmloader import bench, doctor
+from shmloader import doctor
+from shmloader.bench import ceiling, datasets, jpeg, progress, report, results, workloads
+from shmloader.bench.cli import TORCH_HINT
 
 _DEADLINE_S = 90
 _TINY = ["--workloads", "W4", "--batches", "20", "--repeat", "1", "--seconds", "0.2", "--cold-batches", "4"]
@@ -27,9 +32,24 @@ def _cli(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
 
 
 def _torch_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("torch") is not None
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _targets():
+    """benchmarks/targets.py (the project's targets are not in the library)."""
+    spec = importlib.util.spec_from_file_location("bench_targets", BENCHMARKS / "targets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _judge(configs: list) -> dict:
+    """The targets judged on ``configs`` (ConfigResults) through their JSON form."""
+    data = json.loads(json.dumps(report.results_json(configs, {}, {}), default=str))
+    return {t["target"]: t for t in _targets().evaluate(data["configs"])}
 
 
 def test_bench_prints_table_and_writes_json(tmp_path):
@@ -60,7 +80,8 @@ def test_bench_prints_table_and_writes_json(tmp_path):
     ]:
         assert column in text
     assert "[1/" in text  # plain progress lines when not on a terminal
-    assert "Time to first batch" in text and "Targets (2 workers)" in text
+    assert "Time to first batch" in text
+    assert "Targets" not in text and TORCH_HINT not in text  # targets are benchmarks/run.py's
     cold_table = text.split("Cold vs steady")[1].split("\n\n")[0]
     (cold_line,) = [line for line in cold_table.splitlines() if line.startswith("W4 w2")]
     assert cold_line.split()[2] == "4" and " ms ±" in cold_line  # the cold epoch's batches, its time
@@ -95,37 +116,43 @@ def test_bench_prints_table_and_writes_json(tmp_path):
         assert cold["ratio"] == pytest.approx(cold["torch"]["median_s"] / cold["shmloader"]["median_s"])
         # The cold epoch ends after the first batch: time to first batch comes from the same runs.
         assert cold["shmloader"]["median_s"] >= config["first_batch_s"]["shmloader"]["median_s"]
-    targets = {t["target"]: t for t in data["targets"]}
-    assert targets["W4 w2 vs torch"]["goal"] == ">= 20x"
-    if _torch_installed():
-        assert targets["W4 w2 cold vs torch"]["goal"] == ">= 4x"
-        assert targets["W4 w2 cold vs torch"]["value"] == pytest.approx(config["cold"]["ratio"])
+    assert "targets" not in data
     assert md.read_text().startswith("# shmloader vs torch DataLoader")
     assert "Reproduce with: `shmloader bench --workloads W4" in md.read_text()
 
 
-def test_bench_without_torch_says_not_installed(tmp_path):
+def test_bench_without_torch_says_once_how_to_compare(tmp_path):
     out = tmp_path / "r.json"
-    proc = _cli("bench", *_TINY, "--json", str(out), prelude="import sys; sys.modules['torch'] = None")
+    md = tmp_path / "r.md"
+    # torch's import blocked: the run goes on, and says in one line how to get torch's columns.
+    blocked = "import sys; sys.modules['torch'] = None"
+    proc = _cli("bench", *_TINY, "--json", str(out), "--markdown", str(md), prelude=blocked)
     assert proc.returncode == 0, proc.stderr
-    torch_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("W4 w2  ") and "torch" in ln]
-    assert torch_lines and all("not installed" in ln for ln in torch_lines)
+    stdout = proc.stdout.replace(str(tmp_path), "TMP")  # the test's name is in its temporary folder
+    assert [ln for ln in stdout.splitlines() if "torch" in ln] == [TORCH_HINT]
+    assert "pip install torch" in TORCH_HINT and "not installed" not in stdout.replace(TORCH_HINT, "")
+    main_table = next(b for b in proc.stdout.split("\n\n") if b.startswith("workload  loader"))
+    assert main_table.splitlines()[0].split() == ["workload", "loader", "batches/s", "spread", "GB/s", "%",
+                                                   "ceiling", "CPU", "ms/batch"]  # fmt: skip
+    cold_table = proc.stdout.split("Cold vs steady")[1].split("\n\n")[0].splitlines()
+    assert cold_table[1].split() == ["workload", "batches", "shmloader"] and cold_table[3].startswith("W4 w2")
     data = json.loads(out.read_text())
     assert data["machine"]["torch"] is None
     (config,) = data["configs"]
     rows = {r["loader"]: r for r in config["rows"]}
-    assert rows["torch"]["status"] == "not installed" and rows["torch"]["batches_per_s"] is None
+    assert set(rows) == set(_LOADERS) - {"torch"}
     assert rows["shmloader"]["batches_per_s"] > 0 and rows["shmloader"]["ratio_to_torch"] is None
     assert set(config["first_batch_s"]) == {"shmloader"}
     assert set(config["cold"]) == {"batches", "shmloader"}  # no torch: no ratio
-    cold_line = proc.stdout.split("Cold vs steady")[1].splitlines()[3]
-    assert cold_line.startswith("W4 w2") and "not installed" in cold_line
     # The memory probe ran for shmloader only, in its own process.
     assert set(config["memory"]) == {"shmloader"}
     mem = config["memory"]["shmloader"]
     assert "error" not in mem, mem
     assert mem["peak_rss_mb"] > 0 and mem["batches"] > 0
-    assert data["targets"][0]["met"] is None  # no torch: nothing to judge
+    assert (
+        "| vs torch |" not in md.read_text() and "torch not installed" in md.read_text()
+    )  # the machine line
+    assert {t["met"] for t in _targets().evaluate(data["configs"])} == {None}  # no torch: nothing to judge
 
 
 def test_bench_rejects_unknown_workload():
@@ -174,7 +201,7 @@ def test_cli_usage():
 
 
 def test_configs_and_targets_offline():
-    configs = bench.make_configs(["W1", "W1-unordered", "W1-fresh"], [2, 1])
+    configs = workloads.make_configs(["W1", "W1-unordered", "W1-fresh"], [2, 1])
     assert [c.label for c in configs] == [
         "W1 w2",
         "W1-unordered w2",
@@ -185,14 +212,14 @@ def test_configs_and_targets_offline():
     ]
     assert not configs[1].in_order and configs[1].persistent_workers
     assert configs[2].in_order and not configs[2].persistent_workers
-    (w7,) = bench.make_configs(["W7-unordered"], [2])
+    (w7,) = workloads.make_configs(["W7-unordered"], [2])
     assert (w7.workload, w7.in_order, w7.label) == ("W7", False, "W7-unordered w2")
 
-    res = bench.ConfigResult(configs[0], "d", 64, 1000, 8)
+    res = results.ConfigResult(configs[0], "d", 64, 1000, 8)
     res.rows = [
-        bench.Row("shmloader", batches_per_s=900.0, ratio_to_torch=9.0, pct_of_ceiling=60.0,
-                  consumer_cpu_ms=0.1),
-        bench.Row("torch", batches_per_s=100.0, ratio_to_torch=1.0, consumer_cpu_ms=2.0),
+        results.Row("shmloader", batches_per_s=900.0, ratio_to_torch=9.0, pct_of_ceiling=60.0,
+                    consumer_cpu_ms=0.1),
+        results.Row("torch", batches_per_s=100.0, ratio_to_torch=1.0, consumer_cpu_ms=2.0),
     ]  # fmt: skip
     res.first_batch_s = {
         "shmloader": {"median_s": 0.2, "spread": 0.0},
@@ -205,15 +232,17 @@ def test_configs_and_targets_offline():
         "ratio": 3.3,
         "ratio_range": [3.0, 3.6],
     }
-    targets = {t["target"]: t for t in bench.evaluate_targets([res])}
+    targets = _judge([res])
     assert targets["W1 w2 vs torch"]["met"] is True
     assert targets["W1 w2 cold vs torch"]["met"] is False and targets["W1 w2 cold vs torch"]["value"] == 3.3
     assert targets["W1 w2 % of copy ceiling"]["met"] is True
     assert targets["W1 w2 consumer CPU/batch vs torch"]["value"] == pytest.approx(0.05)
     assert targets["W1 w2 time to first batch vs torch"]["met"] is False
-    report = bench.format_report([res], list(targets.values()))
-    assert "MISSED" in report and "9.00x" in report
-    cold_line = report.split("Cold vs steady")[1].splitlines()[3]
+    table = _targets().text(list(targets.values()))
+    assert table.startswith("Targets (2 workers):") and "MISSED" in table and "9x" in table
+    text = report.format_report([res])
+    assert "9.00x" in text and "Targets" not in text
+    cold_line = text.split("Cold vs steady")[1].splitlines()[3]
     assert cold_line.split() == ["W1", "w2", "64", "150", "ms", "±10%", "500", "ms", "±20%", "3.30x",
                                  "(3.00-3.60)", "9.00x"]  # fmt: skip
 
@@ -221,27 +250,29 @@ def test_configs_and_targets_offline():
 def test_datasets_pickle_and_match_workloads():
     import pickle
 
-    for name, wl in bench.WORKLOADS.items():
+    for name, wl in workloads.WORKLOADS.items():
         if name == "W5" or wl.make is None:
             continue  # W5 calibrates ~1 ms of work (covered by the bench runs); W6 has no dataset here
         ds = wl.make(32)
         clone = pickle.loads(pickle.dumps(ds))
         assert type(clone) is type(ds) and len(clone) == 32
-    assert bench.batch_bytes_of(bench.WORKLOADS["W1"].make(64), 64) == 64 * (3 * 224 * 224 + 8)
-    assert bench.batch_bytes_of(bench.WORKLOADS["W3"].make(256), 256) == 256 * (16 * 4 + 8)
+        assert type(ds).__module__ == "shmloader.bench.datasets"  # importable by name in spawned workers
+    assert ceiling.batch_bytes_of(workloads.WORKLOADS["W1"].make(64), 64) == 64 * (3 * 224 * 224 + 8)
+    assert ceiling.batch_bytes_of(workloads.WORKLOADS["W3"].make(256), 256) == 256 * (16 * 4 + 8)
 
 
 def test_progress_plain_lines():
     lines: list[str] = []
-    progress = bench.Progress(2, lines.append)
-    progress.tty = False
-    progress.step("one")
-    progress.step("two")
+    bar = progress.Progress(2, lines.append)
+    bar.tty = False
+    bar.step("one")
+    bar.step("two")
     assert lines[0].startswith("[1/2 ") and lines[1].endswith("two")
 
 
 def test_probe_is_module_level():
-    # The memory probe runs `python -m shmloader.bench --probe`: the module must stay runnable.
+    # `python -m shmloader.bench` is `shmloader bench`; the memory probe runs
+    # `python -m shmloader.bench.memory SPEC` (covered by the bench runs above).
     src = textwrap.dedent(
         """
         import runpy, sys
@@ -253,7 +284,23 @@ def test_probe_is_module_level():
         """
     )
     proc = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "--workloads" in proc.stdout
+    assert proc.returncode == 0 and "--workloads" in proc.stdout and "--probe" not in proc.stdout
+
+
+def test_bench_package_is_small_modules():
+    """The package's shape (issue 15): modules of one concept each, none large, W6 among
+    them (no second harness in shmloader.vision), and importing the package itself is
+    cheap (the CLI and its imports load when main runs)."""
+    package = Path(jpeg.__file__).parent
+    sizes = {p.name: len(p.read_text().splitlines()) for p in package.glob("*.py")}
+    assert {"workloads.py", "peers.py", "measure.py", "jpeg.py", "memory.py", "report.py", "cli.py"} <= set(
+        sizes
+    )
+    assert max(sizes.values()) < 400, sizes
+    assert importlib.util.find_spec("shmloader.vision.benchmark") is None
+    code = "import sys, shmloader.bench; print(sorted(m for m in sys.modules if 'shmloader.bench' in m))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "['shmloader.bench']", proc.stdout + proc.stderr
 
 
 def test_make_images_writes_a_folder(tmp_path):
@@ -296,61 +343,109 @@ def test_bench_w7_bucketed_padding(tmp_path):
     if _torch_installed():
         assert rows["torch"]["batches_per_s"] > 0 and rows["shmloader"]["ratio_to_torch"] > 0
         assert set(config["first_batch_s"]) == {"shmloader", "torch"}
-    (target,) = json.loads(out.read_text())["targets"]
+    assert "targets" not in json.loads(out.read_text())
+    (target,) = _targets().evaluate(json.loads(out.read_text())["configs"])
     assert target["target"] == "W7 w2 vs torch" and target["goal"] == ">= 5x"
+
+
+def test_run_py_adds_the_targets(tmp_path):
+    # benchmarks/run.py: `shmloader bench` with the full run's settings (later options win),
+    # then the targets judged on its JSON: printed, and added to the JSON and the markdown.
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "run.py"), *_TINY, "--workers", "2", "--no-memory",
+         "--json", str(out), "--markdown", str(md)],
+        capture_output=True, text=True, timeout=_DEADLINE_S, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["settings"]["workloads"] == ["W4"] and data["settings"]["repeat"] == 1
+    targets = {t["target"]: t for t in data["targets"]}
+    assert targets["W4 w2 vs torch"]["goal"] == ">= 20x"
+    assert proc.stdout.rstrip().endswith(_targets().text(data["targets"]))
+    assert md.read_text().endswith(_targets().markdown(data["targets"]))
+    if _torch_installed():
+        assert targets["W4 w2 cold vs torch"]["goal"] == ">= 4x"
+        assert targets["W4 w2 cold vs torch"]["value"] == pytest.approx(data["configs"][0]["cold"]["ratio"])
 
 
 def test_w7_collate_and_waste_offline():
     import numpy as np
 
-    padded, lengths = bench.pad_collate([np.arange(1, 3, dtype=np.int32), np.arange(1, 5, dtype=np.int32)])
+    padded, lengths = datasets.pad_collate([np.arange(1, 3, dtype=np.int32), np.arange(1, 5, dtype=np.int32)])
     assert padded.dtype == np.int32 and padded.tolist() == [[1, 2, 0, 0], [1, 2, 3, 4]]
     assert lengths.tolist() == [2, 4]
-    waste = bench.padding_waste([2, 4, 3, 3], [[0, 1], [2, 3]])
+    waste = datasets.padding_waste([2, 4, 3, 3], [[0, 1], [2, 3]])
     assert waste["waste"] == pytest.approx(2 / 14) and waste["elements_per_batch"] == 7
-    ds = bench.TokenDataset(500)
+    ds = datasets.TokenDataset(500)
     assert (
         all(16 <= n <= 2048 for n in ds.lengths) and ds[3].dtype == np.int32 and len(ds[3]) == ds.lengths[3]
     )
-    assert ds.lengths == bench.TokenDataset(500).lengths  # seeded
+    assert ds.lengths == datasets.TokenDataset(500).lengths  # seeded
 
 
-def test_w6_rows_and_targets_offline(monkeypatch):
-    from shmloader.vision import benchmark as vb
+class _FakeEpochs(jpeg.EpochPeer):
+    """A W6 peer whose epochs take no time: fixed images/s per repeat."""
 
-    def fake_run(root, *, batch_size, workers, repeat, log):
-        for _ in range(len(vb.PEERS) * (1 + repeat)):
-            log("step")
-        rates = {"torch+conventional": [500.0, 600.0], "torch+ImageFolder": [900.0, 1000.0],
-                 "shmloader+ImageFolder": [1500.0, 1500.0]}  # fmt: skip
-        results = [vb.PeerResult(p, sorted(r)[0], 2.0, 1.0, 0.1, r) for p, r in rates.items()]
-        return {"workload": "W6", "folder": str(root), "load": (0.0, 0.0), "cores": 2, "backend": "torch",
-                "results": results, "ratios": {}, "targets": {}}  # fmt: skip
+    def __init__(self, name: str, rates: list[float]):
+        super().__init__(name, SimpleNamespace(dataset=SimpleNamespace(backend="torch")), 64)
+        self.rates = iter(rates)
+        self.closed = False
 
-    monkeypatch.setattr(vb, "run", fake_run)
-    monkeypatch.setattr(vb, "ensure_images", lambda root, count=vb.W6_COUNT: root)
-    monkeypatch.setattr(vb, "format_table", lambda report: "W6 table")
-    monkeypatch.setattr(bench, "_w6_missing", lambda torch_dl: None)
-    (cfg,) = bench.make_configs(["W6"], [2])
+    def warm_up(self) -> None:
+        pass
+
+    def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
+        rate = next(self.rates)
+        self.images_per_s.append(rate)
+        self.all_cpu_ms_per_image.append(2000 / rate)
+        return rate / 64, 0.002, 32
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
+    rates = {"torch+conventional": [500.0, 600.0], "torch+ImageFolder": [900.0, 1000.0],
+             "shmloader+ImageFolder": [1500.0, 1500.0]}  # fmt: skip
+    peers = [_FakeEpochs(name, r) for name, r in rates.items()]
+    monkeypatch.setattr(jpeg, "_peers", lambda *args: peers)
+    monkeypatch.setattr(jpeg, "ensure_images", lambda root, count=jpeg.W6_COUNT: root)
+    monkeypatch.setattr(jpeg, "w6_missing", lambda torch_dl: None)
+    (cfg,) = workloads.make_configs(["W6"], [2])
     lines: list[str] = []
-    progress = bench.Progress(bench._config_steps(cfg, 2, True, True), lines.append)
-    progress.tty = False
-    res = bench.measure_config(
-        cfg, batches=None, seconds=1.0, repeat=2, memory=True, torch_dl=object(), progress=progress
-    )
-    assert progress.done == progress.total
+    bar = progress.Progress(jpeg.w6_steps(2), lines.append)
+    bar.tty = False
+    res = jpeg.measure_w6(cfg, repeat=2, torch_dl=object(), progress=bar, root=tmp_path)
+    assert bar.done == bar.total and all(p.closed for p in peers)
+    # The harness alternates: repeat 1 in order, repeat 2 reversed.
+    timed = [ln.split("] ")[1].split(":")[0] for ln in lines if "repeat" in ln]
+    names = list(rates)
+    assert timed == [f"W6 w2 repeat {r}/2 {n}" for r, order in ((1, names), (2, names[::-1])) for n in order]
     rows = {r.loader: r for r in res.rows}
-    assert set(rows) == set(vb.PEERS)
+    assert list(rows) == list(jpeg.PEERS)
     assert rows["shmloader+ImageFolder"].batches_per_s == pytest.approx(1500 / 64)
     assert rows["shmloader+ImageFolder"].ratio_to_torch == pytest.approx((3.0 + 2.5) / 2)
     assert rows["torch+conventional"].ratio_to_torch == pytest.approx(1.0)
-    targets = {t["target"]: t for t in bench.evaluate_targets([res])}
+    assert rows["shmloader+ImageFolder"].consumer_cpu_ms == pytest.approx(2.0)
+    w6 = res.extra["w6"]
+    assert w6["ratios"]["shmloader+ImageFolder / torch+ImageFolder"] == pytest.approx(
+        (1500 / 900 + 1500 / 1000) / 2
+    )
+    assert {r["peer"]: r["images_per_s"] for r in w6["results"]}["torch+conventional"] == pytest.approx(550)
+    targets = _judge([res])
     assert targets["W6 w2 shmloader+ImageFolder vs torch+conventional"]["met"] is True
     assert targets["W6 w2 shmloader+ImageFolder vs torch+ImageFolder"]["value"] == pytest.approx(
         (1500 / 900 + 1500 / 1000) / 2
     )
-    report = bench.format_report([res], list(targets.values()))
-    assert "W6 w2 in detail:\nW6 table" in report and "W6 w2  " not in report.split("Time to first")[1]
+    text = report.format_report([res])
+    assert "W6 w2 in detail:\n" + res.extra["w6_table"] in text and "MISSED" not in text
+    assert "W6 w2  " not in text.split("Time to first")[1]
+    # CPU per image of all processes, torch+conventional's over ours: 2000/550 ms over 2000/1500 ms.
+    assert (
+        "torch+conventional / shmloader+ImageFolder" in res.extra["w6_table"]
+        and "2.75x" in res.extra["w6_table"]
+    )
 
 
 def test_w6_skipped_without_pillow():

@@ -1,0 +1,123 @@
+"""The workloads (W1-W7), their variants, and the configurations a run measures.
+
+A workload is a dataset and how both loaders batch it; a configuration is a workload
+with a worker count and the loader options of its variant (``W1-unordered``: in_order
+False; ``W1-fresh``: persistent_workers False).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shmloader.bench.datasets import (
+    ComputeDataset,
+    ImageDataset,
+    RecordDataset,
+    ScalarDataset,
+    TokenDataset,
+    bucket_sampler,
+    pad_collate,
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload: its dataset (``make(length)``) and batching."""
+
+    name: str
+    description: str
+    batch_size: int
+    default_batches: int  # per timed repeat (the time box usually ends it first for slow peers)
+    make: Callable[[int], Any] | None  # length -> dataset (None: W6 brings its own image folder)
+    time_scale: float = 1.0  # this workload's repeats run this many times --seconds
+    ragged: bool = False  # W7: bucketed batches padded per batch; no copy ceiling
+
+
+def _make_w1(n: int) -> ImageDataset:
+    return ImageDataset(n, "uint8")
+
+
+def _make_w2(n: int) -> ImageDataset:
+    return ImageDataset(n, "float32")
+
+
+WORKLOADS: dict[str, Workload] = {
+    "W1": Workload("W1", "images uint8 3x224x224 + int64 label, batch 64", 64, 1000, _make_w1),
+    "W2": Workload("W2", "images float32 3x224x224 + int64 label, batch 64", 64, 200, _make_w2),
+    "W3": Workload("W3", 'records {"x": float32[16], "y": int64}, batch 256', 256, 5000, RecordDataset),
+    "W4": Workload("W4", "one int64 scalar, batch 1 (per-batch overhead)", 1, 40000, ScalarDataset),
+    "W5": Workload(
+        "W5",
+        "~1 ms of numpy CPU per sample, float32[64] + int64, batch 16",
+        16,
+        400,
+        ComputeDataset,
+        time_scale=2.0,  # slow batches: longer repeats, so +-5% is measurable
+    ),
+    "W6": Workload(
+        "W6",
+        "2,000 synthetic JPEGs ~400 px -> RandomResizedCrop 224 + flip -> batch 64 uint8 HWC "
+        "(shmloader.bench.jpeg; epochs, not a time box)",
+        64,
+        0,
+        None,
+    ),
+    "W7": Workload(
+        "W7",
+        "int32 token sequences of 16..2048, BucketBatchSampler(64, 16 buckets), padded per batch",
+        64,
+        4000,
+        TokenDataset,
+        ragged=True,
+    ),
+}
+
+# Variants: (workload, in_order, persistent_workers)
+VARIANTS: dict[str, tuple[str, bool, bool]] = {
+    "W1-unordered": ("W1", False, True),
+    "W1-fresh": ("W1", True, False),  # persistent_workers=False: each epoch starts workers
+    "W7-unordered": ("W7", False, True),  # both loaders balance tasks over their workers
+}
+ALL_NAMES = [*WORKLOADS, *VARIANTS]
+DEFAULT_NAMES = ["W1", "W4"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """One measured setting: a workload, a worker count, and the loader options."""
+
+    name: str  # "W1", "W1-unordered", ...
+    workload: str  # "W1"
+    workers: int
+    in_order: bool = True
+    persistent_workers: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} w{self.workers}"
+
+
+def make_configs(names: Sequence[str], workers: Sequence[int]) -> list[Config]:
+    """The configurations for ``names`` x ``workers``, in that order."""
+    configs = []
+    for w in workers:
+        for name in names:
+            base, in_order, persistent = VARIANTS.get(name, (name, True, True))
+            configs.append(Config(name, base, w, in_order, persistent))
+    return configs
+
+
+def loader_options(wl: Workload, dataset: Any, peer: str) -> dict[str, Any]:
+    """How ``peer`` ("shmloader" or "torch") batches ``wl``: its batch size, or for W7 a
+    bucketed batch sampler (a fresh one per loader, same seed) and padding (shmloader's
+    ``collate="pad"``, torch's :func:`~shmloader.bench.datasets.pad_collate`)."""
+    if not wl.ragged:
+        return {"batch_size": wl.batch_size}
+    opts: dict[str, Any] = {"batch_sampler": bucket_sampler(dataset, wl.batch_size)}
+    if peer == "torch":
+        opts["collate_fn"] = pad_collate
+    else:
+        opts["collate"] = "pad"
+    return opts
