@@ -41,6 +41,15 @@ int sl_find_and_claim(uint32_t *states, size_t count, size_t start, uint32_t exp
     return -1;
 }
 
+/* How many of the `count` slots are in state `value` now (relaxed loads: a figure for
+ * statistics, never a decision). */
+size_t sl_count(uint32_t *states, size_t count, uint32_t value) {
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++)
+        n += __atomic_load_n(&states[i], __ATOMIC_RELAXED) == value;
+    return n;
+}
+
 /* Asks the kernel to send `signum` to this process when its parent thread exits.
  * Returns 0, or the errno of the failure. */
 int sl_set_pdeathsig(int signum) {

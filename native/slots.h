@@ -9,6 +9,7 @@ uint32_t sl_load(uint32_t *states, size_t index);
 void sl_store(uint32_t *states, size_t index, uint32_t value);
 int sl_cas(uint32_t *states, size_t index, uint32_t expected, uint32_t desired);
 int sl_find_and_claim(uint32_t *states, size_t count, size_t start, uint32_t expected, uint32_t desired);
+size_t sl_count(uint32_t *states, size_t count, uint32_t value);
 int sl_set_pdeathsig(int signum);
 void *sl_map(int fd, size_t size, int populate);
 int sl_unmap(void *addr, size_t size);

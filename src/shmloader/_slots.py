@@ -93,6 +93,10 @@ class StateArray:
         """Claim the first slot at or after ``start`` in state ``expected``; -1 if none is."""
         return lib.sl_find_and_claim(self._ptr, self._count, start, expected, desired)
 
+    def count(self, value: int) -> int:
+        """How many slots are in state ``value`` now (a snapshot, for statistics)."""
+        return lib.sl_count(self._ptr, self._count, value)
+
 
 def send_with_fd(sock: int, data: bytes, fd: int) -> None:
     """Write all of ``data`` to the (blocking) stream socket ``sock``, ``fd`` attached to

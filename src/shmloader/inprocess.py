@@ -8,6 +8,7 @@ loads, ``sample_rng`` and ``get_shard_info`` see its epoch (:mod:`shmloader.cont
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,18 @@ class InProcessIter:
         return self
 
     def __next__(self) -> Any:
+        timing = self._loader._timing  # (loading happens inside next() here: its wait)
+        entered = time.perf_counter()
+        timing.entered(entered, 0)
+        try:
+            batch = self._next()
+        except BaseException:
+            timing.paused()
+            raise
+        timing.returned(entered, time.perf_counter())
+        return batch
+
+    def _next(self) -> Any:
         if self.plan is None:
             self._begin()
         context.enter_main_epoch(self._epoch_seed, self._shard)  # another loader may have run between
@@ -72,7 +85,7 @@ class InProcessIter:
             if self._seq == 1 and self.plan.resumed:
                 # A loaded position at its epoch's end: the next epoch, in full, instead.
                 self._begin()
-                return self.__next__()
+                return self._next()
             self.epoch_done = True
             context.leave_main_epoch()  # outside an epoch, sample_rng follows np.random
             raise

@@ -30,6 +30,7 @@ from shmloader.inprocess import InProcessIter
 from shmloader.multiprocess import MultiProcessIter
 from shmloader.ring import Ring, resolve_backend
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
+from shmloader.timing import Timing
 
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 # What torch's DataLoader refuses to change after construction (the epoch plan reads them).
@@ -285,6 +286,7 @@ class DataLoader(Generic[T_co]):
             self.batch_size = batch_size
         # Counters for stats(): plain ints bumped on the hand-out path (no locks, no syscalls).
         self._stats: dict[str, Any] = {"batches": 0, "batches_copied": 0, "rings_created": 0, "dataset": {}}
+        self._timing = Timing(num_workers)  # where the time goes: stats()["time"]
         self._pinner = _pinning.make_pinner(pin_memory)  # None: off, or no CUDA (warned)
         # The rings (current and retired), slot claims and leases; see leases.py.
         self._leases = _leases.Leases(
@@ -430,9 +432,16 @@ class DataLoader(Generic[T_co]):
         which sizes the ring, and batches that outgrew their slot: views of a one-off
         segment each; ``copy=True``; main-process loading), ``rings_created`` (the first
         ring, then one per growth), the current ring's ``num_slots`` and ``slot_bytes``,
-        ``pinned_shm_bytes``, and ``dataset``: the sum over all workers of the dataset's
+        ``pinned_shm_bytes``, ``dataset``: the sum over all workers of the dataset's
         own ``stats()`` counters, when it has one (e.g. ``shmloader.vision.ImageFolder``
-        counts files skipped under ``on_error="skip"``)."""
+        counts files skipped under ``on_error="skip"``), and ``time``: where the time went
+        over the loader's life (see :mod:`shmloader.timing`): ``start_s`` (the first ``next()``
+        of each epoch: workers starting), ``wait_s`` (the training loop inside the other
+        ``next()`` calls), ``loop_s`` (between ``next()`` calls), ``waited_share``,
+        ``ready_batches_mean`` (batches already loaded at each ``next()``), per worker
+        ``fetch_s``, ``collate_s`` and ``idle_s`` (``workers``),
+        ``workers_busy_share``, and ``verdict``: one line saying whether the loop is
+        data-bound or compute-bound and what to change."""
         out = dict(self._stats)
         dataset = dict(out["dataset"])
         if self.num_workers == 0 and callable(getattr(self.dataset, "stats", None)):
@@ -442,6 +451,7 @@ class DataLoader(Generic[T_co]):
         out["num_slots"] = ring.num_slots if ring is not None else 0
         out["slot_bytes"] = ring.slot_bytes if ring is not None else 0
         out["pinned_shm_bytes"] = self.pinned_shm_bytes()
+        out["time"] = self._timing.report(in_process=self.num_workers == 0)
         return out
 
     def set_epoch(self, epoch: int) -> None:

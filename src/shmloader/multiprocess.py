@@ -103,6 +103,7 @@ class MultiProcessIter:
         # len(loader) said (see inprocess.warn_len_exceeded).
         self._len_limit = iterable_len_limit(loader)
         self._yielded = 0
+        self._timing = loader._timing  # where the time goes (timing.py), the loader's for its life
         # Start, watch (sockets and sentinels in one poll), stop; _workers is its list.
         self._pool = WorkerPool()
         self._workers = self._pool.workers
@@ -288,6 +289,19 @@ class MultiProcessIter:
         return len(self._loader)
 
     def __next__(self) -> Any:
+        timing = self._timing
+        entered = time.perf_counter()
+        ring = self._ring  # batches loaded in the ring and not handed out yet (one C call)
+        timing.entered(entered, ring.states.count(_slots.READY) if ring is not None else len(self._results))
+        try:
+            batch = self._next_batch()
+        except BaseException:  # the epoch's end, or an error: no step of the loop follows
+            timing.paused()
+            raise
+        timing.returned(entered, time.perf_counter())
+        return batch
+
+    def _next_batch(self) -> Any:
         try:
             if self._idle:  # the epoch's first next() (or a closed iterator)
                 if self.closed:
@@ -404,6 +418,7 @@ class MultiProcessIter:
         self.scheduler.answered(worker.id)
         if kind == wire.RES_READY:
             payload = b""
+            self._timing.add_worker(worker.id, *wire.ready_clocks(msg))
         else:
             payload = wire.body(msg)
             _leases.give_back(task.ring, task.slot)

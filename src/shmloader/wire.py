@@ -54,7 +54,8 @@ class Kind(enum.IntEnum):
     RES_SEGMENT = 10  # payload: int64 [slot_bytes]; the batch is in slot 0 of a one-off segment
     # (a 1-slot ring) whose descriptor comes with this frame: a batch that had no slot (the
     # first, which sizes the ring) or outgrew it, delivered without a copy.
-    RES_READY = 11  # the batch is in the slot
+    RES_READY = 11  # the batch is in the slot; payload: int64 [fetch_ns, collate_ns, idle_ns],
+    # the worker's clocks since its last report (see timing.py and ready_frame)
     RES_PICKLED = 12  # payload: int64 bytes the batch needs in a slot, then the pickled batch
     # (only when a one-off segment cannot be made, e.g. /dev/shm is full)
     RES_ERROR = 13  # payload: pickled WorkerFailure
@@ -99,6 +100,24 @@ def unpack(message: Any) -> tuple[int, int, int]:
 def body(message: Any) -> Any:
     """A message's payload (after the header)."""
     return message[HEADER_BYTES:]
+
+
+# A RES_READY frame whole: Connection's length (big-endian), then the header and the clocks.
+_READY_LEN = struct.Struct("!i")
+_READY_BODY = struct.Struct("<Bxxxiqqqq")
+_READY_LEN_BYTES = _READY_LEN.pack(_READY_BODY.size)
+_CLOCKS = struct.Struct("<qqq")
+
+
+def ready_frame(slot: int, seq: int, fetch_ns: int, collate_ns: int, idle_ns: int) -> bytes:
+    """The framed RES_READY message of batch ``seq`` in ``slot``, with the worker's clocks
+    since its last report (see :mod:`shmloader.timing`)."""
+    return _READY_LEN_BYTES + _READY_BODY.pack(RES_READY, slot, seq, fetch_ns, collate_ns, idle_ns)
+
+
+def ready_clocks(message: Any) -> tuple[int, int, int]:
+    """A RES_READY message's (fetch_ns, collate_ns, idle_ns)."""
+    return _CLOCKS.unpack_from(message, HEADER_BYTES)
 
 
 def ring_frame(num_slots: int, slot_bytes: int) -> bytes:

@@ -189,6 +189,9 @@ class _Worker:
         self.iterator: Any = None
         self.exhausted = False
         self.recipe = config.recipe
+        # Clocks since the last report, sent with each batch put in the ring (timing.py).
+        self.fetch_ns = self.collate_ns = self.idle_ns = 0
+        self.collate_from: int | None = None  # when the current batch's collation began
 
     def start_epoch(self, seed: int) -> None:
         """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
@@ -226,8 +229,11 @@ class _Worker:
         """Handle tasks until a stop message or EOF."""
         read = self.reader.read
         unpack = wire.unpack
+        clock = time.perf_counter_ns
         while True:
+            waited = clock()
             messages = read()
+            self.idle_ns += clock() - waited
             if messages is None:
                 raise EOFError
             for msg in messages:
@@ -249,6 +255,8 @@ class _Worker:
         cfg = self.cfg
         indices = None
         where = "fetching"
+        clock = time.perf_counter_ns
+        began = clock()
         try:
             if kind == wire.TASK_ITER:
                 samples = self.next_samples()
@@ -264,6 +272,8 @@ class _Worker:
                 else:
                     indices = pickle.loads(msg[wire.HEADER_BYTES :])
                 samples = self.fetch(indices, seq)
+            self.collate_from = now = clock()
+            self.fetch_ns += now - began
             where = "collating"
             batch = self.recipe.collate(samples, indices, seq)
             where = "writing samples (write_sample)" if samples is None else "writing the batch"
@@ -271,6 +281,9 @@ class _Worker:
         except Exception as exc:
             failure = WorkerFailure.capture(exc, cfg.worker_id, where, indices)
             self.conn.send_bytes(wire.pack(wire.RES_ERROR, slot, seq, pickle.dumps(failure)))
+        if self.collate_from is not None:  # not reported yet: goes with the next batch in the ring
+            self.collate_ns += clock() - self.collate_from
+            self.collate_from = None
 
     def report_stats(self) -> None:
         """Send what the dataset's ``stats()`` counters gained since the last report (only
@@ -347,7 +360,10 @@ class _Worker:
             # After the samples were made, before the result: the consumer may end the
             # epoch as soon as it has the last result.
             self.report_stats()
-        wire.send_frame(self.fd, wire.frame(wire.pack(wire.RES_READY, slot, seq)))
+        collate_ns = self.collate_ns + time.perf_counter_ns() - self.collate_from  # type: ignore[operator]
+        wire.send_frame(self.fd, wire.ready_frame(slot, seq, self.fetch_ns, collate_ns, self.idle_ns))
+        self.fetch_ns = self.collate_ns = self.idle_ns = 0
+        self.collate_from = None
 
     def deliver_apart(
         self, slot: int, seq: int, layout: Any, content: wire.SlotContent, objects: list, fill: Any
