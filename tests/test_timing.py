@@ -129,3 +129,23 @@ def test_timing_adds_reports_per_worker():
     assert report["workers"][0] == {"fetch_s": 0.0, "collate_s": 0.0, "idle_s": 0.0}
     assert report["workers"][1] == pytest.approx({"fetch_s": 3.0, "collate_s": 1.0, "idle_s": 0.5})
     assert report["workers_busy_share"] == pytest.approx(4 / 4.5)
+
+
+@pytest.mark.timeout(120)
+def test_the_example_tells_a_compute_bound_loop_from_a_data_bound_one():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "where_time_goes.py"
+    out = subprocess.run(
+        [sys.executable, str(example), "--batches", "24", "--step-ms", "40"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    ).stdout
+    verdicts = [line.split("verdict: ")[1] for line in out.splitlines() if "verdict: " in line]
+    assert len(verdicts) == 2, out
+    assert verdicts[0].startswith("compute-bound"), out  # W1 with a 40 ms step
+    assert verdicts[1].startswith("data-bound"), out  # W5: ~1 ms per sample, no step
