@@ -1,5 +1,8 @@
 """Decoding: libjpeg-turbo through simplejpeg for JPEG, Pillow for everything else.
 
+:meth:`Decoder.decode_region` decodes only the part of a JPEG that a crop needs
+(:mod:`shmloader.vision.region`).
+
 A :class:`Decoder` is reused for every image a process decodes: JPEG is decoded into
 one scratch buffer it keeps (no allocation per image), optionally downscaled by 2, 4 or
 8 in the DCT domain (libjpeg-turbo's fast reduced IDCTs: several times less work when
@@ -18,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.errors import ShmLoaderError
+from shmloader.vision.region import decoder as region_decoder
 
 try:
     import simplejpeg
@@ -108,6 +112,21 @@ class Decoder:
             img.draft("RGB", (math.ceil(probe.width / factor), math.ceil(probe.height / factor)))
         img.load()
         return to_rgb(img)
+
+    def decode_region(
+        self, probe: Probe, factor: int, bounds: tuple[int, int, int, int]
+    ) -> tuple[np.ndarray, int, int, int, int] | None:
+        """Decode only rows ``y0:y1`` and (at least) columns ``x0:x1`` (``bounds``, in
+        pixels of the image downscaled by ``factor``) of a JPEG: see
+        :meth:`shmloader.vision.region.RegionDecoder.decode` for the result. None when
+        the region decode does not apply (not a libjpeg-turbo JPEG, the region helper
+        unavailable, an unsupported colour space or corrupt data): decode it whole."""
+        if not probe.jpeg:
+            return None
+        region = region_decoder()
+        if region is None:
+            return None
+        return region.decode(probe.data, factor, bounds, self.fast_dct, self.fast_upsample)
 
     def _decode_jpeg(self, probe: Probe, factor: int, buffer: np.ndarray | None) -> np.ndarray:
         kw = {}
