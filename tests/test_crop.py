@@ -90,7 +90,8 @@ def test_a_region_has_the_full_decode_s_pixels(flavours, name):
             for _ in range(6):
                 x0, y0 = int(rng.integers(0, w - 3)), int(rng.integers(0, h - 1))
                 x1, y1 = int(rng.integers(x0 + 3, w + 1)), int(rng.integers(y0 + 1, h + 1))
-                pixels, left, top, fw, fh = dec.decode(data, factor, (x0, y0, x1, y1), fast, False)
+                got = dec.decode(data, factor, (x0, y0, x1, y1), fast, False, np.empty(0, np.uint8))
+                pixels, left, top, fw, fh, _ = got
                 assert (fw, fh) == (w, h) and top == y0 and pixels.shape[0] == y1 - y0
                 assert left <= x0 and left + pixels.shape[1] >= x1
                 a = 1 if left > 0 else 0  # the edge columns of a cropped side may differ
@@ -147,8 +148,8 @@ def test_dct_scaling_combines_with_the_region(tmp_path):
     calls = []
     original = region.RegionDecoder.decode
 
-    def spy(self, data, factor, bounds, fast_dct, fast_upsample):
-        out = original(self, data, factor, bounds, fast_dct, fast_upsample)
+    def spy(self, data, factor, bounds, *args):
+        out = original(self, data, factor, bounds, *args)
         calls.append((factor, None if out is None else out[0].shape))
         return out
 
@@ -164,6 +165,15 @@ def test_dct_scaling_combines_with_the_region(tmp_path):
     assert h == 100 and w < 120, calls  # of the 150x100 image at 1/8: the centre 93 columns + margin
     ref = [ImageFolder(root, tf, backend="pillow", region_decode=False)[i][0] for i in range(2)]
     assert all(np.array_equal(a, b) for a, b in zip(got, ref))
+
+
+def test_cmyk_is_refused_with_libjpeg_s_reason(mixed, flavours):
+    dec = region.decoder()
+    if dec is None:
+        pytest.skip(str(region.unavailable_reason()))
+    assert dec.why_not(flavours["420"]) is None
+    assert dec.why_not((mixed / "a" / "203_cmyk.jpg").read_bytes()) == "colour space"
+    assert dec.why_not(b"\xff\xd8 not a jpeg")  # libjpeg's message
 
 
 def test_without_a_usable_library_images_decode_whole_and_count_it(mixed, monkeypatch):

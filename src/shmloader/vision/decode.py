@@ -82,6 +82,7 @@ class Decoder:
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
         self._scratch = np.empty(0, np.uint8)
+        self._region_scratch = np.empty(0, np.uint8)
 
     def __reduce__(self) -> Any:
         return (type(self), (self.fast_dct, self.fast_upsample))  # the scratch buffer stays behind
@@ -118,7 +119,8 @@ class Decoder:
     ) -> tuple[np.ndarray, int, int, int, int] | None:
         """Decode only rows ``y0:y1`` and (at least) columns ``x0:x1`` (``bounds``, in
         pixels of the image downscaled by ``factor``) of a JPEG: see
-        :meth:`shmloader.vision.region.RegionDecoder.decode` for the result. None when
+        :meth:`shmloader.vision.region.RegionDecoder.decode` for the result (less the
+        scratch buffer, which this decoder keeps: valid until its next decode). None when
         the region decode does not apply (not a libjpeg-turbo JPEG, the region helper
         unavailable, an unsupported colour space or corrupt data): decode it whole."""
         if not probe.jpeg:
@@ -126,7 +128,13 @@ class Decoder:
         region = region_decoder()
         if region is None:
             return None
-        return region.decode(probe.data, factor, bounds, self.fast_dct, self.fast_upsample)
+        got = region.decode(
+            probe.data, factor, bounds, self.fast_dct, self.fast_upsample, self._region_scratch
+        )
+        if got is None:
+            return None
+        self._region_scratch = got[5]
+        return got[:5]
 
     def _decode_jpeg(self, probe: Probe, factor: int, buffer: np.ndarray | None) -> np.ndarray:
         kw = {}

@@ -92,9 +92,6 @@ class RegionDecoder:
         self._lib = native.lib
         self.library = library
         self._handle = handle  # keeps the library loaded
-        self._geom = self._ffi.new("int[6]")
-        self._msg = self._ffi.new(f"char[{_MSG_LEN}]")
-        self._scratch = np.empty(0, np.uint8)
 
     def decode(
         self,
@@ -103,19 +100,25 @@ class RegionDecoder:
         bounds: tuple[int, int, int, int],
         fast_dct: bool,
         fast_upsample: bool,
-    ) -> tuple[np.ndarray, int, int, int, int] | None:
+        scratch: np.ndarray,
+    ) -> tuple[np.ndarray, int, int, int, int, np.ndarray] | None:
         """Decode rows ``y0:y1`` and at least columns ``x0:x1`` (``bounds``, in pixels of
-        the image scaled by 1/``factor``) as RGB.
+        the image scaled by 1/``factor``) as RGB into ``scratch`` (flat uint8; replaced
+        by a larger one when too small).
 
-        Returns ``(pixels, left, top, width, height)``: ``pixels`` the decoded region
-        (HxWx3 uint8, valid until the next call), ``left``/``top`` where it starts in
-        the scaled image (``left`` moved left to an MCU boundary), and the scaled image's
-        ``width`` and ``height``. None when the region decode does not apply to this
-        file (a colour space other than YCbCr, grayscale or RGB; data libjpeg calls
-        corrupt): decode it whole instead (which names any error)."""
+        Returns ``(pixels, left, top, width, height, scratch)``: ``pixels`` the decoded
+        region (HxWx3 uint8, a view of the returned ``scratch``: keep that for the next
+        call), ``left``/``top`` where it starts in the scaled image (``left`` moved left
+        to an MCU boundary), and the scaled image's ``width`` and ``height``. None when
+        the region decode does not apply to this file (a colour space other than YCbCr,
+        grayscale or RGB; data libjpeg calls corrupt): decode it whole instead (which
+        names any error). Thread-safe (no state but the binding; the GIL is released
+        while decoding)."""
         x0, y0, x1, y1 = bounds
-        ffi, geom = self._ffi, self._geom
+        ffi = self._ffi
+        geom = ffi.new("int[6]")
         src = ffi.from_buffer(data)
+        status = _SMALL
         for _ in range(2):
             status = self._lib.shmjpeg_region(
                 src,
@@ -127,25 +130,32 @@ class RegionDecoder:
                 y0,
                 x1,
                 y1,
-                ffi.from_buffer(self._scratch),
-                self._scratch.size,
+                ffi.from_buffer(scratch),
+                scratch.size,
                 geom,
-                self._msg,
-                _MSG_LEN,
+                ffi.NULL,
+                0,
             )
             if status != _SMALL:
                 break
             need = geom[2] * geom[3] * 3
-            self._scratch = np.empty(int(need * 1.25) + 4096, np.uint8)  # room for larger ones
+            scratch = np.empty(int(need * 1.25) + 4096, np.uint8)  # room for a few larger ones
         if status == _OK:
             left, top, w, h = geom[0], geom[1], geom[2], geom[3]
-            pixels = self._scratch[: w * h * 3].reshape(h, w, 3)
-            return pixels, left, top, geom[4], geom[5]
+            pixels = scratch[: w * h * 3].reshape(h, w, 3)
+            return pixels, left, top, geom[4], geom[5], scratch
         return None  # _UNSUPPORTED, or an error: the full decode names it
 
-    def last_message(self) -> str:
-        """libjpeg's message for the last region that was not decoded."""
-        return self._ffi.string(self._msg).decode("utf-8", "replace")
+    def why_not(self, data: bytes, factor: int = 1) -> str | None:
+        """libjpeg's reason why ``data`` cannot be region-decoded (None when it can)."""
+        msg = self._ffi.new(f"char[{_MSG_LEN}]")
+        geom = self._ffi.new("int[6]")
+        out = np.empty(3 * 64, np.uint8)
+        status = self._lib.shmjpeg_region(
+            self._ffi.from_buffer(data), len(data), factor, 0, 0, 0, 0, 1, 1,
+            self._ffi.from_buffer(out), out.size, geom, msg, _MSG_LEN,
+        )  # fmt: skip
+        return None if status in (_OK, _SMALL) else self._ffi.string(msg).decode("utf-8", "replace")
 
 
 def decoder() -> RegionDecoder | None:
