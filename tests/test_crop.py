@@ -17,6 +17,7 @@ from PIL import Image
 
 from shmloader.vision import (
     CenterCrop,
+    ImageDecodeError,
     ImageFolder,
     RandomHorizontalFlip,
     RandomResizedCrop,
@@ -207,6 +208,20 @@ def test_the_counters_reach_the_loader_s_stats(mixed):
     assert "skipped" not in stats and stats["region_decodes"] + stats["region_fallbacks"] <= 16
     if EXPECT_REGION:
         assert stats["region_decodes"] >= 1
+
+
+def test_a_truncated_jpeg_fails_whatever_the_crop(mixed, tmp_path):
+    """Decoding only the top rows of a cut file would succeed for some crops: the region
+    decode refuses files without an end marker, so the error does not depend on the crop."""
+    (tmp_path / "a").mkdir()
+    data = (mixed / "a" / "401_420.jpg").read_bytes()
+    (tmp_path / "a" / "cut.jpg").write_bytes(data[: len(data) * 2 // 3])
+    ds = ImageFolder(tmp_path, [RandomResizedCrop(24, scale=(0.01, 0.02))], backend="pillow")
+    np.random.seed(0)
+    for _ in range(8):
+        with pytest.raises(ImageDecodeError, match=r"cut\.jpg"):
+            ds[0]
+    assert ds.stats()["region_decodes"] == 0 and ds.stats()["region_fallbacks"] == 8
 
 
 def test_make_images_size_gives_every_image_that_size(tmp_path):

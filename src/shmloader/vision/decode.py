@@ -29,6 +29,7 @@ except ImportError:  # Pillow decodes JPEG too, slower
     simplejpeg = None
 
 _JPEG_MAGIC = b"\xff\xd8"
+_JPEG_END = b"\xff\xd9"
 _SIMPLEJPEG_SPACES = ("YCbCr", "Gray", "RGB")  # what libjpeg-turbo converts to RGB itself
 _FAST_FACTORS = (8, 4, 2)  # DCT scalings with fast reduced IDCTs; others are slower than 1
 
@@ -122,8 +123,12 @@ class Decoder:
         :meth:`shmloader.vision.region.RegionDecoder.decode` for the result (less the
         scratch buffer, which this decoder keeps: valid until its next decode). None when
         the region decode does not apply (not a libjpeg-turbo JPEG, the region helper
-        unavailable, an unsupported colour space or corrupt data): decode it whole."""
-        if not probe.jpeg:
+        unavailable, an unsupported colour space, corrupt data, no end-of-image marker at
+        the end of the file): decode it whole."""
+        if not probe.jpeg or not probe.data.endswith(_JPEG_END):
+            # No end-of-image marker: most likely truncated. A region that stops above
+            # the cut would decode fine, so the same file would fail or not depending on
+            # the crop: decode it whole, which names the damage every time.
             return None
         region = region_decoder()
         if region is None:
