@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     sizes = f"{args.size[0]}x{args.size[1]}" if args.size else f"{args.min_size}-{args.max_size} px"
-    print(f"wrote {args.count} JPEGs ({sizes}) in {args.classes} classes under {args.dir}")
+    print(f"wrote {args.count} JPEGs in {args.classes} classes under {args.dir} ({sizes})")
     return 0
 
 
