@@ -1,9 +1,10 @@
 """Image pipelines that decode and transform straight into the loader's slots.
 
-``ImageFolder`` reads JPEG (libjpeg-turbo through simplejpeg, DCT-domain downscaling)
-and anything Pillow opens, applies the transforms of :mod:`shmloader.vision.transforms`
-as one resample per image, and writes the result into its row of the batch slot (the
-write-into protocol). Needs the ``vision`` extra: ``pip install "shmloader[vision]"``.
+``ImageFolder`` reads JPEG (libjpeg-turbo: only the rows and MCU columns the crop
+needs, see :mod:`shmloader.vision.region`, with DCT-domain downscaling) and anything
+Pillow opens, applies the transforms of :mod:`shmloader.vision.transforms` as one
+resample per image, and writes the result into its row of the batch slot (the write-into
+protocol). Needs the ``vision`` extra: ``pip install "shmloader[vision]"``.
 """
 
 from shmloader.vision.decode import Decoder, ImageDecodeError

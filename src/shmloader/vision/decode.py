@@ -1,5 +1,8 @@
 """Decoding: libjpeg-turbo through simplejpeg for JPEG, Pillow for everything else.
 
+:meth:`Decoder.decode_region` decodes only the part of a JPEG that a crop needs
+(:mod:`shmloader.vision.region`).
+
 A :class:`Decoder` is reused for every image a process decodes: JPEG is decoded into
 one scratch buffer it keeps (no allocation per image), optionally downscaled by 2, 4 or
 8 in the DCT domain (libjpeg-turbo's fast reduced IDCTs: several times less work when
@@ -18,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.errors import ShmLoaderError
+from shmloader.vision.region import decoder as region_decoder
 
 try:
     import simplejpeg
@@ -25,6 +29,7 @@ except ImportError:  # Pillow decodes JPEG too, slower
     simplejpeg = None
 
 _JPEG_MAGIC = b"\xff\xd8"
+_JPEG_END = b"\xff\xd9"
 _SIMPLEJPEG_SPACES = ("YCbCr", "Gray", "RGB")  # what libjpeg-turbo converts to RGB itself
 _FAST_FACTORS = (8, 4, 2)  # DCT scalings with fast reduced IDCTs; others are slower than 1
 
@@ -78,6 +83,7 @@ class Decoder:
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
         self._scratch = np.empty(0, np.uint8)
+        self._region_scratch = np.empty(0, np.uint8)
 
     def __reduce__(self) -> Any:
         return (type(self), (self.fast_dct, self.fast_upsample))  # the scratch buffer stays behind
@@ -108,6 +114,32 @@ class Decoder:
             img.draft("RGB", (math.ceil(probe.width / factor), math.ceil(probe.height / factor)))
         img.load()
         return to_rgb(img)
+
+    def decode_region(
+        self, probe: Probe, factor: int, bounds: tuple[int, int, int, int]
+    ) -> tuple[np.ndarray, int, int, int, int] | None:
+        """Decode only rows ``y0:y1`` and (at least) columns ``x0:x1`` (``bounds``, in
+        pixels of the image downscaled by ``factor``) of a JPEG: see
+        :meth:`shmloader.vision.region.RegionDecoder.decode` for the result (less the
+        scratch buffer, which this decoder keeps: valid until its next decode). None when
+        the region decode does not apply (not a libjpeg-turbo JPEG, the region helper
+        unavailable, an unsupported colour space, corrupt data, no end-of-image marker at
+        the end of the file): decode it whole."""
+        if not probe.jpeg or not probe.data.endswith(_JPEG_END):
+            # No end-of-image marker: most likely truncated. A region that stops above
+            # the cut would decode fine, so the same file would fail or not depending on
+            # the crop: decode it whole, which names the damage every time.
+            return None
+        region = region_decoder()
+        if region is None:
+            return None
+        got = region.decode(
+            probe.data, factor, bounds, self.fast_dct, self.fast_upsample, self._region_scratch
+        )
+        if got is None:
+            return None
+        self._region_scratch = got[5]
+        return got[:5]
 
     def _decode_jpeg(self, probe: Probe, factor: int, buffer: np.ndarray | None) -> np.ndarray:
         kw = {}

@@ -11,6 +11,8 @@ import numpy as np
 
 from shmloader.rng import epoch_seed, sample_rng  # noqa: F401 - re-exported by shmloader.vision
 from shmloader.vision.decode import Decoder, ImageDecodeError, dct_factor
+from shmloader.vision.region import decoder as region_decoder
+from shmloader.vision.region import region_bounds
 from shmloader.vision.resample import flip_inplace, resample_into, resolve_backend
 from shmloader.vision.transforms import Compose, Plan, Transform
 from shmloader.writeinto import ArraySpec
@@ -57,7 +59,13 @@ class ImageFolder:
     accurate decode (as Pillow's). ``fast_upsample`` (default False): replicate
     subsampled chroma instead of interpolating it (about 7% less decoding time on 4:2:0
     JPEGs, but errors of tens of levels at sharp colour edges: beyond JPEG decoding
-    tolerance, hence opt-in).
+    tolerance, hence opt-in). ``region_decode`` (default True): decode only the rows and
+    MCU columns of a JPEG that the crop (plus the resampling filter's reach) needs
+    (libjpeg-turbo's ``jpeg_skip_scanlines``/``jpeg_crop_scanline``, combined with the
+    DCT scaling): the same pixels as a full decode, for less work (see
+    :mod:`shmloader.vision.region`). JPEGs it does not apply to (CMYK/YCCK, corrupt
+    data, or no usable libjpeg-turbo) are decoded whole and counted in
+    :meth:`stats` (``region_fallbacks``; ``region_decodes`` counts the others).
 
     Randomness (random crops, flips) comes from a generator per sample derived from the
     loader's epoch seed and the sample index: a seeded loader gives the same batches for
@@ -76,6 +84,7 @@ class ImageFolder:
         dct_scaling: bool = True,
         fast_decode: bool = True,
         fast_upsample: bool = False,
+        region_decode: bool = True,
         samples: Sequence[tuple[str, int]] | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
@@ -90,6 +99,9 @@ class ImageFolder:
         self.dct_scaling = dct_scaling
         self.fast_decode = bool(fast_decode)
         self.fast_upsample = bool(fast_upsample)
+        self.region_decode = bool(region_decode)
+        if self.region_decode:
+            region_decoder()  # bind it here, once: forked workers inherit the binding
         self.root = None if root is None else os.fspath(root)
         if samples is not None:
             self.samples = [(os.fspath(p), int(label)) for p, label in samples]
@@ -102,6 +114,8 @@ class ImageFolder:
             self.samples = self._scan(extensions, is_valid_file)
         self.targets = np.array([label for _, label in self.samples], np.int64)
         self.skipped = 0  # files replaced under on_error="skip", in this process
+        self.region_decodes = 0  # JPEGs decoded only where the crop needs, in this process
+        self.region_fallbacks = 0  # JPEGs it did not apply to, decoded whole instead
         self._warned_pid = 0
         self._decoder = Decoder(fast_dct=self.fast_decode, fast_upsample=self.fast_upsample)
         self._scratch: dict[tuple[int, ...], np.ndarray] = {}
@@ -139,8 +153,17 @@ class ImageFolder:
         return samples
 
     def stats(self) -> dict[str, int]:
-        """Counters of this process's copy of the dataset (for the loader's statistics)."""
-        return {"skipped": self.skipped}
+        """Counters of this process's copy of the dataset (for the loader's statistics):
+        ``skipped`` (unreadable files replaced under ``on_error="skip"``),
+        ``region_decodes`` (JPEGs decoded only where the crop needs) and
+        ``region_fallbacks`` (JPEGs the region decode did not apply to, decoded whole:
+        CMYK/YCCK, corrupt data, no usable libjpeg-turbo; see
+        :func:`shmloader.vision.region.unavailable_reason`)."""
+        return {
+            "skipped": self.skipped,
+            "region_decodes": self.region_decodes,
+            "region_fallbacks": self.region_fallbacks,
+        }
 
     @property
     def imgs(self) -> list[tuple[str, int]]:
@@ -289,9 +312,43 @@ class ImageFolder:
         factor = 1
         if self.dct_scaling:
             factor = dct_factor(probe.width, probe.height, bx1 - bx0, by1 - by0, x1 - x0, y1 - y0)
+        if self.region_decode and self._draw_region(probe, factor, plan.box, view, plan.flip):
+            return
         image = self._decoder.decode(probe, factor)
         sx, sy = image.shape[1] / probe.width, image.shape[0] / probe.height
         resample_into(image, (bx0 * sx, by0 * sy, bx1 * sx, by1 * sy), view, chw, plan.flip, self.backend)
+
+    def _draw_region(
+        self, probe: Any, factor: int, box: tuple[float, float, float, float], view: np.ndarray, flip: bool
+    ) -> bool:
+        """Decode only the part of the JPEG that resampling ``box`` reads, and resample it
+        into ``view``; False when the image must be decoded whole (counted as a fallback
+        where the region decode did not apply)."""
+        if not probe.jpeg:
+            if getattr(probe.pil, "format", None) == "JPEG":
+                self.region_fallbacks += 1  # CMYK/YCCK: Pillow decodes those
+            return False
+        chw = self.transform.chw
+        oh, ow = view.shape[1:] if chw else view.shape[:2]
+        # The scaled image's size: libjpeg's (and simplejpeg's) ceil(size / factor).
+        sw, sh = -(-probe.width // factor), -(-probe.height // factor)
+        sx, sy = sw / probe.width, sh / probe.height
+        sbox = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+        bounds = region_bounds(sbox, ow, oh, sw, sh)
+        if bounds == (0, 0, sw, sh):
+            return False  # the crop needs all of it: the whole-image decode, as before
+        got = self._decoder.decode_region(probe, factor, bounds)
+        if got is None:
+            self.region_fallbacks += 1
+            return False
+        pixels, left, top, full_w, full_h = got
+        if (full_w, full_h) != (sw, sh):  # not expected: a library that scales otherwise
+            self.region_fallbacks += 1
+            return False
+        local = (sbox[0] - left, sbox[1] - top, sbox[2] - left, sbox[3] - top)
+        resample_into(pixels, local, view, chw, flip, self.backend)
+        self.region_decodes += 1
+        return True
 
 
 def _decode_error(path: str, index: int, exc: BaseException) -> ImageDecodeError:

@@ -2,7 +2,8 @@
 
 Images look like photographs to a JPEG codec: smooth colour gradients, blurred blobs,
 low-frequency texture and a little sensor-like noise, so files compress (and decode)
-like real photos rather than flat colour. Sizes vary around 300-500 px.
+like real photos rather than flat colour. Sizes vary around 300-500 px, or are fixed
+(``size=(500, 375)``: ImageNet's median; ``(1200, 800)``: a camera photo scaled down).
 """
 
 from __future__ import annotations
@@ -77,15 +78,20 @@ def make_images(
     max_size: int = 500,
     quality: int = 90,
     seed: int = 0,
+    size: tuple[int, int] | None = None,
 ) -> Path:
     """Write ``count`` synthetic JPEGs under ``root/class_XX/NNNNNN.jpg``.
 
-    Sides are drawn uniformly in ``[min_size, max_size]``; the same arguments always give
-    the same files. Existing files of the same name are overwritten. Returns ``root``.
+    Sides are drawn uniformly in ``[min_size, max_size]``, or every image is ``size``
+    (width, height) when given; the same arguments always give the same files. Existing
+    files of the same name are overwritten. Returns ``root``.
     """
     if count < 1 or classes < 1:
         raise ValueError(f"count and classes must be positive (got count={count}, classes={classes}).")
-    if not 8 <= min_size <= max_size:
+    if size is not None:
+        if len(size) != 2 or min(size) < 8:
+            raise ValueError(f"size must be (width, height) of at least 8 px each, got {size!r}.")
+    elif not 8 <= min_size <= max_size:
         raise ValueError(f"need 8 <= min_size <= max_size (got {min_size}, {max_size}).")
     root = Path(root)
     for c in range(classes):
@@ -93,14 +99,33 @@ def make_images(
     rng = np.random.default_rng(seed)
     for i in range(count):
         label = i % classes
-        h, w = (int(v) for v in rng.integers(min_size, max_size + 1, 2))
+        if size is None:
+            h, w = (int(v) for v in rng.integers(min_size, max_size + 1, 2))
+        else:
+            w, h = int(size[0]), int(size[1])
         data = encode_jpeg(synth_image(rng, h, w, label), quality)
         (root / f"class_{label:02d}" / f"{i:06d}.jpg").write_bytes(data)
     return root
 
 
+def parse_size(text: str) -> tuple[int, int]:
+    """``"500x375"`` -> ``(500, 375)`` (width, height)."""
+    import argparse
+
+    parts = text.lower().replace("\u00d7", "x").split("x")  # the multiplication sign too
+    try:
+        w, h = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--size wants WIDTHxHEIGHT in pixels, e.g. 500x375, got {text!r}."
+        ) from None
+    if min(w, h) < 8:
+        raise argparse.ArgumentTypeError(f"--size must be at least 8x8 px, got {text!r}.")
+    return w, h
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``shmloader make-images DIR --count N``: write a synthetic JPEG dataset."""
+    """``shmloader make-images DIR --count N [--size WxH]``: write a synthetic JPEG dataset."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -112,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=_DEFAULT_CLASSES, help="number of class folders")
     parser.add_argument("--min-size", type=int, default=300, help="smallest side in px (default 300)")
     parser.add_argument("--max-size", type=int, default=500, help="largest side in px (default 500)")
+    parser.add_argument(
+        "--size",
+        type=parse_size,
+        default=None,
+        metavar="WxH",
+        help="every image this size instead (e.g. 500x375, ImageNet's median; 1200x800, a camera photo)",
+    )
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     args = parser.parse_args(argv)
@@ -124,10 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             max_size=args.max_size,
             quality=args.quality,
             seed=args.seed,
+            size=args.size,
         )
     except ValueError as exc:
         parser.error(str(exc))
-    print(f"wrote {args.count} JPEGs in {args.classes} classes under {args.dir}")
+    sizes = f"{args.size[0]}x{args.size[1]}" if args.size else f"{args.min_size}-{args.max_size} px"
+    print(f"wrote {args.count} JPEGs in {args.classes} classes under {args.dir} ({sizes})")
     return 0
 
 
