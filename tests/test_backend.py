@@ -103,6 +103,55 @@ def test_the_seals_refuse_shrinking_and_growing():
         ring.close_fd()
 
 
+def _reserved(fd: int) -> int:
+    return os.fstat(fd).st_blocks * 512
+
+
+@pytest.mark.skipif(not ring_mod.populate_supported(), reason="needs MADV_POPULATE_WRITE (Linux 5.14+)")
+@pytest.mark.parametrize("backend", ["memfd", "posix"])
+def test_a_ring_is_made_sparse_and_each_slot_is_reserved_by_its_first_writer(backend):
+    slot = 2**20
+    ring = Ring.create(4, slot, backend=backend)
+    try:
+        assert not ring.reserved_whole and os.fstat(ring.fd).st_size == ring.total_bytes
+        assert _reserved(ring.fd) == ring.slot_offset(0), "only the control area when made"
+        ring.slot_array(2)  # a writer's first use reserves (and maps) the slot, before any write
+        got = _reserved(ring.fd) - ring.slot_offset(0)
+        assert slot <= got <= slot + 2 * 4096, "that slot alone (pages it shares at its ends)"
+        ring.slot_array(2)[:] = 5
+        assert _reserved(ring.fd) - ring.slot_offset(0) == got
+    finally:
+        ring.close_fd()
+    whole = Ring.create(4, slot, backend=backend, whole=True)  # e.g. page-locked for a GPU
+    try:
+        assert whole.reserved_whole and _reserved(whole.fd) == whole.total_bytes
+    finally:
+        whole.close_fd()
+
+
+@pytest.mark.skipif(not ring_mod.populate_supported(), reason="needs MADV_POPULATE_WRITE (Linux 5.14+)")
+def test_a_slot_whose_memory_is_gone_is_an_error_not_a_sigbus():
+    # A segment cut under the mapping stands for memory that ran out after the ring was
+    # sized: the first writer's reservation fails with an error, before anything writes.
+    fd = os.memfd_create("shmloader-test", os.MFD_CLOEXEC)
+    ring = Ring(fd, 2, 8192, populate=False)
+    try:
+        os.ftruncate(fd, ring.slot_offset(0))
+        with pytest.raises(ShmSpaceError, match=r"could not reserve 8192 bytes of the loader's"):
+            ring.slot_array(1)
+    finally:
+        ring.close_fd()
+
+
+def test_rings_are_reserved_whole_where_the_kernel_cannot_populate(monkeypatch):
+    monkeypatch.setattr(ring_mod, "_populate_works", False)
+    ring = Ring.create(4, 2**20)
+    try:
+        assert ring.reserved_whole and _reserved(ring.fd) == ring.total_bytes
+    finally:
+        ring.close_fd()
+
+
 def test_the_posix_backend_still_works_end_to_end():
     before = shm_names()
     expect = [[a.tolist() for a in b] for b in DataLoader(D.Squares(40), batch_size=4, num_workers=0)]

@@ -159,11 +159,16 @@ def test_a_ring_that_cannot_be_made_fails_in_the_consumer_and_leaves_nothing(sid
 
 
 class _SlowLeases:
-    """Stands in for leases.Leases: ring_for_batch takes ``delay`` s, or raises ``error``."""
+    """Stands in for leases.Leases: ring_for_batch takes ``delay`` s, or raises ``error``;
+    ``cheap``: its rings are sparse (made in line)."""
 
-    def __init__(self, delay: float, error: BaseException | None = None):
+    def __init__(self, delay: float, error: BaseException | None = None, cheap: bool = False):
         self.delay = delay
         self.error = error
+        self.cheap = cheap
+
+    def rings_are_cheap(self) -> bool:
+        return self.cheap
 
     def warnings_deferred(self):
         return contextlib.nullcontext()
@@ -185,6 +190,15 @@ def test_ring_maker_hands_over_its_ring_or_its_error():
     with pytest.raises(RingLimitError, match="no room"):
         failing.result()
     assert not _ring_threads()
+
+
+def test_a_sparse_ring_is_made_in_line_when_the_first_batch_arrives():
+    maker = RingMaker(_SlowLeases(0.0, cheap=True), 1000, None)
+    assert maker.done() and not _ring_threads(), "no thread for a ring that takes ~0.5 ms"
+    assert maker.result() == ("ring", 1000, None)
+    failing = RingMaker(_SlowLeases(0.0, RingLimitError("no room (test)"), cheap=True), 1000, None)
+    with pytest.raises(RingLimitError, match="no room"):
+        failing.result()  # raised where the ring is taken, as from a thread
 
 
 def test_a_fork_waits_for_the_ring_being_made():

@@ -36,7 +36,14 @@ from typing import Any
 
 from shmloader import _slots, memory
 from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
-from shmloader.ring import Ring, check_usable, resolve_backend, ring_bytes, shm_free_bytes
+from shmloader.ring import (
+    Ring,
+    check_usable,
+    populate_supported,
+    resolve_backend,
+    ring_bytes,
+    shm_free_bytes,
+)
 from shmloader.wire import NO_SLOT
 
 # --- sizing policy ------------------------------------------------------------------------
@@ -256,6 +263,11 @@ class Leases:
         ring = self._current
         return ring if ring is not None and ring.fd is not None else None
 
+    def rings_are_cheap(self) -> bool:
+        """True when this loader's rings are made sparse (each slot reserved by its first
+        writer: ring.populate_supported), so making one takes well under a millisecond."""
+        return self.pinner is None and populate_supported()
+
     def pinned_bytes(self) -> int:
         """Bytes of shared memory mapped by this loader's rings now: the current ring,
         and retired rings that batches still reference."""
@@ -278,7 +290,8 @@ class Leases:
             room = memory.ring_room(fresh, self._reserve(slot_bytes))
             if pinned + need > self.max_shm_bytes or (room is not None and need > room):
                 raise self._limit_error(need, pinned, held, fresh, room)
-            ring = Ring.create(num_slots, slot_bytes, backend=self.backend)
+            # A ring page-locked for a GPU locks every page at once: reserved whole.
+            ring = Ring.create(num_slots, slot_bytes, backend=self.backend, whole=self.pinner is not None)
             self._stats["rings_created"] += 1
             if self.pinner is not None:
                 self.pinner.register(ring)  # page-locked once, for the ring's whole life
