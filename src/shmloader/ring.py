@@ -126,7 +126,6 @@ def populate_supported() -> bool:
     return _populate_works
 
 
-
 def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 
