@@ -24,7 +24,7 @@ import warnings
 
 import pytest
 
-from shmloader import doctor, leases, memory
+from shmloader import doctor, leases, memory, sizing
 from shmloader import ring as ring_mod
 from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
 from shmloader.ring import Ring, ring_bytes
@@ -127,6 +127,24 @@ def test_a_ring_is_made_sparse_and_each_slot_is_reserved_by_its_first_writer(bac
         assert whole.reserved_whole and _reserved(whole.fd) == whole.total_bytes
     finally:
         whole.close_fd()
+
+
+@pytest.mark.skipif(not ring_mod.populate_supported(), reason="needs MADV_POPULATE_WRITE (Linux 5.14+)")
+def test_a_writer_that_says_what_it_writes_reserves_that_much_of_its_slot():
+    slot = 2**20
+    ring = Ring.create(2, slot)
+    try:
+        base = _reserved(ring.fd)
+        ring.slot_array(1, 300_000)[:300_000] = 1  # a batch smaller than its slot
+        first = _reserved(ring.fd) - base
+        assert 300_000 <= first <= 300_000 + 2 * 4096
+        ring.slot_array(1)[:10] = 2  # no size: what is reserved already (the header's write)
+        assert _reserved(ring.fd) - base == first
+        ring.slot_array(1, slot)[:] = 3  # a bigger batch: the rest, before it is written
+        assert slot <= _reserved(ring.fd) - base <= slot + 2 * 4096
+        assert int(ring.slot_array(1).sum()) == 3 * slot
+    finally:
+        ring.close_fd()
 
 
 @pytest.mark.skipif(not ring_mod.populate_supported(), reason="needs MADV_POPULATE_WRITE (Linux 5.14+)")
@@ -243,9 +261,9 @@ def test_a_small_budget_gives_fewer_slots_one_warning_and_the_same_batches(side)
     dataset = D.Squares(96 if side == 32 else 24, side=side)
     expect = [[a.tolist() for a in b] for b in DataLoader(dataset, batch_size=4, num_workers=0)]
     batch_bytes = 4 * side * side * 4 + 4 * 8
-    slot = leases.slot_bytes_for(batch_bytes)
-    wanted = leases.default_num_slots(2)
-    limit = ring_bytes(leases.min_num_slots(2) + 1, slot + 256)  # room for 5 of the 8
+    slot = sizing.slot_bytes_for(batch_bytes)
+    wanted = sizing.default_num_slots(2)
+    limit = ring_bytes(sizing.min_num_slots(2) + 1, slot + 256)  # room for 5 of the 8
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dl = DataLoader(dataset, batch_size=4, num_workers=2, max_shm_bytes=limit, **FORK)
@@ -253,7 +271,7 @@ def test_a_small_budget_gives_fewer_slots_one_warning_and_the_same_batches(side)
         got2 = [[a.tolist() for a in b] for b in dl]  # a second epoch: no second warning
     assert got == expect and got2 == expect
     ring = dl.ring
-    assert leases.min_num_slots(2) <= ring.num_slots < wanted
+    assert sizing.min_num_slots(2) <= ring.num_slots < wanted
     mine = [w for w in caught if issubclass(w.category, RingSizeWarning)]
     assert len(mine) == 1, [str(w.message) for w in caught]
     assert mine[0].filename == __file__, mine[0].filename  # the user's line, not a thread's
@@ -498,7 +516,7 @@ def test_a_cgroup_smaller_than_the_default_ring_never_wakes_the_oom_killer(limit
     words = proc.stdout.split()
     if words[0] == "done":
         n, slots, warned = map(int, words[1:4])
-        assert n == 6 and leases.min_num_slots(2) <= slots < leases.default_num_slots(2) and warned == 1, (
+        assert n == 6 and sizing.min_num_slots(2) <= slots < sizing.default_num_slots(2) and warned == 1, (
             proc.stdout
         )
     else:

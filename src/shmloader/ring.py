@@ -208,8 +208,10 @@ class Ring:
         ]
         self._slot_arrays: list[np.ndarray | None] = [None] * num_slots
         # Slots this process reserves and maps on its first write (see slot_array): all of
-        # them unless the whole mapping was populated when it was made.
+        # them unless the whole mapping was populated when it was made. _populated: the
+        # bytes of each slot reserved and mapped in this process so far.
         self._populate_slots = not populate and populate_supported()
+        self._populated = [0 if self._populate_slots else slot_bytes] * num_slots
         self.lease_table: Any = None  # the consumer's slot leases (leases.lease)
 
     backend = ""  # "memfd" or "posix" for a ring this process created (create())
@@ -273,17 +275,31 @@ class Ring:
         """The (cached) buffer object over slot ``index``'s data."""
         return self._slot_buffers[index]
 
-    def slot_array(self, index: int) -> np.ndarray:
-        """A cached uint8 array over slot ``index``'s data, for writers. The first call for
-        a slot in a process reserves and maps its pages (MADV_POPULATE_WRITE, where the
-        kernel has it): one call instead of a page fault per 4 KiB page on the first
-        write, and the slot's memory reserved before anything writes to it (a sparse ring
-        reserves nothing else for it). Raises :class:`ShmSpaceError` where the memory is
-        not there."""
+    def slot_array(self, index: int, need: int | None = None) -> np.ndarray:
+        """A cached uint8 array over slot ``index``'s data, for writers, who then write its
+        first ``need`` bytes (None: the whole slot, unless an earlier call said less).
+
+        In a process that writes a slot, its pages are reserved and mapped before the
+        first write, in one call (MADV_POPULATE_WRITE, where the kernel has it): instead
+        of a page fault per 4 KiB page, and a sparse ring reserves nothing else for them.
+        Only the first ``need`` bytes (a batch smaller than its slot leaves the rest
+        untouched: slots are sized 1.25x the first batch), more when a later call needs
+        more. Raises :class:`ShmSpaceError` where the memory is not there."""
+        arr = self._slot_arrays[index]
+        if arr is None or (need is not None and need > self._populated[index]):
+            arr = self._first_use(index, need)
+        return arr
+
+    def _first_use(self, index: int, need: int | None) -> np.ndarray:
+        done = self._populated[index]
+        want = self.slot_bytes if need is None else min(need, self.slot_bytes)
+        if need is None and done:
+            want = done  # a write into what an earlier call reserved (e.g. the header)
+        if want > done:
+            self._populate(self.slot_offset(index) + done, want - done, self.backend)
+            self._populated[index] = want
         arr = self._slot_arrays[index]
         if arr is None:
-            if self._populate_slots:
-                self._populate(self.slot_offset(index), self.slot_bytes, self.backend)
             arr = self._slot_arrays[index] = np.frombuffer(self._slot_buffers[index], np.uint8)
         return arr
 
