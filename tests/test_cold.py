@@ -3,7 +3,9 @@
 - Each worker's first batch comes apart (a one-off segment) and is correct; every later
   batch is a view of the ring, under every start method.
 - Workers do not pre-fault the whole ring: a worker's pages of the ring are only those of
-  the slots it wrote, and each worker writes into its own share of the slots.
+  the slots it wrote, and each worker writes into its own share of the slots; the ring
+  is made sparse (where the kernel has MADV_POPULATE_WRITE): only the slots written are
+  reserved.
 - The first ring of big batches is made on a thread (shmloader.ringmaker): its errors come
   out in the consumer, nothing is left running, and a fork waits for a ring being made.
 - Held batches keep their values while claims go worker by worker and the ring grows.
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 from shmloader import Dataset, RingLimitError, get_worker_info
+from shmloader.ring import populate_supported
 from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
 
 from .datasets import NumpyLoader as DataLoader
@@ -129,6 +132,11 @@ def _each_worker_faults_in_only_its_own_slots(dl: DataLoader) -> None:
     share = ring.num_slots // 2
     assert slots[0] and slots[1] and not slots[0] & slots[1], f"slots written: {slots}"
     assert all(len(s) <= share for s in slots.values()), f"each within its share: {slots}"
+    if populate_supported():
+        # A sparse ring: the memory reserved is the control area and the slots written.
+        written = len(slots[0]) + len(slots[1])
+        reserved = os.fstat(ring.fd).st_blocks * 512
+        assert reserved <= ring.slot_offset(0) + written * (ring.slot_stride + 2 * 4096), (reserved, slots)
     for wid, pid in pids.items():
         # Not pre-faulted: a worker maps the ring's control pages and the slots it wrote.
         rss = _ring_rss(pid, ring.total_bytes)

@@ -23,12 +23,14 @@ from collections.abc import Callable, Iterator
 
 from shmloader import memory
 from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
-from shmloader.ring import ring_bytes
+from shmloader.ring import (
+    SLOT_HEADROOM,
+    SLOT_SLACK_BYTES,
+    ring_bytes,
+)
 
 HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the current one,
 # the previous one still bound to the loop variable during next(), a few more)
-SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
-SLOT_SLACK_BYTES = 4096  # plus this: the layout, its numbers and small object leaves
 DEFAULT_PREFETCH_FACTOR = 2  # torch's default prefetch_factor
 DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where no memory figure can be read
 IN_FLIGHT_EXTRA_SLOTS = 2  # beside one in flight per worker: the batch being handed
