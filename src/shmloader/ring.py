@@ -27,8 +27,10 @@ never a SIGBUS or a kill on a later write:
   control area reserved (a sparse segment: ~0.3 ms whatever its size), and each process
   that writes a slot reserves and maps that slot's pages in one call the first time it
   asks for it (:meth:`Ring.slot_array`: workers write their own share of the slots, in
-  parallel). The kernel answers a failure there with an error (ENOMEM, EFAULT), which
-  becomes :class:`ShmSpaceError`, not a SIGBUS. Slots nothing writes (the reserve for
+  parallel): the bytes its batch needs (in a memfd, where a writer does not say: the
+  batch the slot was sized for, as a page past that cannot SIGBUS there). The kernel
+  answers a failure with an error (ENOMEM, EFAULT), which becomes
+  :class:`ShmSpaceError`, not a SIGBUS. Slots nothing writes (the reserve for
   batches the consumer holds, in a short epoch) take no memory. Measured (cold epoch, 2
   workers, 38.5 MB batches): reserving the 385 MB ring up front took the consumer ~90 ms
   with the workers idle, and mapping a reserved slot cost a worker as much as reserving
