@@ -24,7 +24,7 @@ import warnings
 
 import pytest
 
-from shmloader import doctor, leases, memory
+from shmloader import doctor, leases, memory, sizing
 from shmloader import ring as ring_mod
 from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
 from shmloader.ring import Ring, ring_bytes
@@ -99,6 +99,77 @@ def test_the_seals_refuse_shrinking_and_growing():
         assert os.fstat(ring.fd).st_size == ring.total_bytes
         ring.slot_array(1)[:] = 7  # the mapping is whole
         assert int(ring.slot_array(1).sum()) == 7 * ring.slot_bytes
+    finally:
+        ring.close_fd()
+
+
+def _reserved(fd: int) -> int:
+    return os.fstat(fd).st_blocks * 512
+
+
+@pytest.mark.skipif(not ring_mod.populate_supported(), reason="needs MADV_POPULATE_WRITE (Linux 5.14+)")
+@pytest.mark.parametrize("backend", ["memfd", "posix"])
+def test_a_ring_is_made_sparse_and_each_slot_is_reserved_by_its_first_writer(backend):
+    slot = 2**20
+    ring = Ring.create(4, slot, backend=backend)
+    try:
+        assert not ring.reserved_whole and os.fstat(ring.fd).st_size == ring.total_bytes
+        assert _reserved(ring.fd) == ring.slot_offset(0), "only the control area when made"
+        ring.slot_array(2)  # a writer's first use reserves (and maps) the slot, before any write
+        got = _reserved(ring.fd) - ring.slot_offset(0)
+        # Unsaid, the batch the slot was sized for in a memfd (a write past it cannot
+        # SIGBUS there), the whole slot in /dev/shm; only that slot (and pages at its ends).
+        want = ring_mod.expected_fill(slot) if backend == "memfd" else slot
+        assert want <= got <= want + 2 * 4096, (got, want)
+        ring.slot_array(2)[:] = 5  # past what was reserved: memfd pages come with the write
+        assert got <= _reserved(ring.fd) - ring.slot_offset(0) <= slot + 2 * 4096
+    finally:
+        ring.close_fd()
+    whole = Ring.create(4, slot, backend=backend, whole=True)  # e.g. page-locked for a GPU
+    try:
+        assert whole.reserved_whole and _reserved(whole.fd) == whole.total_bytes
+    finally:
+        whole.close_fd()
+
+
+@pytest.mark.skipif(not ring_mod.populate_supported(), reason="needs MADV_POPULATE_WRITE (Linux 5.14+)")
+def test_a_writer_that_says_what_it_writes_reserves_that_much_of_its_slot():
+    slot = 2**20
+    ring = Ring.create(2, slot)
+    try:
+        base = _reserved(ring.fd)
+        ring.slot_array(1, 300_000)[:300_000] = 1  # a batch smaller than its slot
+        first = _reserved(ring.fd) - base
+        assert 300_000 <= first <= 300_000 + 2 * 4096
+        ring.slot_array(1)[:10] = 2  # no size: what is reserved already (the header's write)
+        assert _reserved(ring.fd) - base == first
+        ring.slot_array(1, slot)[:] = 3  # a bigger batch: the rest, before it is written
+        assert slot <= _reserved(ring.fd) - base <= slot + 2 * 4096
+        assert int(ring.slot_array(1).sum()) == 3 * slot
+    finally:
+        ring.close_fd()
+
+
+@pytest.mark.skipif(not ring_mod.populate_supported(), reason="needs MADV_POPULATE_WRITE (Linux 5.14+)")
+def test_a_slot_whose_memory_is_gone_is_an_error_not_a_sigbus():
+    # A segment cut under the mapping stands for memory that ran out after the ring was
+    # sized: the first writer's reservation fails with an error, before anything writes.
+    fd = os.memfd_create("shmloader-test", os.MFD_CLOEXEC)
+    ring = Ring(fd, 2, 8192, populate=False)
+    try:
+        os.ftruncate(fd, ring.slot_offset(0))
+        gone = r"^could not reserve \d+ bytes of the loader's shared-memory ring \(madvise [A-Z_]+: EFAULT"
+        with pytest.raises(ShmSpaceError, match=gone):
+            ring.slot_array(1)
+    finally:
+        ring.close_fd()
+
+
+def test_rings_are_reserved_whole_where_the_kernel_cannot_populate(monkeypatch):
+    monkeypatch.setattr(ring_mod, "_populate_works", False)
+    ring = Ring.create(4, 2**20)
+    try:
+        assert ring.reserved_whole and _reserved(ring.fd) == ring.total_bytes
     finally:
         ring.close_fd()
 
@@ -194,9 +265,9 @@ def test_a_small_budget_gives_fewer_slots_one_warning_and_the_same_batches(side)
     dataset = D.Squares(96 if side == 32 else 24, side=side)
     expect = [[a.tolist() for a in b] for b in DataLoader(dataset, batch_size=4, num_workers=0)]
     batch_bytes = 4 * side * side * 4 + 4 * 8
-    slot = leases.slot_bytes_for(batch_bytes)
-    wanted = leases.default_num_slots(2)
-    limit = ring_bytes(leases.min_num_slots(2) + 1, slot + 256)  # room for 5 of the 8
+    slot = sizing.slot_bytes_for(batch_bytes)
+    wanted = sizing.default_num_slots(2)
+    limit = ring_bytes(sizing.min_num_slots(2) + 1, slot + 256)  # room for 5 of the 8
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dl = DataLoader(dataset, batch_size=4, num_workers=2, max_shm_bytes=limit, **FORK)
@@ -204,7 +275,7 @@ def test_a_small_budget_gives_fewer_slots_one_warning_and_the_same_batches(side)
         got2 = [[a.tolist() for a in b] for b in dl]  # a second epoch: no second warning
     assert got == expect and got2 == expect
     ring = dl.ring
-    assert leases.min_num_slots(2) <= ring.num_slots < wanted
+    assert sizing.min_num_slots(2) <= ring.num_slots < wanted
     mine = [w for w in caught if issubclass(w.category, RingSizeWarning)]
     assert len(mine) == 1, [str(w.message) for w in caught]
     assert mine[0].filename == __file__, mine[0].filename  # the user's line, not a thread's
@@ -449,7 +520,7 @@ def test_a_cgroup_smaller_than_the_default_ring_never_wakes_the_oom_killer(limit
     words = proc.stdout.split()
     if words[0] == "done":
         n, slots, warned = map(int, words[1:4])
-        assert n == 6 and leases.min_num_slots(2) <= slots < leases.default_num_slots(2) and warned == 1, (
+        assert n == 6 and sizing.min_num_slots(2) <= slots < sizing.default_num_slots(2) and warned == 1, (
             proc.stdout
         )
     else:

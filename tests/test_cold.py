@@ -3,7 +3,9 @@
 - Each worker's first batch comes apart (a one-off segment) and is correct; every later
   batch is a view of the ring, under every start method.
 - Workers do not pre-fault the whole ring: a worker's pages of the ring are only those of
-  the slots it wrote, and each worker writes into its own share of the slots.
+  the slots it wrote, and each worker writes into its own share of the slots; the ring
+  is made sparse (where the kernel has MADV_POPULATE_WRITE): only the slots written are
+  reserved.
 - The first ring of big batches is made on a thread (shmloader.ringmaker): its errors come
   out in the consumer, nothing is left running, and a fork waits for a ring being made.
 - Held batches keep their values while claims go worker by worker and the ring grows.
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 from shmloader import Dataset, RingLimitError, get_worker_info
+from shmloader.ring import populate_supported
 from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
 
 from .datasets import NumpyLoader as DataLoader
@@ -129,6 +132,11 @@ def _each_worker_faults_in_only_its_own_slots(dl: DataLoader) -> None:
     share = ring.num_slots // 2
     assert slots[0] and slots[1] and not slots[0] & slots[1], f"slots written: {slots}"
     assert all(len(s) <= share for s in slots.values()), f"each within its share: {slots}"
+    if populate_supported():
+        # A sparse ring: the memory reserved is the control area and the slots written.
+        written = len(slots[0]) + len(slots[1])
+        reserved = os.fstat(ring.fd).st_blocks * 512
+        assert reserved <= ring.slot_offset(0) + written * (ring.slot_stride + 2 * 4096), (reserved, slots)
     for wid, pid in pids.items():
         # Not pre-faulted: a worker maps the ring's control pages and the slots it wrote.
         rss = _ring_rss(pid, ring.total_bytes)
@@ -159,11 +167,16 @@ def test_a_ring_that_cannot_be_made_fails_in_the_consumer_and_leaves_nothing(sid
 
 
 class _SlowLeases:
-    """Stands in for leases.Leases: ring_for_batch takes ``delay`` s, or raises ``error``."""
+    """Stands in for leases.Leases: ring_for_batch takes ``delay`` s, or raises ``error``;
+    ``cheap``: its rings are sparse (made in line)."""
 
-    def __init__(self, delay: float, error: BaseException | None = None):
+    def __init__(self, delay: float, error: BaseException | None = None, cheap: bool = False):
         self.delay = delay
         self.error = error
+        self.cheap = cheap
+
+    def rings_are_cheap(self) -> bool:
+        return self.cheap
 
     def warnings_deferred(self):
         return contextlib.nullcontext()
@@ -185,6 +198,15 @@ def test_ring_maker_hands_over_its_ring_or_its_error():
     with pytest.raises(RingLimitError, match="no room"):
         failing.result()
     assert not _ring_threads()
+
+
+def test_a_sparse_ring_is_made_in_line_when_the_first_batch_arrives():
+    maker = RingMaker(_SlowLeases(0.0, cheap=True), 1000, None)
+    assert maker.done() and not _ring_threads(), "no thread for a ring that takes ~0.5 ms"
+    assert maker.result() == ("ring", 1000, None)
+    failing = RingMaker(_SlowLeases(0.0, RingLimitError("no room (test)"), cheap=True), 1000, None)
+    with pytest.raises(RingLimitError, match="no room"):
+        failing.result()  # raised where the ring is taken, as from a thread
 
 
 def test_a_fork_waits_for_the_ring_being_made():

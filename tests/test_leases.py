@@ -3,7 +3,8 @@
 Only the process that holds a slot releases it (a forked child inherits the release
 finalizers); a batch a forked child can see stays unchanged after the parent drops it;
 a slot's state is returned whatever raises between claim and hand-out. The sizing
-policy is one (leases.py), used by the loader, doctor and bench.
+policy is one (sizing.py, its names still importable from leases.py), used by the loader,
+doctor and bench.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from shmloader import _slots, doctor
+from shmloader import _slots, doctor, sizing
 from shmloader.ring import ring_bytes
 
 from . import datasets as D
@@ -261,25 +262,27 @@ def test_a_failing_reader_in_copy_mode_returns_its_slot(monkeypatch):
 def test_one_sizing_policy_for_loader_doctor_and_bench():
     from shmloader import leases
 
+    # The policy's names stay importable from leases (the loader and bench use them there).
+    assert leases.default_num_slots is sizing.default_num_slots
+    assert leases.min_num_slots is sizing.min_num_slots and leases.fit_slots is sizing.fit_slots
     dl = DataLoader(D.Squares(40), batch_size=4, num_workers=3, prefetch_factor=3)
-    assert dl.num_slots == leases.default_num_slots(3, 3) == 3 * 3 + leases.HELD_SLOTS_RESERVE
+    assert dl.num_slots == sizing.default_num_slots(3, 3) == 3 * 3 + sizing.HELD_SLOTS_RESERVE
     total, slots, slot_bytes = doctor.default_ring_bytes(2, 10_000)
-    assert (total, slots, slot_bytes) == leases.default_ring(2, 10_000)
-    assert slots == leases.default_num_slots(2)
-    assert slot_bytes == leases.slot_bytes_for(10_000) >= 10_000
+    assert (total, slots, slot_bytes) == sizing.default_ring(2, 10_000)
+    assert slots == sizing.default_num_slots(2)
+    assert slot_bytes == sizing.slot_bytes_for(10_000) >= 10_000
     assert total == ring_bytes(slots, slot_bytes)
 
 
 def test_the_first_ring_is_sized_by_the_policy():
-    from shmloader import leases
 
     dl = DataLoader(D.Squares(40, side=16), batch_size=4, num_workers=2, **FORK)
     for _ in dl:
         pass
     ring = dl.ring
     batch_bytes = 4 * 16 * 16 * 4 + 4 * 8
-    assert ring.num_slots == leases.default_num_slots(2)
-    assert leases.slot_bytes_for(batch_bytes) <= ring.slot_bytes <= leases.slot_bytes_for(batch_bytes + 256)
+    assert ring.num_slots == sizing.default_num_slots(2)
+    assert sizing.slot_bytes_for(batch_bytes) <= ring.slot_bytes <= sizing.slot_bytes_for(batch_bytes + 256)
     assert dl.pinned_shm_bytes() == ring.total_bytes
 
 
@@ -340,10 +343,9 @@ def test_doctor_fails_a_ring_the_loaders_default_limit_refuses(monkeypatch):
     """The posix backend's default max_shm_bytes is half of /dev/shm's free space: a ring
     that passes it gets fewer slots (WARN), down to workers + 2; below that the loader
     refuses (FAIL). With memfd, /dev/shm does not hold rings: never a FAIL."""
-    from shmloader import leases
 
     total, slots, slot_bytes = doctor.default_ring_bytes(2, 10 * 2**20)
-    least = ring_bytes(leases.min_num_slots(2), slot_bytes)
+    least = ring_bytes(sizing.min_num_slots(2), slot_bytes)
     free = least * 3 // 2  # the minimum ring fits /dev/shm, but not half of it
 
     class Stat:
@@ -358,8 +360,8 @@ def test_doctor_fails_a_ring_the_loaders_default_limit_refuses(monkeypatch):
     assert "max_shm_bytes" in check.remedy and "--shm-size" in check.remedy
     assert doctor.check_shm(2, 10 * 2**20, "memfd").status == doctor.OK
     Stat.f_bavail = total * 3 // 2  # the minimum fits half of it: fewer slots
-    fit = leases.fit_slots(slots, slot_bytes, Stat.f_bavail // 2, leases.min_num_slots(2))
-    assert fit is not None and leases.min_num_slots(2) <= fit < slots
+    fit = sizing.fit_slots(slots, slot_bytes, Stat.f_bavail // 2, sizing.min_num_slots(2))
+    assert fit is not None and sizing.min_num_slots(2) <= fit < slots
     check = doctor.check_shm(2, 10 * 2**20, "posix")
     assert check.status == doctor.WARN and f"gets {fit} slots" in check.detail, check
     Stat.f_bavail = 3 * total  # within half: a warning (few such rings fit)

@@ -38,7 +38,7 @@ class Check:
 def default_ring_bytes(workers: int, batch_bytes: int) -> tuple[int, int, int]:
     """(total bytes, slots, bytes per slot) of the ring a loader with ``workers`` workers
     and the default prefetch_factor creates for batches of ``batch_bytes``."""
-    from shmloader.leases import default_ring  # the loader's own sizing policy
+    from shmloader.sizing import default_ring  # the loader's own sizing policy
 
     return default_ring(workers, batch_bytes)
 
@@ -122,19 +122,19 @@ def check_backend(backend: str = "auto") -> Check:
 
 def check_memory(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
     """Whether the default ring fits what the loader lets its first ring take (half of
-    what the backend can give, less a margin for the processes: leases.first_ring_room):
+    what the backend can give, less a margin for the processes: sizing.first_ring_room):
     OK, WARN (the ring gets fewer slots), FAIL (not even the minimum fits)."""
-    from shmloader import leases, memory
+    from shmloader import memory, sizing
     from shmloader.ring import resolve_backend, ring_bytes
 
     budget = memory.budget(resolve_backend(backend))
     total, slots, slot_bytes = default_ring_bytes(workers, batch_bytes)
     detail = _budget_text(budget)
-    room = leases.first_ring_room(budget, workers, slot_bytes)
+    room = sizing.first_ring_room(budget, workers, slot_bytes)
     if room is None:
         return Check("memory", WARN, detail + ": no memory figure could be read", "")
-    least = leases.min_num_slots(workers)
-    fit = leases.fit_slots(slots, slot_bytes, room, least)
+    least = sizing.min_num_slots(workers)
+    fit = sizing.fit_slots(slots, slot_bytes, room, least)
     detail += (
         f"; the default ring for {workers} workers and {_mib(batch_bytes)} batches needs "
         f"{_mib(total)} ({slots} slots of {_mib(slot_bytes)}), the loader lets it take "
@@ -199,13 +199,13 @@ def check_shm(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
     )
     # The posix backend's default max_shm_bytes is at most half of the free space; a ring
     # that passes it gets fewer slots, down to workers + 2, and fails below that.
-    from shmloader import leases
+    from shmloader import sizing
     from shmloader.ring import ring_bytes
 
     limit = free // 2
     if total > limit:
-        least = leases.min_num_slots(workers)
-        fit = leases.fit_slots(slots, slot_bytes, limit, least)
+        least = sizing.min_num_slots(workers)
+        fit = sizing.fit_slots(slots, slot_bytes, limit, least)
         if fit is None:
             return Check(
                 "/dev/shm",

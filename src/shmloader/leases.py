@@ -2,11 +2,10 @@
 
 A :class:`Leases` holds a loader's current ring (where new batches go) and counts the
 retired ones (rings that grew or were shared with a forked child: freed when the last
-batch viewing them dies). It applies the sizing policy (also used by ``shmloader doctor``
-and ``shmloader bench``): the bound is ``max_shm_bytes`` (default: half of what the
-backend can give, :mod:`shmloader.memory`), and the first ring gets fewer slots than the
-default where memory is short, down to one in flight per worker plus two, with one
-:class:`~shmloader.errors.RingSizeWarning`. It claims slots for tasks, grows the ring
+batch viewing them dies). It makes each ring as :mod:`shmloader.sizing` says (the bound
+``max_shm_bytes``, fewer slots for the first ring where memory is short, the one
+:class:`~shmloader.errors.RingSizeWarning`), and names the limit that binds when a ring
+cannot be made. It claims slots for tasks, grows the ring
 when the consumer holds every slot, and leases a handed-out slot to its batch: the slot
 returns to FREE when the batch's root array dies.
 
@@ -27,101 +26,36 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import sys
 import threading
-import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from shmloader import _slots, memory
-from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
-from shmloader.ring import Ring, check_usable, resolve_backend, ring_bytes, shm_free_bytes
+from shmloader import _slots, memory, sizing
+from shmloader.errors import RingLimitError, ShmSpaceError
+from shmloader.ring import (
+    Ring,
+    check_usable,
+    populate_supported,
+    resolve_backend,
+    ring_bytes,
+    shm_free_bytes,
+)
+from shmloader.sizing import (  # noqa: F401 (the sizing policy, importable from here as before)
+    DEFAULT_MAX_SHM_BYTES,
+    DEFAULT_PREFETCH_FACTOR,
+    HELD_SLOTS_RESERVE,
+    default_max_shm_bytes,
+    default_num_slots,
+    default_ring,
+    first_ring_room,
+    fit_slots,
+    half_budget,
+    margin_reserve,
+    min_num_slots,
+    slot_bytes_for,
+)
 from shmloader.wire import NO_SLOT
-
-# --- sizing policy ------------------------------------------------------------------------
-
-HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the current one,
-# the previous one still bound to the loop variable during next(), a few more)
-SLOT_HEADROOM = 1.25  # slot size = first batch x this, so batches that vary a little fit
-SLOT_SLACK_BYTES = 4096  # plus this: the layout, its numbers and small object leaves
-DEFAULT_PREFETCH_FACTOR = 2  # torch's default prefetch_factor
-DEFAULT_MAX_SHM_BYTES = 8 * 2**30  # where no memory figure can be read
-IN_FLIGHT_EXTRA_SLOTS = 2  # beside one in flight per worker: the batch being handed
-# out and the previous one, still bound to the loop variable during next()
-
-
-def default_num_slots(num_workers: int, prefetch_factor: int = DEFAULT_PREFETCH_FACTOR) -> int:
-    """Slots of a loader's first ring: every worker's prefetched batches, plus a reserve
-    for the batches the consumer holds."""
-    return num_workers * prefetch_factor + HELD_SLOTS_RESERVE
-
-
-def slot_bytes_for(batch_bytes: int) -> int:
-    """Bytes per slot of a ring sized from a batch of ``batch_bytes``."""
-    return int(batch_bytes * SLOT_HEADROOM) + SLOT_SLACK_BYTES
-
-
-def min_num_slots(num_workers: int) -> int:
-    """The fewest slots a ring adapted to short memory gets: one batch in flight per
-    worker, the batch being handed out and the previous one."""
-    return num_workers + IN_FLIGHT_EXTRA_SLOTS
-
-
-def default_max_shm_bytes(backend: str = "auto") -> int:
-    """The default bound on a loader's rings: half of what ``backend`` can give now
-    (:func:`shmloader.memory.budget`: the machine's available memory, the cgroup's
-    headroom and, for posix, /dev/shm's free space). Each ring is also held to what is
-    there when it is made, less a margin (:func:`shmloader.memory.ring_room`), which keeps
-    the cgroup's OOM killer away from the processes."""
-    return _half(memory.budget(resolve_backend(backend)))
-
-
-def _half(budget: memory.Budget | None) -> int:
-    return budget.bytes // 2 if budget is not None and budget.bytes else DEFAULT_MAX_SHM_BYTES
-
-
-def _have(budget: memory.Budget) -> str:
-    return "an unknown amount" if budget.bytes is None else memory.mib(budget.bytes)
-
-
-def margin_reserve(num_workers: int, slot_bytes: int) -> int:
-    """What the processes allocate beside a ring of ``slot_bytes`` slots once it is made:
-    about one batch (the batch such a slot was sized for) per worker, which holds its
-    samples while it collates the next one, and one for the consumer's own work on a
-    batch (a conversion, a transform). Kept free by :func:`shmloader.memory.ring_room`."""
-    batch = max(0, int((slot_bytes - SLOT_SLACK_BYTES) / SLOT_HEADROOM))
-    return (num_workers + 1) * batch
-
-
-def first_ring_room(budget: memory.Budget, num_workers: int, slot_bytes: int) -> int | None:
-    """The bytes a loader with the default max_shm_bytes, made where ``budget`` is what
-    the backend can give, lets its first ring take (what ``shmloader doctor`` reports):
-    half of the budget, and no more than it leaves beside the margin."""
-    if budget.bytes is None:
-        return None
-    now = memory.ring_room(budget, margin_reserve(num_workers, slot_bytes))
-    return min(_half(budget), now if now is not None else budget.bytes)
-
-
-def fit_slots(num_slots: int, slot_bytes: int, room: int, least: int) -> int | None:
-    """The most slots, at most ``num_slots`` and at least ``least``, of a ring of
-    ``slot_bytes`` slots that fits in ``room`` bytes; None when not even ``least`` fits."""
-    for n in range(num_slots, least - 1, -1):
-        if ring_bytes(n, slot_bytes) <= room:
-            return n
-    return None
-
-
-def default_ring(
-    num_workers: int, batch_bytes: int, prefetch_factor: int = DEFAULT_PREFETCH_FACTOR
-) -> tuple[int, int, int]:
-    """(total bytes, slots, bytes per slot) of the ring a loader makes for batches of
-    ``batch_bytes`` (what doctor and bench report)."""
-    slots = default_num_slots(num_workers, prefetch_factor)
-    slot_bytes = slot_bytes_for(batch_bytes)
-    return ring_bytes(slots, slot_bytes), slots, slot_bytes
-
 
 # --- leases -------------------------------------------------------------------------------
 
@@ -218,13 +152,8 @@ class Leases:
         self.explicit_max = max_shm_bytes is not None
         # The default bound: half of what the backend could give when the loader was made.
         self._start_budget = None if self.explicit_max else memory.budget(resolve_backend(backend))
-        self._max_shm_bytes = max_shm_bytes if max_shm_bytes is not None else _half(self._start_budget)
-        self._warned = False
-        # A ring made on a ring maker's thread keeps its warning here, for the consumer's
-        # thread to emit (ringmaker): a warning must point at the user's line and reach
-        # the warning filters the user set, not a thread's.
-        self._deferring = threading.local()
-        self._deferred: list[str] = []
+        self._max_shm_bytes = max_shm_bytes if max_shm_bytes is not None else half_budget(self._start_budget)
+        self._notes = sizing.SizeWarnings()  # the one RingSizeWarning (deferred on a maker's thread)
         self.pinner = pinner
         self._stats = stats
         self._current: Ring | None = None
@@ -256,6 +185,11 @@ class Leases:
         ring = self._current
         return ring if ring is not None and ring.fd is not None else None
 
+    def rings_are_cheap(self) -> bool:
+        """True when this loader's rings are made sparse (each slot reserved by its first
+        writer: ring.populate_supported), so making one takes well under a millisecond."""
+        return self.pinner is None and populate_supported()
+
     def pinned_bytes(self) -> int:
         """Bytes of shared memory mapped by this loader's rings now: the current ring,
         and retired rings that batches still reference."""
@@ -278,7 +212,8 @@ class Leases:
             room = memory.ring_room(fresh, self._reserve(slot_bytes))
             if pinned + need > self.max_shm_bytes or (room is not None and need > room):
                 raise self._limit_error(need, pinned, held, fresh, room)
-            ring = Ring.create(num_slots, slot_bytes, backend=self.backend)
+            # A ring page-locked for a GPU locks every page at once: reserved whole.
+            ring = Ring.create(num_slots, slot_bytes, backend=self.backend, whole=self.pinner is not None)
             self._stats["rings_created"] += 1
             if self.pinner is not None:
                 self.pinner.register(ring)  # page-locked once, for the ring's whole life
@@ -290,77 +225,43 @@ class Leases:
             return ring
 
     def _reserve(self, slot_bytes: int) -> int:
-        return margin_reserve(self.num_workers, slot_bytes)
+        return sizing.margin_reserve(self.num_workers, slot_bytes)
 
     def _fit_first(self, num_slots: int, slot_bytes: int, pinned: int, fresh: memory.Budget) -> int:
         """The slots of the first ring: ``num_slots`` where they fit ``max_shm_bytes`` and
         the memory there now (less the margin), else fewer (one warning), down to
-        ``min_slots``; an error naming the binding limit first when not even those fit."""
-        bound = self.max_shm_bytes - pinned
+        ``min_slots``; an error naming the binding limit first when not even those fit
+        (sizing.first_ring_slots)."""
         now = memory.ring_room(fresh, self._reserve(slot_bytes))
-        room = bound if now is None else min(bound, now)
         least = min(self.min_slots or num_slots, num_slots)
-        fit = fit_slots(num_slots, slot_bytes, room, least)
-        why, remedy, limit_binds = self._why(room, now is None or bound <= now, fresh)
-        if fit is None:
-            need = ring_bytes(least, slot_bytes)
-            text = (
-                f"{memory.sentence(why)}; the loader's shared-memory ring needs at least {need} bytes "
-                f"({memory.mib(need)}: {least} slots of {memory.mib(slot_bytes)}, one batch in "
-                f"flight per worker, the batch being handed out and the previous one). "
-                f"To fix it: {remedy}."
-            )
-            raise RingLimitError(text) if limit_binds else ShmSpaceError(text)
-        if fit < num_slots and not self._warned:
-            self._warned = True
-            self._deferred.append(
-                f"the loader's ring has {fit} slots instead of {num_slots} "
-                f"({memory.mib(slot_bytes)} each) because {why}; workers prefetch fewer batches "
-                f"(the ring needs {memory.mib(ring_bytes(num_slots, slot_bytes))} for "
-                f"{num_slots}). To keep them all: {remedy}."
-            )
-            if not getattr(self._deferring, "on", False):
-                self.emit_warnings()
-        return fit
+        return sizing.first_ring_slots(
+            num_slots,
+            slot_bytes,
+            least,
+            self.max_shm_bytes - pinned,
+            now,
+            lambda room, max_binds: self._why(room, max_binds, fresh),
+            self._notes,
+        )
 
-    @contextlib.contextmanager
-    def warnings_deferred(self) -> Iterator[None]:
+    def warnings_deferred(self) -> contextlib.AbstractContextManager[None]:
         """Rings made in this block (on this thread) keep their warning for
         :meth:`emit_warnings`."""
-        self._deferring.on = True
-        try:
-            yield
-        finally:
-            self._deferring.on = False
+        return self._notes.deferred()
 
     def emit_warnings(self) -> None:
         """Emit the warnings kept so far (from the consumer's thread)."""
-        while self._deferred:
-            warnings.warn(self._deferred.pop(0), RingSizeWarning, stacklevel=_user_stacklevel())
+        self._notes.emit()
 
     def _why(self, room: int, max_binds: bool, fresh: memory.Budget) -> tuple[str, str, bool]:
-        """(What leaves only ``room`` bytes, its figures first; the remedy; whether it is
-        an explicit max_shm_bytes rather than the memory there.) ``max_binds``: the bound
-        is max_shm_bytes, not the memory there now (``fresh``) less the margin."""
-        if max_binds and self.explicit_max:
-            return (
-                f"max_shm_bytes={self.max_shm_bytes} (passed to the loader) leaves {memory.mib(room)}",
-                "pass a larger max_shm_bytes, or use a smaller batch_size or fewer num_workers",
-                True,
-            )
-        start = self._start_budget
-        if max_binds and start is not None and start.bytes is not None:
-            return (
-                f"{start.cause()} left {memory.mib(start.bytes)} when the loader was made, of "
-                f"which its rings take at most half by default ({memory.mib(self.max_shm_bytes)})",
-                f"{start.remedy()}, or pass a larger max_shm_bytes",
-                False,
-            )
-        return (
-            f"{fresh.cause()} leaves {_have(fresh)}, of which the loader's rings may take "
-            f"{memory.mib(room)} (the rest is margin for the processes' own memory)",
-            fresh.remedy(),
-            False,
+        """sizing.explain with this loader's bound."""
+        return sizing.explain(
+            room,
+            max_binds,
+            fresh,
+            max_shm_bytes=self.max_shm_bytes,
+            explicit_max=self.explicit_max,
+            start_budget=self._start_budget,
         )
 
     def _limit_error(
@@ -475,16 +376,6 @@ os.register_at_fork(before=_note_fork, after_in_parent=_note_fork, after_in_chil
 
 
 # --- errors -------------------------------------------------------------------------------
-
-
-def _user_stacklevel() -> int:
-    """The stacklevel of the first caller outside this package (the user's loop), so a
-    warning points at the user's line, not at the loader's insides."""
-    package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def limit_error(

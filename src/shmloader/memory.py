@@ -363,7 +363,7 @@ def ring_room(budget: Budget, reserve: int = 0) -> int | None:
     for what the processes allocate after the ring is made. Past a cgroup's limit the
     OOM killer ends a process, so where the machine's memory or a cgroup binds the margin
     is ``reserve`` (the leases': a batch per worker, which holds its samples while it
-    collates, and one for the consumer) plus 32 MiB, or a quarter if that is more; where
+    collates) plus 32 MiB, or a quarter if that is more; where
     /dev/shm binds, a quarter. None where nothing could be read. (Measured, 2 fork workers
     and 38.5 MB batches in a cgroup v1 limit: the cgroup's peak was the usage when the ring
     was made, plus the ring, plus one batch per worker; a margin of a quarter alone let

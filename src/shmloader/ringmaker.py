@@ -13,7 +13,11 @@ workers' first batches must be counted in that by then.)
 
 Only for big batches (:data:`BACKGROUND_MIN_BATCH_BYTES`): a small ring takes well under
 a millisecond to make, less than starting a thread costs, and is made in line at the
-next call, as before.
+next call, as before. And only where a ring is reserved whole when it is made: where the
+kernel lets each writer reserve its own slots (:func:`shmloader.ring.populate_supported`)
+a ring is made sparse in ~0.5 ms, whatever its size, so the maker makes it at once, in
+line, when the first batch arrives (no thread): the workers get it as soon as that batch
+is handed out.
 
 A fork waits for running makers first (an at-fork hook), so a child never inherits a
 half-made ring or a lock held by the maker's thread.
@@ -45,6 +49,10 @@ class RingMaker:
         self._leases = leases
         self._ring: Any = None
         self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if leases.rings_are_cheap():
+            self._make(leases, batch_bytes, like)  # a sparse ring: ~0.5 ms, no thread
+            return
         self._thread = threading.Thread(
             target=self._make, args=(leases, batch_bytes, like), name="shmloader-ring", daemon=True
         )
@@ -60,11 +68,11 @@ class RingMaker:
 
     def done(self) -> bool:
         """True when result() would not block."""
-        return not self._thread.is_alive()
+        return self._thread is None or not self._thread.is_alive()
 
     def result(self) -> Any:
         """The ring (waiting for it), or the error that making it raised."""
-        self._thread.join()
+        self.wait()
         _running.discard(self)
         self._leases.emit_warnings()
         if self._error is not None:
@@ -74,7 +82,8 @@ class RingMaker:
 
     def wait(self) -> None:
         """Wait for the thread; the result (or error) stays for result()."""
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def _wait_for_makers() -> None:
