@@ -260,11 +260,6 @@ def test_a_failing_reader_in_copy_mode_returns_its_slot(monkeypatch):
 
 
 def test_one_sizing_policy_for_loader_doctor_and_bench():
-    from shmloader import leases
-
-    # The policy's names stay importable from leases (the loader and bench use them there).
-    assert leases.default_num_slots is sizing.default_num_slots
-    assert leases.min_num_slots is sizing.min_num_slots and leases.fit_slots is sizing.fit_slots
     dl = DataLoader(D.Squares(40), batch_size=4, num_workers=3, prefetch_factor=3)
     assert dl.num_slots == sizing.default_num_slots(3, 3) == 3 * 3 + sizing.HELD_SLOTS_RESERVE
     total, slots, slot_bytes = doctor.default_ring_bytes(2, 10_000)

@@ -41,20 +41,7 @@ from shmloader.ring import (
     ring_bytes,
     shm_free_bytes,
 )
-from shmloader.sizing import (  # noqa: F401 (the sizing policy, importable from here as before)
-    DEFAULT_MAX_SHM_BYTES,
-    DEFAULT_PREFETCH_FACTOR,
-    HELD_SLOTS_RESERVE,
-    default_max_shm_bytes,
-    default_num_slots,
-    default_ring,
-    first_ring_room,
-    fit_slots,
-    half_budget,
-    margin_reserve,
-    min_num_slots,
-    slot_bytes_for,
-)
+from shmloader.sizing import half_budget, slot_bytes_for
 from shmloader.wire import NO_SLOT
 
 # --- leases -------------------------------------------------------------------------------

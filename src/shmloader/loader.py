@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from shmloader import distributed as _dist
-from shmloader import fetch, torchcompat
+from shmloader import fetch, sizing, torchcompat
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
@@ -58,8 +58,8 @@ class DataLoader(Generic[T_co]):
     (the bound on all of the loader's rings; default half of the memory the backend can
     give: the machine's available memory, the container's cgroup headroom and, for
     ``posix``, /dev/shm's free space, when the loader is made; a ring also leaves a margin
-    of what is there when it is made for the processes' own memory (a batch per worker and
-    one for the consumer, plus 32 MiB) rather than reserve so much that a cgroup's OOM
+    of what is there when it is made for the processes' own memory (a batch per worker,
+    plus 32 MiB) rather than reserve so much that a cgroup's OOM
     killer ends a process later;
     where the default ring does not fit, the first ring gets fewer slots, down to
     ``num_workers + 2``, with one :class:`~shmloader.errors.RingSizeWarning`, and where even
@@ -137,7 +137,7 @@ class DataLoader(Generic[T_co]):
                 "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
         if prefetch_factor is None and num_workers > 0:
-            prefetch_factor = _leases.DEFAULT_PREFETCH_FACTOR
+            prefetch_factor = sizing.DEFAULT_PREFETCH_FACTOR
         if num_workers > 0 and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
             raise ValueError(f"prefetch_factor should be a positive integer (got {prefetch_factor!r}).")
         if persistent_workers and num_workers == 0:
@@ -228,8 +228,8 @@ class DataLoader(Generic[T_co]):
         )
         self.drop_last = drop_last
         self.shm_backend = shm_backend
-        self.num_slots = num_slots or _leases.default_num_slots(
-            num_workers, prefetch_factor or _leases.DEFAULT_PREFETCH_FACTOR
+        self.num_slots = num_slots or sizing.default_num_slots(
+            num_workers, prefetch_factor or sizing.DEFAULT_PREFETCH_FACTOR
         )
         self.slot_bytes = slot_bytes
         self.collate = collate
@@ -296,7 +296,7 @@ class DataLoader(Generic[T_co]):
             self._stats,
             backend=shm_backend,
             # The default slot count adapts to the memory there; one the user gave is kept.
-            min_slots=_leases.min_num_slots(num_workers) if num_slots is None else None,
+            min_slots=sizing.min_num_slots(num_workers) if num_slots is None else None,
             num_workers=num_workers,
         )
         if slot_bytes is not None and num_workers > 0:

@@ -353,7 +353,8 @@ class _Worker:
         if views is None:
             if len(self.views) > _VIEW_CACHE_SIZE:
                 self.views.clear()
-            views = self.views[key] = array_views(layout, ring.slot_array(slot))
+            # (The bytes this batch writes: a sparse ring reserves only those, see Ring.slot_array.)
+            views = self.views[key] = array_views(layout, ring.slot_array(slot, total))
         fill(views)
         self.publish(ring, slot, seq, content)
         if self.stats_fn is not None:
@@ -397,7 +398,7 @@ class _Worker:
     def publish(ring: Ring, slot: int, seq: int, content: wire.SlotContent) -> None:
         """Write the layout, its numbers, the object leaves and the header after the
         arrays that are already in ``slot``, then mark it READY."""
-        dst = ring.slot_array(slot)
+        dst = ring.slot_array(slot, content.total)  # (its object leaves may outgrow the cached views')
         header = content.header(seq)
         lo = header.layout_off
         dst[lo : lo + header.layout_len] = np.frombuffer(content.skeleton, np.uint8)
