@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import hashlib
 import json
 import multiprocessing
 import os
@@ -1036,15 +1037,11 @@ class RngArange:
         crash: str = "sigkill",
         once: str | None = None,
         hang_s: float = 0.0,
+        width: int = 4,
     ) -> None:
-        self.n, self.sleep, self.crash_at, self.crash, self.once, self.hang_s = (
-            n,
-            sleep,
-            crash_at,
-            crash,
-            once,
-            hang_s,
-        )
+        self.n, self.sleep, self.crash_at, self.crash = n, sleep, crash_at, crash
+        self.once, self.hang_s = once, hang_s
+        self.width = width  # columns: past the first 4, the last draw again (a big sample)
 
     def __len__(self) -> int:
         return self.n
@@ -1061,7 +1058,10 @@ class RngArange:
                 time.sleep(self.hang_s)
             else:
                 crash(self.crash, None)
-        return np.array([i, *sample_rng(i).integers(0, 1 << 40, 3)], np.int64)
+        row = np.empty(self.width, np.int64)
+        row[:4] = [i, *sample_rng(i).integers(0, 1 << 40, 3)]
+        row[4:] = row[3]
+        return row
 
 
 class StatefulStream(IterableDataset):
@@ -1103,10 +1103,15 @@ def exit_once(worker_id: int) -> None:
 def _epoch(dl: DataLoader, kills: dict[int, int], seen: set[int]) -> list[list[int]]:
     """The batches of one epoch of ``dl`` as lists; after batch k in ``kills``, SIGKILL
     worker ``kills[k]`` (from here, at whatever it is doing). Worker pids go to ``seen``."""
-    out = []
+    out: list[Any] = []
     it = iter(dl)
     for k, batch in enumerate(it):
-        out.append(np.asarray(batch).tolist())
+        b = np.asarray(batch)
+        # A big batch by its first columns and a digest of all of it (a half-written slot
+        # would differ).
+        out.append(
+            b.tolist() if b.shape[1] <= 4 else [b[:, :4].tolist(), hashlib.sha1(b.tobytes()).hexdigest()]
+        )
         seen.update(w.proc.pid for w in it._workers)
         if k in kills:
             os.kill(it._workers[kills[k]].proc.pid, signal.SIGKILL)
@@ -1115,13 +1120,19 @@ def _epoch(dl: DataLoader, kills: dict[int, int], seen: set[int]) -> list[list[i
 
 
 def case_restart_kill(
-    method: str, kind: str = "map", in_order: bool = True, seed: int = 0, kills: int = 3, epochs: int = 1
+    method: str,
+    kind: str = "map",
+    in_order: bool = True,
+    seed: int = 0,
+    kills: int = 3,
+    epochs: int = 1,
+    width: int = 4,
 ) -> dict[str, Any]:
     """The epoch(s) of an undisturbed loader, then of one whose workers are SIGKILLed
     after ``kills`` batches drawn from ``seed`` (never among the last few: a worker killed
     with nothing left to load is not replaced), with max_worker_restarts=kills."""
     rng = np.random.default_rng(seed)
-    ds = RngArange() if kind == "map" else StatefulStream()
+    ds = RngArange(width=width) if kind == "map" else StatefulStream()
     kw: dict[str, Any] = dict(batch_size=3, seed=7, in_order=in_order, persistent_workers=epochs > 1)
     batches = 20  # 60 samples in batches of 3 (map and iterable alike)
     plan = [
@@ -1141,9 +1152,13 @@ def case_restart_kill(
         warnings.simplefilter("always")
         got = [_epoch(dl, plan[e], seen) for e in range(epochs)]
     restarts = dl.stats()["worker_restarts"]
+    gc.collect()
+    ring = dl._leases.current  # every slot FREE again: none kept by a dead worker's task
+    states = [ring.states.load(i) for i in range(ring.num_slots)] if ring is not None else []
     dl.shutdown()
     del dl
     return {
+        "slot_states": states,
         "ref": ref,
         "got": got,
         "plan": [{str(k): v for k, v in p.items()} for p in plan],
