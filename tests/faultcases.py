@@ -1066,22 +1066,24 @@ class RngArange:
 
 class StatefulStream(IterableDataset):
     """Iterable with state_dict/load_state_dict: items ``wid, wid + nw, ...`` below ``n``;
-    the state is how many items this worker's shard yielded."""
+    the state is how many items this worker's shard yielded; a loaded state is where the
+    next ``iter()`` starts (later ones start at the beginning)."""
 
     def __init__(self, n: int = 60, sleep: float = 0.004) -> None:
-        self.n, self.sleep, self.pos = n, sleep, 0
+        self.n, self.sleep, self.pos, self.start = n, sleep, 0, 0
 
     def state_dict(self) -> dict[str, int]:
         return {"pos": self.pos}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.pos = int(state["pos"])
+        self.start = int(state["pos"])
 
     def __iter__(self):
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info else (0, 1)
         items = range(wid, self.n, nw)
-        start, self.pos = self.pos, 0
+        start, self.start = self.start, 0
+        self.pos = start
         for k in range(start, len(items)):
             if self.sleep:
                 time.sleep(self.sleep)
@@ -1127,10 +1129,13 @@ def case_restart_kill(
     kills: int = 3,
     epochs: int = 1,
     width: int = 4,
+    between: bool = False,
 ) -> dict[str, Any]:
     """The epoch(s) of an undisturbed loader, then of one whose workers are SIGKILLed
     after ``kills`` batches drawn from ``seed`` (never among the last few: a worker killed
-    with nothing left to load is not replaced), with max_worker_restarts=kills."""
+    with nothing left to load is not replaced), with max_worker_restarts=kills.
+    ``between``: also SIGKILL worker 1 between epochs (idle, persistent workers), one
+    more restart allowed for each."""
     rng = np.random.default_rng(seed)
     ds = RngArange(width=width) if kind == "map" else StatefulStream()
     kw: dict[str, Any] = dict(batch_size=3, seed=7, in_order=in_order, persistent_workers=epochs > 1)
@@ -1147,10 +1152,16 @@ def case_restart_kill(
     ref = [_epoch(ref_dl, {}, seen) for _ in range(epochs)]
     ref_dl.shutdown()
     del ref_dl
-    dl = _loader(ds, method, max_worker_restarts=kills, **kw)
+    dl = _loader(ds, method, max_worker_restarts=kills + (epochs - 1 if between else 0), **kw)
+    got = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = [_epoch(dl, plan[e], seen) for e in range(epochs)]
+        for e in range(epochs):
+            got.append(_epoch(dl, plan[e], seen))
+            if between and e < epochs - 1:
+                victim = dl._persistent_iter._workers[1].proc.pid
+                os.kill(victim, signal.SIGKILL)
+                wait_gone([victim], 2.0)
     restarts = dl.stats()["worker_restarts"]
     gc.collect()
     ring = dl._leases.current  # every slot FREE again: none kept by a dead worker's task

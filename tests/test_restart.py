@@ -26,7 +26,7 @@ def _check_same(data: dict, in_order: bool = True) -> None:
     multiset with in_order=False), restarted a worker at least once, and warned once
     per restart, naming the signal."""
     ref, got = data["ref"], data["got"]
-    assert len(ref[0]) == 20
+    assert [len(e) for e in ref] == [20] * len(ref)
     if in_order:
         assert got == ref, (data["plan"], data["warnings"])
     else:
@@ -75,11 +75,13 @@ def test_sigkill_iterable_with_state(method, seed):
     _check_same(data)
 
 
+@pytest.mark.parametrize("between", [False, True])
 @pytest.mark.parametrize("kind", ["map", "iter"])
-def test_persistent_two_epochs(kind):
-    """persistent_workers: a kill in each of two epochs; each epoch equals the
-    undisturbed one (the new worker takes the current epoch's seed)."""
-    child = run_case("restart_kill", method="fork", kind=kind, seed=6, kills=4, epochs=2)
+def test_persistent_two_epochs(kind, between):
+    """persistent_workers: two kills in each of two epochs (and, ``between``, one of an
+    idle worker between them); each epoch equals the undisturbed one (a new worker takes
+    the current epoch's seed)."""
+    child = run_case("restart_kill", method="fork", kind=kind, seed=6, kills=4, epochs=2, between=between)
     data = assert_clean(child, child.data.get("pids", []))
     assert len(data["got"]) == 2
     _check_same(data)

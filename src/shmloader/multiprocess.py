@@ -629,7 +629,10 @@ class MultiProcessIter:
         else:
             worker.proc.join(0.1)
             how = describe_exit(worker.proc.exitcode)[0]
-        resume = self._restart_resume(worker.id, pending)
+        # A worker that gets no task this epoch any more (its shard ended) starts the next
+        # one afresh: a record would be read by its first iterator, the next epoch's.
+        needed = pending or (self.scheduler.active[worker.id] and not self._source_done)
+        resume = self._restart_resume(worker.id, pending) if needed else None
         plan = self.plan
         seed = plan.epoch_seed + worker.id  # type: ignore[union-attr]
         new = self._pool.replace(
