@@ -635,12 +635,16 @@ class MultiProcessIter:
         resume = self._restart_resume(worker.id, pending) if needed else None
         plan = self.plan
         seed = plan.epoch_seed + worker.id  # type: ignore[union-attr]
-        new = self._pool.replace(
-            worker,
-            self._ctx,
-            lambda wid, pdeath: self._restart_config(wid, pdeath, seed, resume),
-            worker_main,
-        )
+        try:
+            new = self._pool.replace(
+                worker,
+                self._ctx,
+                lambda wid, pdeath: self._restart_config(wid, pdeath, seed, resume),
+                worker_main,
+            )
+        except BaseException:
+            self.close(graceful=False)  # no worker in its place: the epoch cannot go on
+            raise
         loader._stats["worker_restarts"] += 1
         # Its tasks again, in their order: a slot of the current ring is reused as it is
         # (the old worker is reaped: nothing writes it now, and the consumer hands it out

@@ -161,6 +161,9 @@ class WorkerPool:
         if old.proc.exitcode is None:
             old.proc.kill()
         old.proc.join(KILL_JOIN_TIMEOUT_S)
+        # (Out of the list whatever happens next: its socket is closed, its process reaped.)
+        index = self.workers.index(old)
+        del self.workers[index]
         try:
             old.proc.close()
         except ValueError:
@@ -175,7 +178,7 @@ class WorkerPool:
         finally:
             if main_thread:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        self.workers[self.workers.index(old)] = handle
+        self.workers.insert(index, handle)
         self._add(handle, append=False)
         return handle
 
