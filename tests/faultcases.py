@@ -1223,10 +1223,10 @@ def case_restart_faults(method: str, tmp: str) -> dict[str, Any]:
     run(
         "hung_once",
         RngArange(crash_at=13, hang_s=60, once=os.path.join(tmp, "hang")),
-        timeout=1.5,
+        timeout=2.0,
         max_worker_restarts=1,
     )
-    run("hung_always", RngArange(crash_at=13, hang_s=60), timeout=1.5, max_worker_restarts=1)
+    run("hung_always", RngArange(crash_at=13, hang_s=60), timeout=2.0, max_worker_restarts=1)
     run("iter_stateless", Stream(n=60, crash_at=13, crash="sigkill"), max_worker_restarts=2)
     run("default", RngArange(crash_at=13, crash="sigkill"))
     return out

@@ -132,7 +132,7 @@ def test_hung_worker_replaced(faults):
     once = faults["hung_once"]
     assert once["error"] is None and once["got"] == faults["ref"]["got"], once
     assert once["restarts"] == 1
-    assert "did not deliver within timeout=1.5 s" in once["warnings"][0], once["warnings"]
+    assert "did not deliver within timeout=2.0 s" in once["warnings"][0], once["warnings"]
     assert once["elapsed_s"] < 20, once
     always = faults["hung_always"]
     assert always["error"]["type"] == "LoaderTimeoutError", always

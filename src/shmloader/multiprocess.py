@@ -673,7 +673,7 @@ class MultiProcessIter:
             f"{worker.id} again (pid {new.proc.pid}){again}: restart "
             f"{loader._stats['worker_restarts']} of max_worker_restarts={limit}.",
             WorkerRestartWarning,
-            stacklevel=4,
+            stacklevel=5,  # the loop calling next() (a worker death seen in _wait)
         )
 
     def _restart_hung(self, timeout: float) -> bool:
