@@ -678,13 +678,17 @@ class MultiProcessIter:
 
     def _restart_hung(self, timeout: float) -> bool:
         """No result within ``timeout`` s: replace the worker that owes the batch waited
-        for; False when there is none (the caller raises the timeout error)."""
+        for (in order: the due one; else the oldest one, unless some result came
+        meanwhile); False where there is none (the caller raises the timeout error)."""
+        owed = len(self._tasks)
         for w in self._pool.readable_now():  # results that arrived unread meanwhile
             self._receive(w)
-        if not self._tasks:
-            return True  # nothing owed any more
-        due = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
-        task = due if due is not None else self._tasks[min(self._tasks)]
+        if self._loader.in_order:
+            task = self._tasks.get(self._rcvd_seq)
+        else:
+            task = self._tasks[min(self._tasks)] if len(self._tasks) == owed and self._tasks else None
+        if task is None:
+            return bool(self._results) or not self._tasks  # it came: no worker hung
         self._restart(task.worker, timed_out=timeout)
         return True
 
