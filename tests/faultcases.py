@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import hashlib
 import json
 import multiprocessing
 import os
@@ -1016,3 +1017,219 @@ def case_shm_full_mid_epoch(method: str) -> dict[str, Any]:
 
 
 CASES.update(base_outlives_ring=case_base_outlives_ring, shm_full_mid_epoch=case_shm_full_mid_epoch)
+
+
+# --------------------------------------------------------------------------- restarts (issue 16)
+
+
+class RngArange:
+    """Map-style: sample i is ``[i, three draws of shmloader.sample_rng(i)]`` (per-sample
+    randomness: the same whichever worker, or restarted worker, loads it). Optional
+    faults at index ``crash_at``: die the ``crash`` way (or hang ``hang_s`` s) while the
+    file ``once`` does not exist yet (it is made first: a restarted worker loads the sample
+    normally), or every time when ``once`` is None."""
+
+    def __init__(
+        self,
+        n: int = 60,
+        sleep: float = 0.004,
+        crash_at: int | None = None,
+        crash: str = "sigkill",
+        once: str | None = None,
+        hang_s: float = 0.0,
+        width: int = 4,
+    ) -> None:
+        self.n, self.sleep, self.crash_at, self.crash = n, sleep, crash_at, crash
+        self.once, self.hang_s = once, hang_s
+        self.width = width  # columns: past the first 4, the last draw again (a big sample)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        from shmloader import sample_rng
+
+        if self.sleep:
+            time.sleep(self.sleep)
+        if i == self.crash_at and (self.once is None or not os.path.exists(self.once)):
+            if self.once is not None:
+                open(self.once, "w").close()
+            if self.hang_s:
+                time.sleep(self.hang_s)
+            else:
+                crash(self.crash, None)
+        row = np.empty(self.width, np.int64)
+        row[:4] = [i, *sample_rng(i).integers(0, 1 << 40, 3)]
+        row[4:] = row[3]
+        return row
+
+
+class StatefulStream(IterableDataset):
+    """Iterable with state_dict/load_state_dict: items ``wid, wid + nw, ...`` below ``n``;
+    the state is how many items this worker's shard yielded; a loaded state is where the
+    next ``iter()`` starts (later ones start at the beginning)."""
+
+    def __init__(self, n: int = 60, sleep: float = 0.004) -> None:
+        self.n, self.sleep, self.pos, self.start = n, sleep, 0, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.start = int(state["pos"])
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        items = range(wid, self.n, nw)
+        start, self.start = self.start, 0
+        self.pos = start
+        for k in range(start, len(items)):
+            if self.sleep:
+                time.sleep(self.sleep)
+            self.pos = k + 1  # before the yield: state_dict() after a batch counts its items
+            yield np.full(3, items[k], np.int64)
+
+
+def exit_once(worker_id: int) -> None:
+    """worker_init_fn: worker 0 dies (exit code 5) the first time (SHMLOADER_TEST_ONCE names a
+    marker file); every worker dies every time when the variable is 'always'."""
+    once = os.environ["SHMLOADER_TEST_ONCE"]
+    if once == "always":
+        os._exit(5)
+    if worker_id == 0 and not os.path.exists(once):
+        open(once, "w").close()
+        os._exit(5)
+
+
+def _epoch(dl: DataLoader, kills: dict[int, int], seen: set[int]) -> list[list[int]]:
+    """The batches of one epoch of ``dl`` as lists; after batch k in ``kills``, SIGKILL
+    worker ``kills[k]`` (from here, at whatever it is doing). Worker pids go to ``seen``."""
+    out: list[Any] = []
+    it = iter(dl)
+    for k, batch in enumerate(it):
+        b = np.asarray(batch)
+        # A big batch by its first columns and a digest of all of it (a half-written slot
+        # would differ).
+        out.append(
+            b.tolist() if b.shape[1] <= 4 else [b[:, :4].tolist(), hashlib.sha1(b.tobytes()).hexdigest()]
+        )
+        seen.update(w.proc.pid for w in it._workers)
+        if k in kills:
+            os.kill(it._workers[kills[k]].proc.pid, signal.SIGKILL)
+    del it
+    return out
+
+
+def case_restart_kill(
+    method: str,
+    kind: str = "map",
+    in_order: bool = True,
+    seed: int = 0,
+    kills: int = 3,
+    epochs: int = 1,
+    width: int = 4,
+    between: bool = False,
+) -> dict[str, Any]:
+    """The epoch(s) of an undisturbed loader, then of one whose workers are SIGKILLed
+    after ``kills`` batches drawn from ``seed`` (never among the last few: a worker killed
+    with nothing left to load is not replaced), with max_worker_restarts=kills.
+    ``between``: also SIGKILL worker 1 between epochs (idle, persistent workers), one
+    more restart allowed for each."""
+    rng = np.random.default_rng(seed)
+    ds = RngArange(width=width) if kind == "map" else StatefulStream()
+    kw: dict[str, Any] = dict(batch_size=3, seed=7, in_order=in_order, persistent_workers=epochs > 1)
+    batches = 20  # 60 samples in batches of 3 (map and iterable alike)
+    plan = [
+        {
+            int(k): int(rng.integers(0, 2))
+            for k in rng.choice(batches - 6, kills // epochs or 1, replace=False)
+        }
+        for _ in range(epochs)
+    ]
+    seen: set[int] = set()
+    ref_dl = _loader(ds, method, **kw)
+    ref = [_epoch(ref_dl, {}, seen) for _ in range(epochs)]
+    ref_dl.shutdown()
+    del ref_dl
+    dl = _loader(ds, method, max_worker_restarts=kills + (epochs - 1 if between else 0), **kw)
+    got = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for e in range(epochs):
+            got.append(_epoch(dl, plan[e], seen))
+            if between and e < epochs - 1:
+                victim = dl._persistent_iter._workers[1].proc.pid
+                os.kill(victim, signal.SIGKILL)
+                wait_gone([victim], 2.0)
+    restarts = dl.stats()["worker_restarts"]
+    gc.collect()
+    ring = dl._leases.current  # every slot FREE again: none kept by a dead worker's task
+    states = [ring.states.load(i) for i in range(ring.num_slots)] if ring is not None else []
+    dl.shutdown()
+    del dl
+    return {
+        "slot_states": states,
+        "ref": ref,
+        "got": got,
+        "plan": [{str(k): v for k, v in p.items()} for p in plan],
+        "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+        "restarts": restarts,
+        "pids": sorted(seen),
+    }
+
+
+def case_restart_faults(method: str, tmp: str) -> dict[str, Any]:
+    """Worker deaths inside the dataset and worker_init_fn, a hung worker, restarts used
+    up, an iterable dataset without state, and the default (no restarts)."""
+    out: dict[str, Any] = {}
+
+    def run(name: str, ds: Any, env_once: str | None = None, **kw: Any) -> None:
+        if env_once is not None:
+            os.environ["SHMLOADER_TEST_ONCE"] = env_once
+        dl = _loader(ds, method, batch_size=3, seed=7, **kw)
+        got, err, t0 = [], None, time.monotonic()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                for batch in dl:
+                    got.append(np.asarray(batch).tolist())
+            except Exception as exc:
+                err = describe(exc)
+        out[name] = {
+            "got": got,
+            "error": err,
+            "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+            "restarts": dl.stats()["worker_restarts"],
+            "elapsed_s": time.monotonic() - t0,
+        }
+        dl.shutdown()
+
+    run("ref", RngArange())
+    run(
+        "segv_once",
+        RngArange(crash_at=13, crash="segv", once=os.path.join(tmp, "segv")),
+        max_worker_restarts=1,
+    )
+    run("exit_always", RngArange(crash_at=13, crash="exit3"), max_worker_restarts=2)
+    run(
+        "init_once",
+        RngArange(),
+        env_once=os.path.join(tmp, "init"),
+        worker_init_fn=exit_once,
+        max_worker_restarts=1,
+    )
+    run("init_always", RngArange(), env_once="always", worker_init_fn=exit_once, max_worker_restarts=3)
+    run(
+        "hung_once",
+        RngArange(crash_at=13, hang_s=60, once=os.path.join(tmp, "hang")),
+        timeout=2.0,
+        max_worker_restarts=1,
+    )
+    run("hung_always", RngArange(crash_at=13, hang_s=60), timeout=2.0, max_worker_restarts=1)
+    run("iter_stateless", Stream(n=60, crash_at=13, crash="sigkill"), max_worker_restarts=2)
+    run("default", RngArange(crash_at=13, crash="sigkill"))
+    return out
+
+
+CASES.update(restart_kill=case_restart_kill, restart_faults=case_restart_faults)

@@ -18,6 +18,7 @@ from shmloader.errors import (
     StrayStopIteration,
     WorkerDiedError,
     WorkerError,
+    WorkerRestartWarning,
 )
 from shmloader.loader import DataLoader
 from shmloader.rng import sample_rng
@@ -49,6 +50,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",
+    "WorkerRestartWarning",
     "get_shard_info",
     "get_worker_info",
     "sample_rng",

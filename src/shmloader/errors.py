@@ -114,6 +114,14 @@ class RingSizeWarning(UserWarning):
     loader, naming the slots wanted and given, the binding limit and the remedy."""
 
 
+class WorkerRestartWarning(UserWarning):
+    """A worker died (a signal, a crash, ``os._exit``) or hung past the loader's
+    ``timeout``, and was replaced under ``max_worker_restarts``: its batches in flight are
+    loaded again by the new worker, so the epoch goes on with the same batches. The
+    message names the worker, its pid, the signal or exit code, the batch it was loading
+    and the restarts left. A ``UserWarning``, shown by default."""
+
+
 class KeyErrorMessage(str):
     """The text of a ``KeyError`` re-raised from a worker. ``str()`` of a KeyError is the
     ``repr()`` of its argument, which would print the worker's traceback as one quoted

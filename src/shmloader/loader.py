@@ -83,6 +83,21 @@ class DataLoader(Generic[T_co]):
     share of every epoch (the rank and world size are read when an epoch starts, so a
     loader made before ``torch.distributed`` is initialized shards once it is);
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` give exact resume.
+
+    ``max_worker_restarts`` (default 0: a worker that dies ends the epoch with
+    :class:`~shmloader.errors.WorkerDiedError`, one that passes ``timeout`` with
+    :class:`~shmloader.errors.LoaderTimeoutError`, as torch's): up to this many times in
+    the loader's life (all epochs and iterators together), a worker that dies (a signal
+    such as the OOM killer's SIGKILL, a segfault, ``os._exit``) or hangs past ``timeout``
+    is reaped (killed first if hung) and replaced by a new one with the same worker id and
+    the current epoch's seed, which loads its batches in flight again, same batch numbers
+    and indices: the epoch yields the batches an undisturbed run yields, wherever the
+    dataset's randomness is per sample (:func:`shmloader.sample_rng`) or absent. Each
+    restart gives a :class:`~shmloader.errors.WorkerRestartWarning` and counts in
+    ``stats()["worker_restarts"]``; the death after the last allowed restart is today's
+    error. An iterable dataset's worker is restarted only where the dataset has
+    ``state_dict``/``load_state_dict``: its shard resumes from the state it reported
+    after its last batch received (without them, ``WorkerDiedError``). See docs/restart.md.
     """
 
     _initialized = False  # set at the end of __init__: then _FIXED_AFTER_INIT is fixed
@@ -123,6 +138,7 @@ class DataLoader(Generic[T_co]):
         distributed: Any = "auto",
         rank: int | None = None,
         world_size: int | None = None,
+        max_worker_restarts: int = 0,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(
@@ -142,6 +158,15 @@ class DataLoader(Generic[T_co]):
             raise ValueError(f"prefetch_factor should be a positive integer (got {prefetch_factor!r}).")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
+        if (
+            isinstance(max_worker_restarts, bool)
+            or not isinstance(max_worker_restarts, int)
+            or max_worker_restarts < 0
+        ):
+            raise ValueError(
+                "max_worker_restarts should be a non-negative integer: how many dead or hung "
+                f"workers the loader replaces in its life (got {max_worker_restarts!r})."
+            )
         if seed is not None and generator is not None:
             raise ValueError(
                 "pass either seed or generator, not both: seed is an int shortcut for generator."
@@ -221,6 +246,7 @@ class DataLoader(Generic[T_co]):
         self.multiprocessing_context = multiprocessing_context  # validated as torch does
         self.persistent_workers = persistent_workers
         self.in_order = in_order
+        self.max_worker_restarts = max_worker_restarts
         # None: the default collate (torch reports its default_collate/default_convert).
         auto_collation = batch_sampler is not None or batch_size is not None
         self.collate_fn = (
@@ -286,6 +312,7 @@ class DataLoader(Generic[T_co]):
             self.batch_size = batch_size
         # Counters for stats(): plain ints bumped on the hand-out path (no locks, no syscalls).
         self._stats: dict[str, Any] = {"batches": 0, "batches_copied": 0, "rings_created": 0, "dataset": {}}
+        self._stats["worker_restarts"] = 0  # workers replaced (max_worker_restarts), in the loader's life
         self._timing = Timing(num_workers)  # where the time goes: stats()["time"]
         self._pinner = _pinning.make_pinner(pin_memory)  # None: off, or no CUDA (warned)
         # The rings (current and retired), slot claims and leases; see leases.py.
@@ -431,7 +458,8 @@ class DataLoader(Generic[T_co]):
         ``batches_copied`` did not come as views of the ring (each worker's first batch,
         which sizes the ring, and batches that outgrew their slot: views of a one-off
         segment each; ``copy=True``; main-process loading), ``rings_created`` (the first
-        ring, then one per growth), the current ring's ``num_slots`` and ``slot_bytes``,
+        ring, then one per growth), ``worker_restarts`` (dead or hung workers replaced
+        under ``max_worker_restarts``), the current ring's ``num_slots`` and ``slot_bytes``,
         ``pinned_shm_bytes``, ``dataset``: the sum over all workers of the dataset's
         own ``stats()`` counters, when it has one (e.g. ``shmloader.vision.ImageFolder``
         counts files skipped under ``on_error="skip"``), and ``time``: where the time went

@@ -123,30 +123,68 @@ class WorkerPool:
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for wid in range(num_workers):
-                ours, theirs = ctx.Pipe(duplex=True)
-                fdguard.register(ours, ours.fileno())
-                config = make_config(wid, use_pdeathsig)
-                proc = ctx.Process(
-                    target=target, args=(config, theirs), name=f"shmloader-worker-{wid}", daemon=True
-                )
-                try:
-                    with own_forks():  # our workers never read the consumer's batches
-                        proc.start()
-                except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                    fdguard.unregister(ours.fileno())
-                    ours.close()
-                    theirs.close()
-                    raise unpicklable_error(exc, method) from exc
-                theirs.close()
-                self._add(WorkerHandle(wid, proc, ours))
+                self._add(self._start_one(ctx, wid, make_config(wid, use_pdeathsig), target, method))
                 if started is not None:
                     started()
         finally:
             if main_thread:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
-    def _add(self, handle: WorkerHandle) -> None:
-        self.workers.append(handle)
+    @staticmethod
+    def _start_one(ctx: Any, wid: int, config: Any, target: Callable, method: str) -> WorkerHandle:
+        """Start worker ``wid`` (SIGINT blocked by the caller) and its socket pair."""
+        ours, theirs = ctx.Pipe(duplex=True)
+        fdguard.register(ours, ours.fileno())
+        proc = ctx.Process(target=target, args=(config, theirs), name=f"shmloader-worker-{wid}", daemon=True)
+        try:
+            with own_forks():  # our workers never read the consumer's batches
+                proc.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            fdguard.unregister(ours.fileno())
+            ours.close()
+            theirs.close()
+            raise unpicklable_error(exc, method) from exc
+        theirs.close()
+        return WorkerHandle(wid, proc, ours)
+
+    def replace(
+        self, old: WorkerHandle, ctx: Any, make_config: Callable[[int, bool], Any], target: Callable
+    ) -> WorkerHandle:
+        """Reap ``old`` (killed first if it still runs: a hung worker), then start a new
+        worker with the same id in its place (see :meth:`start`); returns it. Nothing is
+        sent to it: the caller sends its tasks again."""
+        self.forget(old)
+        old.writer.close()  # (bytes queued for the dead worker: its tasks are sent again)
+        fdguard.unregister(old.fd)
+        old.conn.close()
+        old.reader.close()
+        if old.proc.exitcode is None:
+            old.proc.kill()
+        old.proc.join(KILL_JOIN_TIMEOUT_S)
+        # (Out of the list whatever happens next: its socket is closed, its process reaped.)
+        index = self.workers.index(old)
+        del self.workers[index]
+        try:
+            old.proc.close()
+        except ValueError:
+            pass  # not reaped within the deadline: multiprocessing's reaper takes it
+        method = ctx.get_start_method()
+        main_thread = threading.current_thread() is threading.main_thread()
+        if main_thread:
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            config = make_config(old.id, uses_pdeathsig(method))
+            handle = self._start_one(ctx, old.id, config, target, method)
+        finally:
+            if main_thread:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        self.workers.insert(index, handle)
+        self._add(handle, append=False)
+        return handle
+
+    def _add(self, handle: WorkerHandle, append: bool = True) -> None:
+        if append:
+            self.workers.append(handle)
         sentinel = handle.proc.sentinel
         self.fd_owner[handle.fd] = (handle, False)
         self.fd_owner[sentinel] = (handle, True)
@@ -285,36 +323,20 @@ class WorkerPool:
     # --- errors -------------------------------------------------------------------------
 
     @staticmethod
-    def death_error(worker: WorkerHandle, batch: int | None, indices: Any) -> WorkerDiedError:
+    def death_error(worker: WorkerHandle, batch: int | None, indices: Any, note: str = "") -> WorkerDiedError:
         """The error for ``worker``'s unexpected exit: pid, signal or exit code, the
-        batch it was loading (``batch``, its sample ``indices``) and the remedy."""
+        batch it was loading (``batch``, its sample ``indices``), ``note`` (why it was not
+        restarted, when restarts are on) and the remedy."""
         proc = worker.proc
         proc.join(0.1)
         code = proc.exitcode
-        # The first words are torch's, so code and tests matching torch's text still do.
-        advice = ""
-        if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            how = f"is killed by signal: {signal.strsignal(-code) or name} ({name})"
-            if -code == signal.SIGKILL:
-                advice = (
-                    " SIGKILL usually comes from the kernel's out-of-memory killer: check "
-                    "`dmesg`, and lower batch_size, num_workers or the dataset's memory use."
-                    + _cgroup_advice()
-                )
-        elif code is not None:
-            how = f"exited unexpectedly with exit code {code}"
-        else:
-            how = "exited unexpectedly (it closed its connection)"
+        how, advice = describe_exit(code)
         what = f" while loading batch {batch}" if batch is not None else ""
         if batch is not None and indices is not None:
             what += f" (sample indices {short_indices(indices)})"
         return WorkerDiedError(
             f"DataLoader worker (pid {proc.pid}) {how}: worker {worker.id}{what}. The other "
-            f"workers were stopped; start a new iteration to go on.{advice}",
+            f"workers were stopped; start a new iteration to go on.{note}{advice}",
             worker_id=worker.id,
             pid=proc.pid,
             exitcode=code,
@@ -333,6 +355,29 @@ class WorkerPool:
             f"DataLoader timed out after {timeout} seconds waiting for {what}; workers still busy: "
             f"{', '.join(names) or 'none'}. Raise timeout, or find what makes the dataset slow."
         )
+
+
+def describe_exit(code: int | None) -> tuple[str, str]:
+    """How a worker with exit code ``code`` ended (torch's words: "is killed by signal:
+    ...", "exited unexpectedly with exit code N"), and advice for a SIGKILL (the OOM
+    killer), else an empty string."""
+    advice = ""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        how = f"is killed by signal: {signal.strsignal(-code) or name} ({name})"
+        if -code == signal.SIGKILL:
+            advice = (
+                " SIGKILL usually comes from the kernel's out-of-memory killer: check "
+                "`dmesg`, and lower batch_size, num_workers or the dataset's memory use." + _cgroup_advice()
+            )
+    elif code is not None:
+        how = f"exited unexpectedly with exit code {code}"
+    else:
+        how = "exited unexpectedly (it closed its connection)"
+    return how, advice
 
 
 def _unpoll(poller: Any, fd: int) -> None:
