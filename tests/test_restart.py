@@ -166,3 +166,44 @@ def test_public_names():
     dl = DataLoader(list(range(4)), num_workers=1, max_worker_restarts=2)
     assert dl.max_worker_restarts == 2 and dl.stats()["worker_restarts"] == 0
     assert issubclass(WorkerRestartWarning, UserWarning)
+
+
+SCRIPT = """
+import os, signal, sys
+from shmloader import DataLoader
+
+class KillOnce:
+    def __init__(self, marker):
+        self.marker = marker
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        if i == 5 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return i
+
+loader = DataLoader(KillOnce(sys.argv[1]), batch_size=2, num_workers=2, max_worker_restarts=1)
+batches = [b.tolist() for b in loader]  # THE LOOP
+assert batches == [[2 * k, 2 * k + 1] for k in range(8)], batches
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_restart_warning_points_at_the_loop_calling_next(tmp_path):
+    """The warning names the line of the training loop, however deep in the loader the
+    death was seen (a child process: a SIGKILL is involved)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "loop.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-W", "always", str(script), str(tmp_path / "marker")],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = SCRIPT.splitlines().index("batches = [b.tolist() for b in loader]  # THE LOOP") + 1
+    assert f"{script}:{line}: WorkerRestartWarning" in proc.stderr, proc.stderr

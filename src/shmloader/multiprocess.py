@@ -19,7 +19,6 @@ import os
 import pickle
 import select
 import time
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -35,11 +34,11 @@ from shmloader.errors import (
     RingLimitError,
     ShmSpaceError,
     WorkerDiedError,
-    WorkerRestartWarning,
 )
 from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.layout import decode, make_reader
-from shmloader.pool import WorkerHandle, WorkerPool, describe_exit, rebuild_error, short_indices
+from shmloader.pool import WorkerHandle, WorkerPool, rebuild_error
+from shmloader.restarts import Restarts
 from shmloader.ring import Ring, attach_fd
 from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
 from shmloader.scheduler import Scheduler
@@ -89,7 +88,7 @@ def _forget_workers_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
-class MultiProcessIter:
+class MultiProcessIter(Restarts):
     """Iterator over one epoch with worker processes (reused across epochs when
     persistent); a :class:`~shmloader.state.Positioned` for state_dict()."""
 
@@ -199,29 +198,32 @@ class MultiProcessIter:
         return self.scheduler.rcvd_seq
 
     def _start_workers(self, epoch_seed: int) -> None:
-        loader = self._loader
-        recipe = loader._recipe()
-
         def config(wid: int, use_pdeathsig: bool) -> WorkerConfig:
-            return WorkerConfig(
-                worker_id=wid,
-                num_workers=loader.num_workers,
-                seed=epoch_seed + wid,
-                dataset=loader.dataset,
-                recipe=recipe,
-                worker_init_fn=loader.worker_init_fn,
-                ring=self._ring,
-                fixed_slot_bytes=loader.slot_bytes is not None,
-                parent_pid=os.getpid(),
-                use_pdeathsig=use_pdeathsig,
-                rank=loader.rank,
-                world_size=loader.world_size,
-                resume=_state.worker_resume(self.plan, wid),
-                report_state=self.plan.stateful,
-                shm_backend=loader.shm_backend,
-            )
+            resume = _state.worker_resume(self.plan, wid)
+            return self._worker_config(wid, use_pdeathsig, epoch_seed + wid, resume)
 
-        self._pool.start(self._ctx, loader.num_workers, config, worker_main, started=self._dispatch)
+        self._pool.start(self._ctx, self._loader.num_workers, config, worker_main, started=self._dispatch)
+
+    def _worker_config(self, wid: int, use_pdeathsig: bool, seed: int, resume: dict | None) -> WorkerConfig:
+        """The config of worker ``wid``, started with the epoch or in place of a dead one."""
+        loader = self._loader
+        return WorkerConfig(
+            worker_id=wid,
+            num_workers=loader.num_workers,
+            seed=seed,
+            dataset=loader.dataset,
+            recipe=loader._recipe(),
+            worker_init_fn=loader.worker_init_fn,
+            ring=self._ring,
+            fixed_slot_bytes=loader.slot_bytes is not None,
+            parent_pid=os.getpid(),
+            use_pdeathsig=use_pdeathsig,
+            rank=loader.rank,
+            world_size=loader.world_size,
+            resume=resume,
+            report_state=self.plan.stateful,  # type: ignore[union-attr]
+            shm_backend=loader.shm_backend,
+        )
 
     # --- dispatch -----------------------------------------------------------------------
 
@@ -594,155 +596,6 @@ class MultiProcessIter:
             stats["batches_copied"] += not segment
             return batch
         return reader(root, objects, numbers)
-
-    # --- restarts (max_worker_restarts) ------------------------------------------------
-
-    def _may_restart(self, worker: _WorkerHandle) -> bool:
-        """Whether a restart is left in the loader's budget and ``worker`` can be replaced
-        exactly (an iterable dataset's shard needs its own state to resume from)."""
-        loader = self._loader
-        if loader._stats["worker_restarts"] >= loader.max_worker_restarts:
-            return False
-        return not loader.iterable or self.plan is None or self.plan.stateful
-
-    @staticmethod
-    def _died_idle(worker: _WorkerHandle) -> bool:
-        """Whether ``worker``, which owes nothing, died (a signal or an exit code): not a
-        worker that returned after its worker_init_fn failed (exit code 0; it was retired)."""
-        worker.proc.join(0.1)
-        return worker.proc.exitcode not in (0, None)
-
-    def _restart(self, worker: _WorkerHandle, timed_out: float | None = None) -> None:
-        """Replace ``worker`` (dead, or hung past the loader's timeout: ``timed_out`` s)
-        by a new one with its id and the current epoch's seed, and send it the tasks the
-        old one never answered, same batch numbers and indices. Raises the death error
-        when no restart is left or the dataset cannot be resumed exactly."""
-        loader = self._loader
-        limit = loader.max_worker_restarts
-        pending = sorted(seq for seq, t in self._tasks.items() if t.worker is worker)
-        if not self._may_restart(worker):
-            if not limit:
-                raise self._death_error(worker)
-            if loader._stats["worker_restarts"] >= limit:
-                note = (
-                    f" It was not restarted: the loader already replaced max_worker_restarts={limit} "
-                    "worker(s), its limit."
-                )
-            else:
-                note = (
-                    " It was not restarted: restarting a worker of an iterable dataset "
-                    "(max_worker_restarts) needs a dataset with state_dict() and "
-                    "load_state_dict(), so that its shard resumes where it was; without "
-                    "them the shard would repeat or skip samples."
-                )
-            if timed_out is not None:
-                raise self._timeout_error(timed_out)
-            raise self._death_error(worker, note)
-        old_pid = worker.proc.pid
-        if timed_out is not None:
-            how = f"did not deliver within timeout={timed_out} s and was killed"
-        else:
-            worker.proc.join(0.1)
-            how = describe_exit(worker.proc.exitcode)[0]
-        # A worker that gets no task this epoch any more (its shard ended) starts the next
-        # one afresh: a record would be read by its first iterator, the next epoch's.
-        needed = pending or (self.scheduler.active[worker.id] and not self._source_done)
-        resume = self._restart_resume(worker.id, pending) if needed else None
-        plan = self.plan
-        seed = plan.epoch_seed + worker.id  # type: ignore[union-attr]
-        try:
-            new = self._pool.replace(
-                worker,
-                self._ctx,
-                lambda wid, pdeath: self._restart_config(wid, pdeath, seed, resume),
-                worker_main,
-            )
-        except BaseException:
-            self.close(graceful=False)  # no worker in its place: the epoch cannot go on
-            raise
-        loader._stats["worker_restarts"] += 1
-        # Its tasks again, in their order: a slot of the current ring is reused as it is
-        # (the old worker is reaped: nothing writes it now, and the consumer hands it out
-        # only on the new worker's result); a slot of a retired ring goes back, and the
-        # task gets one in the current ring (the new worker knows only that one).
-        for seq in pending:
-            task = self._tasks[seq]
-            task.worker = new
-            if task.slot != wire.NO_SLOT and task.ring is self._ring:
-                task.ring.states.store(task.slot, _slots.ASSIGNED)  # type: ignore[union-attr]
-            else:
-                _leases.give_back(task.ring, task.slot)
-                task.slot = self._claim_slot(worker.id)
-                task.ring = self._ring
-            if loader.iterable:
-                kind, payload = wire.TASK_ITER, b""
-            else:
-                kind, payload = wire.task_payload(task.indices)
-            self._pool.send(new, wire.frame(wire.pack(kind, task.slot, seq, payload)))
-        what = f" while loading batch {pending[0]}" if pending else " between batches"
-        if pending and self._tasks[pending[0]].indices is not None:
-            what += f" (sample indices {short_indices(self._tasks[pending[0]].indices)})"
-        again = f"; its {len(pending)} batch(es) in flight are loaded again" if pending else ""
-        warnings.warn(
-            f"DataLoader worker {worker.id} (pid {old_pid}) {how}{what}. Started worker "
-            f"{worker.id} again (pid {new.proc.pid}){again}: restart "
-            f"{loader._stats['worker_restarts']} of max_worker_restarts={limit}.",
-            WorkerRestartWarning,
-            stacklevel=5,  # the loop calling next() (a worker death seen in _wait)
-        )
-
-    def _restart_hung(self, timeout: float) -> bool:
-        """No result within ``timeout`` s: replace the worker that owes the batch waited
-        for (in order: the due one; else the oldest one, unless some result came
-        meanwhile); False where there is none (the caller raises the timeout error)."""
-        owed = len(self._tasks)
-        for w in self._pool.readable_now():  # results that arrived unread meanwhile
-            self._receive(w)
-        if self._loader.in_order:
-            task = self._tasks.get(self._rcvd_seq)
-        else:
-            task = self._tasks[min(self._tasks)] if len(self._tasks) == owed and self._tasks else None
-        if task is None:
-            return bool(self._results) or not self._tasks  # it came: no worker hung
-        self._restart(task.worker, timed_out=timeout)
-        return True
-
-    def _restart_resume(self, wid: int, pending: list[int]) -> dict[str, Any] | None:
-        """Iterable datasets: where worker ``wid``'s shard resumes, the state it reported
-        after its last batch whose result arrived (the state of a batch comes before the
-        batch: one of ``pending`` is not done), or the epoch's start (the saved record
-        for a resumed epoch) when none did. The states of ``pending`` batches are dropped:
-        the new worker reports them again."""
-        if not self._loader.iterable:
-            return None
-        # (The scheduler's record of shard states: see Scheduler.keep_shard_state.)
-        kept = self.scheduler._shard_blobs.get(wid, [])
-        owed = set(pending)
-        kept[:] = [(seq, blob) for seq, blob in kept if seq not in owed]
-        if kept:
-            return {"samples": 0, "state": pickle.loads(kept[-1][1])}
-        return _state.worker_resume(self.plan, wid)
-
-    def _restart_config(self, wid: int, use_pdeathsig: bool, seed: int, resume: dict | None) -> WorkerConfig:
-        """The config of a worker started in place of a dead one (see _start_workers)."""
-        loader = self._loader
-        return WorkerConfig(
-            worker_id=wid,
-            num_workers=loader.num_workers,
-            seed=seed,
-            dataset=loader.dataset,
-            recipe=loader._recipe(),
-            worker_init_fn=loader.worker_init_fn,
-            ring=self._ring,
-            fixed_slot_bytes=loader.slot_bytes is not None,
-            parent_pid=os.getpid(),
-            use_pdeathsig=use_pdeathsig,
-            rank=loader.rank,
-            world_size=loader.world_size,
-            resume=resume,
-            report_state=self.plan.stateful,  # type: ignore[union-attr]
-            shm_backend=loader.shm_backend,
-        )
 
     # --- errors -------------------------------------------------------------------------
 

@@ -177,6 +177,15 @@ class Scheduler:
         while len(states) > 1 and states[1][0] < self.rcvd_seq:
             del states[0]
 
+    def shard_state_before(self, worker: int, pending: list[int]) -> bytes | None:
+        """A replaced worker's resume point: the newest state ``worker`` reported after a
+        batch that is not in ``pending`` (its unanswered batches, whose states are dropped:
+        the new worker reports them again), or None when there is none."""
+        owed = set(pending)
+        kept = self._shard_blobs.get(worker, [])
+        kept[:] = [(seq, blob) for seq, blob in kept if seq not in owed]
+        return kept[-1][1] if kept else None
+
     def shard_states_handed_out(self) -> dict[int, bytes]:
         """Per worker, the pickled dataset state after its last handed-out batch."""
         out = {}
