@@ -29,12 +29,7 @@ from shmloader import _slots, wire
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
-from shmloader.errors import (
-    LoaderTimeoutError,
-    RingLimitError,
-    ShmSpaceError,
-    WorkerDiedError,
-)
+from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
 from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.layout import decode, make_reader
 from shmloader.pool import WorkerHandle, WorkerPool, rebuild_error
