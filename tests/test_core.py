@@ -498,7 +498,10 @@ def test_closing_is_prompt_when_later_forks_inherited_our_descriptors():
     # at-fork hook closes those in every child, so the first's workers still see EOF.
     second = DataLoader(D.Squares(400), batch_size=2, num_workers=2, multiprocessing_context="fork")
     it2 = iter(second)
-    next(it2)
+    # Batches 0 and 1 come from workers 0 and 1: each has run (and so run its at-fork hooks:
+    # a child not scheduled yet still holds what it inherited, for a moment). Worker 0 gets
+    # its first task before worker 1 is forked, so batch 0 alone can come before that.
+    next(it2), next(it2)
     our_files = {os.readlink(f"/proc/self/fd/{fd}") for fd in ours}  # socket:[inode], the ring
     for w in it2._workers:
         theirs = set()

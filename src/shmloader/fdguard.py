@@ -38,7 +38,7 @@ def _close_in_child() -> None:
     for fd, owner in list(_owners.items()):
         try:
             getattr(owner, _closers[fd])()
-        except (OSError, KeyError):
+        except Exception:  # (one owner that fails must not keep the others' open here)
             pass
     _owners.clear()
     _closers.clear()
