@@ -66,6 +66,16 @@ static void on_message(j_common_ptr cinfo, int level) {
     }
 }
 
+/* libjpeg's standard error manager, with our handlers: an error longjmps to err->jump
+ * (set by the caller: setjmp must stay in the function that decodes), a warning is kept. */
+static struct jpeg_error_mgr *init_errors(error_mgr *err) {
+    memset(err, 0, sizeof *err);
+    struct jpeg_error_mgr *pub = api.std_error(&err->pub);
+    err->pub.error_exit = on_error;
+    err->pub.emit_message = on_message;
+    return pub;
+}
+
 static void set_msg(char *msg, int msglen, const char *text) {
     if (msg != NULL && msglen > 0) snprintf(msg, (size_t)msglen, "%s", text);
 }
@@ -86,10 +96,7 @@ int shmjpeg_bind(const uintptr_t *fns, int n, char *msg, int msglen) {
     /* A trial: does the library accept our struct layout? (version 62, our sizeof) */
     struct jpeg_decompress_struct cinfo;
     error_mgr err;
-    memset(&err, 0, sizeof err);
-    cinfo.err = api.std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
+    cinfo.err = init_errors(&err);
     if (setjmp(err.jump)) {
         set_msg(msg, msglen, err.msg);
         api.destroy(&cinfo);
@@ -121,10 +128,7 @@ int shmjpeg_region(const unsigned char *data, size_t len, int denom, int fast_dc
         set_msg(msg, msglen, "the libjpeg functions are not bound");
         return SHMJPEG_ERROR;
     }
-    memset(&err, 0, sizeof err);
-    cinfo.err = api.std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
+    cinfo.err = init_errors(&err);
     if (setjmp(err.jump)) {
         set_msg(msg, msglen, err.msg);
         api.destroy(&cinfo);
