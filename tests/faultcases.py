@@ -760,7 +760,7 @@ def case_security(method: str) -> dict[str, Any]:
 
     import posix_ipc
 
-    import shmloader.ring as ring_mod
+    import shmloader.segment as segment_mod
 
     real_shm = posix_ipc.SharedMemory
     created: list[dict[str, Any]] = []
@@ -771,7 +771,7 @@ def case_security(method: str) -> dict[str, Any]:
         created.append({"name": name, "mode": st.st_mode & 0o777, "ino": st.st_ino})
         return shm
 
-    ring_mod.posix_ipc = type(
+    segment_mod.posix_ipc = type(
         "P",
         (),
         {
@@ -819,7 +819,7 @@ def case_security(method: str) -> dict[str, Any]:
         squat_still_there = os.path.exists(squatted)
     finally:
         secrets.token_hex = real_token_hex
-        ring_mod.posix_ipc = posix_ipc
+        segment_mod.posix_ipc = posix_ipc
         if os.path.exists(squatted):  # the test's own file: never left in /dev/shm
             os.unlink(squatted)
     # Every name taken: a clear error, nothing created.

@@ -24,7 +24,7 @@ import warnings
 
 import pytest
 
-from shmloader import doctor, leases, memory, sizing
+from shmloader import doctor, leases, memory, segment, sizing
 from shmloader import ring as ring_mod
 from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
 from shmloader.ring import Ring, ring_bytes
@@ -55,7 +55,7 @@ def shm_names() -> set[str]:
 def run_python(code: str, *, env: dict | None = None, preexec=None, timeout: float = 90):
     """Run ``code`` in a fresh interpreter with this checkout's sources first."""
     full_env = {**os.environ, "PYTHONPATH": SRC}
-    full_env.pop(ring_mod.BACKEND_ENV, None)
+    full_env.pop(segment.BACKEND_ENV, None)
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
@@ -72,7 +72,7 @@ def run_python(code: str, *, env: dict | None = None, preexec=None, timeout: flo
 
 @needs_memfd
 def test_memfd_is_the_default_and_leaves_no_dev_shm_entry_and_one_descriptor(monkeypatch):
-    monkeypatch.delenv(ring_mod.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(segment.BACKEND_ENV, raising=False)
     before_names, before_fds = shm_names(), memfd_fds()
     dl = DataLoader(D.Squares(64, side=32), batch_size=4, num_workers=2, **FORK)
     it = iter(dl)
@@ -191,12 +191,12 @@ def test_a_bad_backend_is_a_clear_value_error(monkeypatch):
         ValueError, match=r"shm_backend should be one of 'auto', 'memfd', 'posix' \(got 'tmpfs'\)"
     ):
         DataLoader(D.Squares(8), batch_size=4, num_workers=2, shm_backend="tmpfs")
-    monkeypatch.setenv(ring_mod.BACKEND_ENV, "shm")
+    monkeypatch.setenv(segment.BACKEND_ENV, "shm")
     with pytest.raises(ValueError, match=r"\$SHMLOADER_SHM_BACKEND should be one of .* \(got 'shm'\)"):
         DataLoader(D.Squares(8), batch_size=4, num_workers=2)
-    monkeypatch.setenv(ring_mod.BACKEND_ENV, "posix")
-    assert ring_mod.resolve_backend("auto") == "posix"
-    assert ring_mod.resolve_backend("memfd") == "memfd"  # a named backend beats the variable
+    monkeypatch.setenv(segment.BACKEND_ENV, "posix")
+    assert segment.resolve_backend("auto") == "posix"
+    assert segment.resolve_backend("memfd") == "memfd"  # a named backend beats the variable
 
 
 @needs_memfd
@@ -212,7 +212,7 @@ def test_a_refused_memfd_falls_back_to_posix_once():
             calls.append(args)
             raise OSError(errno.EPERM, "Operation not permitted")
         os.memfd_create = refused
-        from shmloader import DataLoader, ring
+        from shmloader import DataLoader, ring, segment
         from shmloader.errors import ShmBackendError
         import numpy as np
         class Data:
@@ -221,7 +221,7 @@ def test_a_refused_memfd_falls_back_to_posix_once():
         dl = DataLoader(Data(), batch_size=4, num_workers=2, multiprocessing_context="fork")
         sums = [int(b.sum()) for b in dl]
         assert sums == [64 * (16 * k + 6) for k in range(10)], sums
-        print("backend", dl.ring.backend, "calls", len(calls), "refusal", ring.memfd_refusal().errno)
+        print("backend", dl.ring.backend, "calls", len(calls), "refusal", segment.memfd_refusal().errno)
         try:
             ring.Ring.create(1, 4096, backend="memfd")
         except ShmBackendError as exc:
@@ -538,7 +538,7 @@ def test_a_cgroup_smaller_than_the_default_ring_never_wakes_the_oom_killer(limit
 
 
 def test_doctor_reports_the_backend_the_memory_and_the_cgroup(monkeypatch):
-    monkeypatch.delenv(ring_mod.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(segment.BACKEND_ENV, raising=False)
     names = [c.name for c in doctor.run_checks(2, 2**20)]
     assert names[1:5] == ["shm backend", "memory", "/dev/shm", "ring creation"]
     backend = doctor.check_backend()

@@ -85,9 +85,9 @@ def _budget_text(budget: Any) -> str:
 
 def check_backend(backend: str = "auto") -> Check:
     """Which backend the loader's rings use here, and whether memfd_create is refused."""
-    from shmloader import ring as _ring
+    from shmloader import segment
 
-    kind = _ring.resolve_backend(backend)
+    kind = segment.resolve_backend(backend)
     if kind == "memfd":
         try:  # what a ring does first: refused by a seccomp profile, ENOSYS on old kernels
             os.close(os.memfd_create("shmloader-doctor", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
@@ -113,8 +113,8 @@ def check_backend(backend: str = "auto") -> Check:
             f"memfd (memfd_create works; shm_backend={backend!r}): rings are charged to this "
             "process's memory and cgroup, not to /dev/shm",
         )
-    why = "asked for" if backend == "posix" or os.environ.get(_ring.BACKEND_ENV) else "memfd is unavailable"
-    refused = _ring.memfd_refusal()
+    why = "asked for" if backend == "posix" or os.environ.get(segment.BACKEND_ENV) else "memfd is unavailable"
+    refused = segment.memfd_refusal()
     if refused is not None:
         why = f"memfd_create was refused: {refused}"
     return Check("shm backend", OK, f"posix ({why}): rings live in /dev/shm (shm_open, unlinked at once)")
@@ -125,7 +125,8 @@ def check_memory(workers: int, batch_bytes: int, backend: str = "auto") -> Check
     what the backend can give, less a margin for the processes: sizing.first_ring_room):
     OK, WARN (the ring gets fewer slots), FAIL (not even the minimum fits)."""
     from shmloader import memory, sizing
-    from shmloader.ring import resolve_backend, ring_bytes
+    from shmloader.ring import ring_bytes
+    from shmloader.segment import resolve_backend
 
     budget = memory.budget(resolve_backend(backend))
     total, slots, slot_bytes = default_ring_bytes(workers, batch_bytes)
@@ -157,7 +158,7 @@ def check_memory(workers: int, batch_bytes: int, backend: str = "auto") -> Check
 def check_shm(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
     """/dev/shm's size against the default ring: it holds the rings of the posix backend
     only, so it can FAIL only there; with memfd a small /dev/shm is fine."""
-    from shmloader.ring import resolve_backend
+    from shmloader.segment import resolve_backend
 
     kind = resolve_backend(backend)
     total, slots, slot_bytes = default_ring_bytes(workers, batch_bytes)

@@ -33,14 +33,8 @@ from typing import Any
 
 from shmloader import _slots, memory, sizing
 from shmloader.errors import RingLimitError, ShmSpaceError
-from shmloader.ring import (
-    Ring,
-    check_usable,
-    populate_supported,
-    resolve_backend,
-    ring_bytes,
-    shm_free_bytes,
-)
+from shmloader.ring import Ring, populate_supported, ring_bytes
+from shmloader.segment import check_usable, resolve_backend, shm_free_bytes
 from shmloader.sizing import half_budget, slot_bytes_for
 from shmloader.wire import NO_SLOT
 
@@ -124,7 +118,7 @@ class Leases:
         """``num_slots``: slots of the first ring; ``max_shm_bytes``: the user's bound, or
         None for the default (:func:`default_max_shm_bytes`); ``pinner``: a
         pinning.RingPinner or None; ``stats``: the loader's counters (``rings_created`` is
-        bumped here); ``backend``: the rings' (ring.resolve_backend); ``min_slots``: where
+        bumped here); ``backend``: the rings' (segment.resolve_backend); ``min_slots``: where
         given, the first ring may get fewer slots, down to this, when memory is short
         (None: ``num_slots`` was the user's, and is kept); ``num_workers``: the loader's,
         for the memory margin (each worker holds a batch's samples while it collates)."""

@@ -5,20 +5,11 @@ Layout of the segment (all offsets from its start)::
     [states: uint32 x num_slots][headers: int64 x 8 x num_slots] (padded to a page; wire.SlotHeader)
     [slot 0 data][slot 1 data]...                                  (each padded to 64 bytes)
 
-Two backends make the segment; neither ever has a name anyone else can open, and the
-kernel frees its memory when the last descriptor and mapping are gone, whatever happens
-to the processes:
+The segment comes from one of two backends (:mod:`shmloader.segment`: ``memfd``, the
+default on Linux, or ``posix``); neither ever has a name anyone else can open, and the
+kernel frees its memory when the last descriptor and mapping are gone.
 
-- ``memfd`` (the default on Linux): ``memfd_create`` (close-on-exec), anonymous from
-  birth, sealed against shrinking and growing once reserved, so no process can cut it
-  under a mapping. Its pages are charged to the process's memory cgroup, not to the
-  /dev/shm mount: a 64 MB /dev/shm (Docker's default) limits nothing.
-- ``posix``: ``shm_open`` (posix_ipc) with a random name, ``O_EXCL`` and mode 0600,
-  unlinked at once; it lives in /dev/shm and must fit there. Other systems use it, and
-  Linux where ``memfd_create`` is refused (a seccomp profile: ENOSYS, EPERM), once per
-  process.
-
-Either way a ring is made only after checking that the memory is there
+A ring is made only after checking that the memory is there
 (:mod:`shmloader.memory`: reserving past a cgroup's limit would wake the OOM killer), and
 its pages are reserved before anything writes to them, so running short is an error,
 never a SIGBUS or a kill on a later write:
@@ -44,25 +35,17 @@ The descriptor travels to workers the same way for both backends.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import errno
-import fcntl
 import os
-import secrets
 import sys
 from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
 
-try:
-    import posix_ipc  # the posix backend's shm_open
-except ImportError:  # pragma: no cover - a system without it uses memfd only
-    posix_ipc = None
-
-from shmloader import fdguard, memory
+from shmloader import fdguard, memory, segment
 from shmloader._slots import Mapping, StateArray
-from shmloader.errors import ShmBackendError, ShmSpaceError
+from shmloader.errors import ShmSpaceError
 from shmloader.wire import HEADER_WORDS  # the slot header's words (see wire.SlotHeader)
 
 PAGE_BYTES = 4096
@@ -71,15 +54,6 @@ SLOT_HEADROOM = 1.25  # so batches that vary a little fit
 SLOT_SLACK_BYTES = 4096  # the layout, its numbers and small object leaves
 SLOT_ALIGN_BYTES = 64  # slots start on cache lines: no false sharing between workers,
 # and a ring of tiny batches does not spend a page on each
-_NAME_ATTEMPTS = 16
-_SHM_DIR = "/dev/shm"
-
-BACKENDS = ("auto", "memfd", "posix")
-BACKEND_ENV = "SHMLOADER_SHM_BACKEND"  # what "auto" means, where set
-# memfd_create refused in this process (ENOSYS, EPERM from a seccomp profile): "auto"
-# then means posix for the rest of the process (a forked child inherits it).
-_memfd_refused: OSError | None = None
-
 
 # madvise(2) advice (linux/mman.h): reserve and map a range's pages now, as writes would,
 # and return an error (not a SIGBUS) where they cannot be had. Linux 5.14+.
@@ -170,46 +144,6 @@ def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 
 
-def shm_free_bytes() -> int | None:
-    """Free bytes in /dev/shm, or None where it cannot be read."""
-    return memory.shm_free_bytes(_SHM_DIR)
-
-
-def check_backend(name: Any, what: str = "shm_backend") -> str:
-    """``name`` if it is a backend's name, else a ValueError naming ``what`` and the choices."""
-    if name not in BACKENDS:
-        raise ValueError(
-            f"{what} should be one of {', '.join(map(repr, BACKENDS))} (got {name!r}): 'memfd' "
-            "keeps rings outside /dev/shm (Linux), 'posix' in /dev/shm (shm_open), 'auto' "
-            "picks memfd where the system allows it."
-        )
-    return name
-
-
-def resolve_backend(name: str = "auto") -> str:
-    """The backend ``name`` stands for in this process: ``"memfd"`` or ``"posix"``.
-    ``"auto"`` follows $SHMLOADER_SHM_BACKEND where set, else memfd where this system has
-    it and has not refused it, else posix."""
-    check_backend(name)
-    if name == "auto":
-        env = os.environ.get(BACKEND_ENV, "").strip()
-        if env:
-            name = check_backend(env, f"${BACKEND_ENV}")
-    if name == "auto":
-        return "memfd" if memfd_usable() else "posix"
-    return name
-
-
-def memfd_usable() -> bool:
-    """True where ``memfd_create`` exists and has not been refused in this process."""
-    return hasattr(os, "memfd_create") and sys.platform.startswith("linux") and _memfd_refused is None
-
-
-def memfd_refusal() -> OSError | None:
-    """The error ``memfd_create`` was refused with in this process, or None."""
-    return _memfd_refused
-
-
 def _control_bytes(num_slots: int) -> int:
     return _round_up(num_slots * (4 + 8 * HEADER_WORDS), PAGE_BYTES)
 
@@ -275,7 +209,7 @@ class Ring:
         whole: bool = False,
     ) -> Ring:
         """Create and map a new ring (``backend``: ``"auto"``, ``"memfd"`` or ``"posix"``,
-        see :func:`resolve_backend`); ``populate`` reserves and maps every page now (for
+        see :func:`segment.resolve_backend`); ``populate`` reserves and maps every page now (for
         a writer about to fill it). Otherwise the control area is reserved now and each
         slot by the first process that writes it (:meth:`slot_array`), where the kernel
         allows that (:func:`populate_supported`); ``whole`` (or a kernel without it)
@@ -289,17 +223,17 @@ class Ring:
         if slot_bytes < 1:
             raise ValueError(f"slot_bytes must be positive, got {slot_bytes}")
         total = ring_bytes(num_slots, slot_bytes)
-        kind = resolve_backend(backend)
-        _check_room(kind, total, num_slots, slot_bytes)
-        fd, kind = _create_segment(kind, explicit=kind == backend)
+        kind = segment.resolve_backend(backend)
+        segment.check_room(kind, total, num_slots, slot_bytes)
+        fd, kind = segment.create(kind, explicit=kind == backend)
         sparse = not whole and populate_supported()
         try:
             if sparse:
                 # Only the control area now: each slot is reserved by its first writer.
                 os.ftruncate(fd, total)
-                _reserve(fd, _control_bytes(num_slots), num_slots, slot_bytes, kind, size=total)
+                segment.reserve(fd, _control_bytes(num_slots), num_slots, slot_bytes, kind, size=total)
             else:
-                _reserve(fd, total, num_slots, slot_bytes, kind)
+                segment.reserve(fd, total, num_slots, slot_bytes, kind)
             # The consumer only reads slots: its pages fault in on first use, and pre-faulting
             # them all here would delay the batch that sized the ring (66 ms for 92 MiB).
             ring = cls(fd, num_slots, slot_bytes, populate=populate and not sparse)
@@ -420,134 +354,3 @@ def attach_fd(fd: int, num_slots: int, slot_bytes: int, *, populate: bool = Fals
         raise
     ring.close_fd()  # the mapping is all this process needs
     return ring
-
-
-def check_usable(backend: str = "auto") -> str:
-    """The backend a ring of ``backend`` would use here (``"memfd"`` or ``"posix"``),
-    checked now: memfd_create is tried (a refusal is remembered, as a ring's would be) and
-    /dev/shm is looked at for posix. Raises :class:`ShmBackendError` naming the cause and
-    the remedy where neither can work, so a loader can say so when it is made."""
-    kind = resolve_backend(backend)
-    if kind == "memfd":
-        fd = _open_memfd(explicit=backend == "memfd")
-        if fd is not None:
-            os.close(fd)
-            return "memfd"
-    _check_posix()
-    return "posix"
-
-
-def _open_memfd(*, explicit: bool) -> int | None:
-    """A new sealable memfd, or None where the system refuses memfd_create (remembered
-    for the process: "auto" then means posix); a ShmBackendError instead where memfd was
-    asked for by name (``explicit``)."""
-    global _memfd_refused
-    try:
-        # The name is only a label (/proc/PID/fd, /proc/PID/maps): nobody can open a
-        # memfd by it. Unique, as the posix names are, so a ring can be told apart.
-        name = f"shmloader-{os.getpid()}-{secrets.token_hex(8)}"
-        return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    except (OSError, AttributeError) as exc:
-        refused = exc if isinstance(exc, OSError) else OSError(errno.ENOSYS, str(exc))
-        if refused.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL):
-            raise
-        _memfd_refused = refused
-        if explicit:
-            raise ShmBackendError(
-                f"memfd_create was refused ({errno.errorcode.get(refused.errno, refused.errno)}: "
-                f"{refused.strerror}; a seccomp profile or an old kernel forbids it) and "
-                "shm_backend='memfd' was asked for. Use shm_backend='auto' (falls back to "
-                "/dev/shm) or 'posix', or allow memfd_create in the container's seccomp profile."
-            ) from refused
-        return None
-
-
-def _check_posix() -> None:
-    """Raise a ShmBackendError where /dev/shm cannot take a posix segment (absent, read-only)."""
-    problem = memory.shm_problem(_SHM_DIR)
-    if problem is not None:
-        refused = ""
-        if _memfd_refused is not None:
-            refused = f"memfd_create was refused ({_memfd_refused.strerror}), and "
-        raise ShmBackendError(
-            f"{refused}{problem}, so the 'posix' shared-memory backend has nowhere to put "
-            "the loader's ring. Use shm_backend='memfd' (the default on Linux, which needs no "
-            "/dev/shm), or mount a writable tmpfs on /dev/shm (docker run --shm-size=2g or "
-            "--ipc=host)."
-        )
-
-
-def _create_segment(kind: str, *, explicit: bool) -> tuple[int, str]:
-    """A new anonymous segment of backend ``kind``: (descriptor, the backend used). A
-    memfd refused by the system falls back to posix (remembered for the process) unless
-    memfd was asked for by name (``explicit``)."""
-    if kind == "memfd":
-        fd = _open_memfd(explicit=explicit)
-        if fd is not None:
-            return fd, "memfd"
-    _check_posix()
-    return _create_unlinked_segment(), "posix"
-
-
-def _create_unlinked_segment() -> int:
-    """Create a new POSIX segment with a fresh random name (O_EXCL, 0600) and unlink it at once."""
-    if posix_ipc is None:
-        raise ShmBackendError(
-            "the posix shared-memory backend needs the posix_ipc package, which is not "
-            "installed: pip install posix_ipc, or use shm_backend='memfd' (Linux)."
-        )
-    for _ in range(_NAME_ATTEMPTS):
-        name = f"/shmloader-{os.getpid()}-{secrets.token_hex(8)}"
-        try:
-            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
-        except posix_ipc.ExistentialError:
-            continue  # someone holds this name: never reuse theirs, draw another
-        try:
-            shm.unlink()
-            fd = os.dup(shm.fd)
-        finally:
-            shm.close_fd()
-        return fd
-    raise FileExistsError(
-        f"could not create a shared-memory segment: {_NAME_ATTEMPTS} random names were all "
-        "taken. Something is filling /dev/shm with names; inspect it."
-    )
-
-
-def _space_error(budget: memory.Budget, total: int, num_slots: int, slot_bytes: int) -> ShmSpaceError:
-    have = "an unknown amount" if budget.bytes is None else memory.mib(budget.bytes)
-    return ShmSpaceError(
-        f"{memory.sentence(budget.cause())} leaves {have} for the loader's "
-        f"shared-memory ring, which needs {total} bytes ({memory.mib(total)}: {num_slots} "
-        f"slots of {slot_bytes} bytes, backend {budget.backend!r}). To fix it: {budget.remedy()}; "
-        "or ask for a smaller ring with a lower num_slots or prefetch_factor."
-    )
-
-
-def _check_room(kind: str, total: int, num_slots: int, slot_bytes: int) -> None:
-    """Refuse a ring the memory is not there for, before reserving it: past a cgroup's
-    limit, posix_fallocate does not fail, the OOM killer ends a process of the cgroup."""
-    budget = memory.budget(kind)
-    if budget.bytes is not None and total > budget.bytes:
-        raise _space_error(budget, total, num_slots, slot_bytes)
-
-
-def _reserve(
-    fd: int, total: int, num_slots: int, slot_bytes: int, kind: str = "posix", *, size: int | None = None
-) -> None:
-    """Reserve the first ``total`` bytes of the segment (``size``: its whole size, where
-    more than that: the rest is reserved by the slots' writers), then seal a memfd."""
-    try:
-        os.posix_fallocate(fd, 0, total)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-            raise
-        # ENOSPC from a memfd is the memory (machine or cgroup), from posix /dev/shm's size.
-        budget = memory.budget(kind)
-        if kind == "posix" and budget.limit != memory.SHM and budget.shm_free is not None:
-            budget = dataclasses.replace(budget, bytes=budget.shm_free, limit=memory.SHM)
-        raise _space_error(budget, size or total, num_slots, slot_bytes) from exc
-    if kind == "memfd":
-        # Sealed at its reserved size: no process holding the descriptor can shrink it
-        # under another's mapping (a SIGBUS there), nor grow it, nor remove the seals.
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)

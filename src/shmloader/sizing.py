@@ -61,7 +61,7 @@ def default_max_shm_bytes(backend: str = "auto") -> int:
     headroom and, for posix, /dev/shm's free space). Each ring is also held to what is
     there when it is made, less a margin (:func:`shmloader.memory.ring_room`), which keeps
     the cgroup's OOM killer away from the processes."""
-    from shmloader.ring import resolve_backend
+    from shmloader.segment import resolve_backend
 
     return half_budget(memory.budget(resolve_backend(backend)))
 
