@@ -101,10 +101,12 @@ class RegionDecoder:
         fast_dct: bool,
         fast_upsample: bool,
         scratch: np.ndarray,
+        keep: tuple[int, int] | None = None,
     ) -> tuple[np.ndarray, int, int, int, int, np.ndarray] | None:
         """Decode rows ``y0:y1`` and at least columns ``x0:x1`` (``bounds``, in pixels of
         the image scaled by 1/``factor``) as RGB into ``scratch`` (flat uint8; replaced
-        by a larger one when too small).
+        by a larger one when too small). ``keep`` (``(k0, k1)`` within ``x0:x1``): keep
+        only those columns, so that ``pixels`` is exactly them, C-contiguous.
 
         Returns ``(pixels, left, top, width, height, scratch)``: ``pixels`` the decoded
         region (HxWx3 uint8, a view of the returned ``scratch``: keep that for the next
@@ -118,6 +120,7 @@ class RegionDecoder:
         ffi = self._ffi
         geom = ffi.new("int[6]")
         src = ffi.from_buffer(data)
+        k0, k1 = keep if keep is not None else (0, 0)
         status = _SMALL
         for _ in range(2):
             status = self._lib.shmjpeg_region(
@@ -130,6 +133,8 @@ class RegionDecoder:
                 y0,
                 x1,
                 y1,
+                k0,
+                k1,
                 ffi.from_buffer(scratch),
                 scratch.size,
                 geom,
@@ -152,7 +157,7 @@ class RegionDecoder:
         geom = self._ffi.new("int[6]")
         out = np.empty(3 * 64, np.uint8)
         status = self._lib.shmjpeg_region(
-            self._ffi.from_buffer(data), len(data), factor, 0, 0, 0, 0, 1, 1,
+            self._ffi.from_buffer(data), len(data), factor, 0, 0, 0, 0, 1, 1, 0, 0,
             self._ffi.from_buffer(out), out.size, geom, msg, _MSG_LEN,
         )  # fmt: skip
         return None if status in (_OK, _SMALL) else self._ffi.string(msg).decode("utf-8", "replace")
