@@ -116,11 +116,12 @@ int shmjpeg_bind(const uintptr_t *fns, int n, char *msg, int msglen) {
  *
  * geom receives: [0] the first column decoded (x0 moved left to an iMCU boundary; keep0
  * when keeping), [1] the first row (y0), [2] the width decoded (or kept), [3] the rows
- * decoded, [4] and [5] the scaled image's width and height. Returns SHMJPEG_OK; SHMJPEG_UNSUPPORTED when the
- * region decode does not apply (colour space other than YCbCr/grayscale/RGB, corrupt
- * data that libjpeg only warns about: the caller decodes in full, and names the error
- * there); SHMJPEG_ERROR with msg set; SHMJPEG_SMALL when cap is less than
- * geom[2] * geom[3] * 3 (geom then says how much is needed). */
+ * decoded, [4] and [5] the scaled image's width and height. Returns SHMJPEG_OK;
+ * SHMJPEG_UNSUPPORTED when the region decode does not apply (colour space other than
+ * YCbCr/grayscale/RGB, corrupt data that libjpeg only warns about: the caller decodes
+ * in full, and names the error there); SHMJPEG_ERROR with msg set; SHMJPEG_SMALL when
+ * cap is less than (the decoded) geom[2] * geom[3] * 3 (geom then says how much is
+ * needed). */
 int shmjpeg_region(const unsigned char *data, size_t len, int denom, int fast_dct,
                    int fast_upsample, int x0, int y0, int x1, int y1, int keep0, int keep1,
                    unsigned char *out, size_t cap, int *geom, char *msg, int msglen) {
@@ -210,4 +211,3 @@ int shmjpeg_region(const unsigned char *data, size_t len, int denom, int fast_dc
     api.destroy(&cinfo);
     return status;
 }
-

@@ -352,8 +352,8 @@ class ImageFolder:
         if (full_w, full_h) != (sw, sh):  # not expected: a library that scales otherwise
             self.region_fallbacks += 1
             return False
-        if keep is not None:  # pixels is exactly the whole-pixel box
-            local = (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0]))
+        if keep is not None and (left, pixels.shape[1]) == (keep[0], keep[1] - keep[0]):
+            local = (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0]))  # exactly the box
         else:
             local = (sbox[0] - left, sbox[1] - top, sbox[2] - left, sbox[3] - top)
         resample_into(pixels, local, view, chw, flip, self.backend)

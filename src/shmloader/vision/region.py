@@ -21,7 +21,9 @@ decoded whole, as before (simplejpeg).
 Equality: the rows and columns decoded are identical to the same rows and columns of a
 full decode, except the outermost pixel column on each side of a cropped region (fancy
 chroma upsampling treats the region's edge as the image's edge): callers ask for a
-margin around what they read (:func:`region_bounds`).
+margin around what they read (:func:`region_bounds`), or one column each side of exactly
+the columns they keep (``keep``: the torch resampler's whole-pixel box, handed over
+contiguous).
 """
 
 from __future__ import annotations
