@@ -110,17 +110,21 @@ int shmjpeg_bind(const uintptr_t *fns, int n, char *msg, int msglen) {
 
 /* Decode the rows [y0, y1) and (at least) the columns [x0, x1) of the image scaled by
  * 1/denom (denom 1, 2, 4 or 8), as RGB, into out (rows of geom[2] * 3 bytes).
+ * With keep1 > keep0 (within [x0, x1)), only the columns [keep0, keep1) are kept: each
+ * row is moved left as soon as it is decoded, so that out holds exactly those columns,
+ * contiguous (what a resampler reads without an unpacking copy).
  *
- * geom receives: [0] the first column decoded (x0 moved left to an iMCU boundary),
- * [1] the first row (y0), [2] the width decoded, [3] the rows decoded, [4] and [5] the
- * scaled image's width and height. Returns SHMJPEG_OK; SHMJPEG_UNSUPPORTED when the
- * region decode does not apply (colour space other than YCbCr/grayscale/RGB, corrupt
- * data that libjpeg only warns about: the caller decodes in full, and names the error
- * there); SHMJPEG_ERROR with msg set; SHMJPEG_SMALL when cap is less than
- * geom[2] * geom[3] * 3 (geom then says how much is needed). */
+ * geom receives: [0] the first column decoded (x0 moved left to an iMCU boundary; keep0
+ * when keeping), [1] the first row (y0), [2] the width decoded (or kept), [3] the rows
+ * decoded, [4] and [5] the scaled image's width and height. Returns SHMJPEG_OK;
+ * SHMJPEG_UNSUPPORTED when the region decode does not apply (colour space other than
+ * YCbCr/grayscale/RGB, corrupt data that libjpeg only warns about: the caller decodes
+ * in full, and names the error there); SHMJPEG_ERROR with msg set; SHMJPEG_SMALL when
+ * cap is less than (the decoded) geom[2] * geom[3] * 3 (geom then says how much is
+ * needed). */
 int shmjpeg_region(const unsigned char *data, size_t len, int denom, int fast_dct,
-                   int fast_upsample, int x0, int y0, int x1, int y1, unsigned char *out,
-                   size_t cap, int *geom, char *msg, int msglen) {
+                   int fast_upsample, int x0, int y0, int x1, int y1, int keep0, int keep1,
+                   unsigned char *out, size_t cap, int *geom, char *msg, int msglen) {
     struct jpeg_decompress_struct cinfo;
     error_mgr err;
     volatile int status = SHMJPEG_OK;
@@ -175,6 +179,17 @@ int shmjpeg_region(const unsigned char *data, size_t len, int denom, int fast_dc
         api.destroy(&cinfo);
         return SHMJPEG_SMALL;
     }
+    /* Keep [keep0, keep1): rows land at `stride` apart, then move to `kept` apart. Row
+     * r's kept bytes go to [r * kept, (r + 1) * kept), below every row not yet moved
+     * (at r' * stride, r' > r) and every row not yet decoded: safe in place. */
+    int keeping = keep1 > keep0 && keep0 >= (int)xoff && keep1 <= (int)(xoff + width) &&
+                  (keep0 > (int)xoff || keep1 < (int)(xoff + width));
+    size_t kept = keeping ? (size_t)(keep1 - keep0) * 3 : stride;
+    size_t shift = keeping ? (size_t)(keep0 - (int)xoff) * 3 : 0;
+    if (keeping) {
+        geom[0] = keep0;
+        geom[2] = keep1 - keep0;
+    }
     if (y0 > 0) api.skip(&cinfo, (JDIMENSION)y0);
     int done = 0;
     while (done < rows) {
@@ -183,6 +198,9 @@ int shmjpeg_region(const unsigned char *data, size_t len, int denom, int fast_dc
         for (int i = 0; i < want; i++) row_ptrs[i] = out + stride * (size_t)(done + i);
         JDIMENSION got = api.read(&cinfo, row_ptrs, (JDIMENSION)want);
         if (got == 0) break;
+        if (keeping)
+            for (int i = done; i < done + (int)got; i++)
+                memmove(out + kept * (size_t)i, out + stride * (size_t)i + shift, kept);
         done += (int)got;
     }
     if (err.warned || done < rows) {

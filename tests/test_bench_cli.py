@@ -409,8 +409,9 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     rates = {"torch+conventional": [500.0, 600.0], "torch+ImageFolder": [900.0, 1000.0],
              "shmloader+ImageFolder": [1500.0, 1500.0]}  # fmt: skip
     peers = [_FakeEpochs(name, r) for name, r in rates.items()]
-    monkeypatch.setattr(jpeg, "_peers", lambda *args: peers)
-    monkeypatch.setattr(jpeg, "ensure_images", lambda root, count=jpeg.W6_COUNT: root)
+    fresh = [_FakeEpochs(name, [r / 2 for r in rs]) for name, rs in rates.items()]  # fresh passes
+    monkeypatch.setattr(jpeg, "_peers", lambda *args: (peers, fresh))
+    monkeypatch.setattr(jpeg, "ensure_images", lambda root, *args: root)
     monkeypatch.setattr(jpeg, "w6_missing", lambda torch_dl: None)
     (cfg,) = workloads.make_configs(["W6"], [2])
     lines: list[str] = []
@@ -421,7 +422,8 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     # The harness alternates: repeat 1 in order, repeat 2 reversed.
     timed = [ln.split("] ")[1].split(":")[0] for ln in lines if "repeat" in ln]
     names = list(rates)
-    assert timed == [f"W6 w2 repeat {r}/2 {n}" for r, order in ((1, names), (2, names[::-1])) for n in order]
+    order = [(r, n) for r, ns in ((1, names), (2, names[::-1])) for n in ns]
+    assert timed == [f"W6 w2{f} repeat {r}/2 {n}" for f in ("", " fresh") for r, n in order]
     rows = {r.loader: r for r in res.rows}
     assert list(rows) == list(jpeg.PEERS)
     assert rows["shmloader+ImageFolder"].batches_per_s == pytest.approx(1500 / 64)
@@ -433,13 +435,23 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
         (1500 / 900 + 1500 / 1000) / 2
     )
     assert {r["peer"]: r["images_per_s"] for r in w6["results"]}["torch+conventional"] == pytest.approx(550)
+    assert w6["fresh"]["ratio_ranges"]["shmloader+ImageFolder / torch+conventional"] == pytest.approx(
+        [2.5, 3.0]
+    )
     targets = _judge([res])
     assert targets["W6 w2 shmloader+ImageFolder vs torch+conventional"]["met"] is True
+    assert targets["W6 w2 fresh pass vs torch+ImageFolder"]["value"] == pytest.approx(
+        (1500 / 900 + 1500 / 1000) / 2
+    )
     assert targets["W6 w2 shmloader+ImageFolder vs torch+ImageFolder"]["value"] == pytest.approx(
         (1500 / 900 + 1500 / 1000) / 2
     )
     text = report.format_report([res])
-    assert "W6 w2 in detail:\n" + res.extra["w6_table"] in text and "MISSED" not in text
+    assert (
+        "W6 w2 in detail:\n" + res.extra["w6_table"] in text
+        and "Fresh loaders" in text
+        and "MISSED" not in text
+    )
     assert "W6 w2  " not in text.split("Time to first")[1]
     # CPU per image of all processes, torch+conventional's over ours: 2000/550 ms over 2000/1500 ms.
     assert (

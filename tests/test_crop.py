@@ -98,6 +98,14 @@ def test_a_region_has_the_full_decode_s_pixels(flavours, name):
                 a = 1 if left > 0 else 0  # the edge columns of a cropped side may differ
                 b = pixels.shape[1] - (1 if left + pixels.shape[1] < w else 0)
                 assert np.array_equal(pixels[:, a:b], full[y0:y1, left + a : left + b]), (factor, fast)
+                # keep: exactly the inner columns, contiguous (what the torch resampler reads)
+                k0, k1 = x0 + (x0 > 0), x1 - (x1 < w)
+                if k1 > k0:
+                    kept = dec.decode(
+                        data, factor, (x0, y0, x1, y1), fast, False, np.empty(0, np.uint8), (k0, k1)
+                    )
+                    assert kept[1] == k0 and kept[0].flags.c_contiguous
+                    assert np.array_equal(kept[0], full[y0:y1, k0:k1]), (factor, fast)
 
 
 def _render(root: Path, transform, **kw) -> tuple[list[np.ndarray], dict]:

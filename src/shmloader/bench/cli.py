@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from shmloader.bench.jpeg import measure_w6, w6_steps
+from shmloader.bench.jpeg import W6_IMAGE_SIZE, measure_w6, w6_steps
 from shmloader.bench.machine import machine_info
 from shmloader.bench.measure import COLD_BATCHES, config_steps, measure_config
 from shmloader.bench.peers import torch_dataloader
@@ -37,6 +37,17 @@ def _parse_list(text: str, allowed: Sequence[str] | None = None) -> list[str]:
     return items
 
 
+def _image_size(text: str) -> tuple[int, int]:
+    from shmloader.vision.synth import parse_size
+
+    try:
+        return parse_size(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"--image-size wants WIDTHxHEIGHT in pixels (at least 8x8), e.g. 500x375, got {text!r}."
+        ) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``shmloader bench``."""
     parser = argparse.ArgumentParser(
@@ -48,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         + "; W1-unordered, W7-unordered: W1, W7 with in_order=False; W1-fresh: W1 with "
         "persistent_workers=False. "
         "W6 needs Pillow and simplejpeg, and writes its images once under $SHMLOADER_CACHE "
-        "(default ~/.cache/shmloader; about a minute). "
+        "(default ~/.cache/shmloader; a few minutes). "
         "With no options: W1 and W4 with 2 workers, about a minute.",
     )
     parser.add_argument(
@@ -86,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--plot", metavar="PATH", help="write a PNG bar chart of the ratios (needs matplotlib)"
     )
+    parser.add_argument(
+        "--image-size",
+        type=_image_size,
+        default=W6_IMAGE_SIZE,
+        metavar="WxH",
+        help="W6's JPEGs: every image this size (default: 500x375, ImageNet's median; "
+        "e.g. 1200x800 for camera photos scaled down)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
 
@@ -106,6 +125,7 @@ def run(
     out: Callable[[str], None] = print,
     quiet: bool = False,
     cold_batches: int = COLD_BATCHES,
+    image_size: tuple[int, int] = W6_IMAGE_SIZE,
 ) -> list[ConfigResult]:
     """Measure ``configs`` one after the other (W6 by :func:`~shmloader.bench.jpeg.measure_w6`,
     the others by :func:`~shmloader.bench.measure.measure_config`); without torch, its peers
@@ -117,7 +137,11 @@ def run(
     try:
         for cfg in configs:
             if WORKLOADS[cfg.workload].make is None:
-                results.append(measure_w6(cfg, repeat=repeat, torch_dl=torch_dl, progress=progress))
+                results.append(
+                    measure_w6(
+                        cfg, repeat=repeat, torch_dl=torch_dl, progress=progress, image_size=image_size
+                    )
+                )
                 continue
             results.append(
                 measure_config(
@@ -181,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         out=out,
         quiet=args.quiet,
         cold_batches=args.cold_batches,
+        image_size=args.image_size,
     )
     out("")
     out(format_report(results))
@@ -195,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
         "repeat": args.repeat,
         "cold_batches": args.cold_batches,
+        "image_size": list(args.image_size),
         "memory": not args.no_memory,
         "command": command,
     }

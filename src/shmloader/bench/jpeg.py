@@ -1,8 +1,9 @@
 """W6, the JPEG training pipeline: this loader beside torch's over an image folder.
 
-2,000 synthetic JPEGs (~400 px, written once under ``$SHMLOADER_CACHE`` or
-``~/.cache/shmloader``) -> random resized crop 224 + horizontal flip -> batches of 64
-uint8 HWC images and int64 labels, shuffled, persistent workers. Peers:
+2,000 synthetic JPEGs (500x375 by default, ImageNet's median size; ``--image-size``;
+written once under ``$SHMLOADER_CACHE`` or ``~/.cache/shmloader``) -> random resized crop
+224 + horizontal flip -> batches of 64 uint8 HWC images and int64 labels, shuffled.
+Peers:
 
 - ``torch+conventional``: ``torch.utils.data.DataLoader`` over the dataset people write
   (Pillow open, ``convert("RGB")``, crop and resize as torchvision's
@@ -11,11 +12,19 @@ uint8 HWC images and int64 labels, shuffled, persistent workers. Peers:
   (its ``__getitem__``);
 - ``shmloader+ImageFolder``: this loader over the same ImageFolder (write-into path).
 
-Timed by the one harness (:func:`shmloader.bench.peers.time_peers`) over whole epochs: one
-warm-up epoch each, then ``repeat`` timed epochs, the peers alternating. Reported: median
-images/s (and batches/s = images/s / 64), median consumer CPU per batch
-(``time.process_time`` of the consuming process), CPU per image of consumer and workers,
-and ratios paired per repeat. Run it as ``shmloader bench --workloads W6``.
+Two measurements, each by the one harness (:func:`shmloader.bench.peers.time_peers`:
+a warm-up, then ``repeat`` timed runs, the peers alternating):
+
+- long runs: persistent loaders over whole epochs of the 2,000 images;
+- fresh passes: a new loader (workers not persistent) per run, over the first
+  :data:`W6_FRESH_COUNT` images, timed from its construction to the end of its one
+  epoch (worker start-up and pipeline fill included, as for a short epoch or a job
+  that just started).
+
+Reported: median images/s with the spread (min-max over median), batches/s = images/s
+/ 64, median consumer CPU per batch (``time.process_time`` of the consuming process),
+CPU per image of consumer and workers, and ratios paired per repeat. Run it as
+``shmloader bench --workloads W6``.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from shmloader.bench.jpegreport import OURS as _OURS
+from shmloader.bench.jpegreport import w6_table
 from shmloader.bench.machine import load1
 from shmloader.bench.peers import close_loader, close_peers, summarize, time_peers
 from shmloader.bench.progress import Progress
@@ -38,11 +49,12 @@ from shmloader.bench.results import ConfigResult, Row
 from shmloader.bench.workloads import WORKLOADS, Config
 
 W6_COUNT = 2000
+W6_FRESH_COUNT = 600  # images of a fresh loader's pass
+W6_IMAGE_SIZE = (500, 375)  # (width, height) of the synthetic JPEGs: ImageNet's median
 W6_SIZE = 224
 W6_BATCH = 64
 PEERS = ("torch+conventional", "torch+ImageFolder", "shmloader+ImageFolder")
 _BASE = "torch+conventional"  # what 'vs torch' is relative to
-_OURS = "shmloader+ImageFolder"
 
 
 def default_cache_dir() -> Path:
@@ -51,14 +63,21 @@ def default_cache_dir() -> Path:
     return Path(base)
 
 
-def ensure_images(root: str | os.PathLike | None = None, count: int = W6_COUNT) -> Path:
-    """The W6 image folder (``count`` JPEGs, 300-500 px, 4 classes), made once and reused."""
+def image_folder(count: int = W6_COUNT, size: tuple[int, int] = W6_IMAGE_SIZE) -> Path:
+    """The cache folder of ``count`` W6 JPEGs of ``size`` (width, height)."""
+    return default_cache_dir() / f"w6-jpeg-{count}-{size[0]}x{size[1]}"
+
+
+def ensure_images(
+    root: str | os.PathLike | None = None, count: int = W6_COUNT, size: tuple[int, int] = W6_IMAGE_SIZE
+) -> Path:
+    """The W6 image folder (``count`` JPEGs of ``size``, 4 classes), made once and reused."""
     from shmloader.vision.synth import make_images
 
-    root = Path(root) if root is not None else default_cache_dir() / f"w6-jpeg-{count}"
+    root = Path(root) if root is not None else image_folder(count, size)
     marker = root / ".complete"
     if not (marker.exists() and marker.read_text().strip() == str(count)):
-        make_images(root, count, seed=0)
+        make_images(root, count, seed=0, size=size)
         marker.write_text(str(count))
     return root
 
@@ -133,6 +152,27 @@ def _epoch(loader: Iterable[Any]) -> tuple[int, int, float, float, float]:
     return images, batches, wall, cpu, cpu + _children_cpu_s() - w0
 
 
+def _reaped_cpu_s() -> float:
+    """CPU seconds of this process's children that have exited and been waited for."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _fresh_pass(make: Any) -> tuple[int, int, float, float, float]:
+    """:func:`_epoch`'s figures for a new loader (``make()``) iterated once and shut down:
+    the clocks start before it is made, and its workers' CPU is counted once they exit."""
+    images = batches = 0
+    w0, c0, t0 = _reaped_cpu_s(), time.process_time(), time.perf_counter()
+    loader = make()
+    for _, labels in loader:
+        images += len(labels)
+        batches += 1
+    close_loader(loader)  # not persistent: its workers are already stopping
+    del loader
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return images, batches, wall, cpu, cpu + _reaped_cpu_s() - w0
+
+
 class EpochPeer:
     """A persistent loader timed over whole epochs (W6): ``run`` ignores the batch and time
     bounds, and keeps each epoch's images/s and all-CPU per image for W6's own table."""
@@ -144,14 +184,17 @@ class EpochPeer:
         self.images_per_s: list[float] = []
         self.all_cpu_ms_per_image: list[float] = []
 
+    def _once(self) -> tuple[int, int, float, float, float]:
+        return _epoch(self.loader)
+
     def warm_up(self) -> None:
         """One untimed epoch: starts the workers, fills the page cache."""
-        _epoch(self.loader)
+        self._once()
 
     def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
         """One timed epoch: images/s / batch size (the last batch may be short), consumer
         CPU seconds per batch, batches."""
-        images, n, wall, cpu, total = _epoch(self.loader)
+        images, n, wall, cpu, total = self._once()
         self.images_per_s.append(images / wall)
         self.all_cpu_ms_per_image.append(total / images * 1e3)
         return images / wall / self.batch_size, cpu / n, n
@@ -161,7 +204,28 @@ class EpochPeer:
         close_loader(self.loader)
 
 
-def _peers(root: Path, batch_size: int, workers: int, backend: str, torch_dl: Any) -> list[EpochPeer]:
+class FreshPeer(EpochPeer):
+    """A fresh loader per run (W6 fresh passes): ``make()`` builds a loader whose workers
+    are not persistent; each run makes one, iterates its epoch and shuts it down, timed
+    from before it is made (worker start-up and pipeline fill included)."""
+
+    def __init__(self, name: str, make: Any, batch_size: int, dataset: Any):
+        super().__init__(name, None, batch_size)
+        self.make = make
+        self.dataset = dataset
+
+    def _once(self) -> tuple[int, int, float, float, float]:
+        return _fresh_pass(self.make)
+
+    def close(self) -> None:
+        """Nothing runs between passes."""
+
+
+def _peers(
+    root: Path, batch_size: int, workers: int, backend: str, torch_dl: Any, fresh_count: int
+) -> tuple[list[EpochPeer], list[EpochPeer]]:
+    """The persistent peers over the whole folder, and the fresh ones over its first
+    ``fresh_count`` images."""
     import torch
 
     from shmloader import DataLoader
@@ -169,23 +233,32 @@ def _peers(root: Path, batch_size: int, workers: int, backend: str, torch_dl: An
 
     transform = [RandomResizedCrop(W6_SIZE), RandomHorizontalFlip()]
     folder = ImageFolder(root, transform, backend=backend)
+    subset = ImageFolder.from_files(
+        *zip(*folder.samples[:fresh_count], strict=True), transform, backend=backend
+    )
     common = {
         "batch_size": batch_size,
         "shuffle": True,
         "num_workers": workers,
-        "persistent_workers": True,
         "multiprocessing_context": "fork",
     }
 
-    def torch_loader(dataset: Any) -> Any:
-        return torch_dl(dataset, generator=torch.Generator().manual_seed(0), **common)
+    def torch_loader(dataset: Any, persistent: bool) -> Any:
+        gen = torch.Generator().manual_seed(0)
+        return torch_dl(dataset, generator=gen, persistent_workers=persistent, **common)
 
-    loaders = {
-        "torch+conventional": torch_loader(ConventionalFolder(folder.samples)),
-        "torch+ImageFolder": torch_loader(folder),
-        "shmloader+ImageFolder": DataLoader(folder, seed=0, **common),
-    }
-    return [EpochPeer(name, loaders[name], batch_size) for name in PEERS]
+    def makers(ds: Any, persistent: bool) -> dict[str, Any]:
+        return {
+            "torch+conventional": lambda: torch_loader(ConventionalFolder(ds.samples), persistent),
+            "torch+ImageFolder": lambda: torch_loader(ds, persistent),
+            "shmloader+ImageFolder": lambda: DataLoader(ds, seed=0, persistent_workers=persistent, **common),
+        }
+
+    steady, fresh = makers(folder, True), makers(subset, False)
+    return (
+        [EpochPeer(name, steady[name](), batch_size) for name in PEERS],
+        [FreshPeer(name, fresh[name], batch_size, subset) for name in PEERS],
+    )
 
 
 def _importable(module: str) -> bool:
@@ -211,8 +284,36 @@ def w6_missing(torch_dl: Any | None) -> str | None:
 
 
 def w6_steps(repeat: int) -> int:
-    """Progress steps of :func:`measure_w6`: the dataset, warm-up epochs, timed epochs."""
-    return 1 + len(PEERS) * (1 + repeat)
+    """Progress steps of :func:`measure_w6`: the dataset, then warm-up and timed runs of
+    the long runs and of the fresh passes."""
+    return 1 + 2 * len(PEERS) * (1 + repeat)
+
+
+def _summary(peers: list[EpochPeer], rows: dict[str, Row]) -> dict[str, Any]:
+    """Per peer: median images/s, spread, CPU figures, runs; paired ratios (median and
+    min-max over the repeats)."""
+    by = {p.name: p for p in peers}
+    pairs = ((_OURS, _BASE), (_OURS, "torch+ImageFolder"), ("torch+ImageFolder", _BASE))
+    ratios = {
+        f"{a} / {b}": [x / y for x, y in zip(by[a].images_per_s, by[b].images_per_s, strict=True)]
+        for a, b in pairs
+    }
+    return {
+        "results": [
+            {
+                "peer": p.name,
+                "images_per_s": statistics.median(p.images_per_s),
+                "consumer_cpu_ms_per_batch": rows[p.name].consumer_cpu_ms,
+                "total_cpu_ms_per_image": statistics.median(p.all_cpu_ms_per_image),
+                "spread": rows[p.name].spread,
+                "runs": p.images_per_s,
+                "total_cpu_ms_per_image_runs": p.all_cpu_ms_per_image,
+            }
+            for p in peers
+        ],
+        "ratios": {k: statistics.median(v) for k, v in ratios.items()},
+        "ratio_ranges": {k: [min(v), max(v)] for k, v in ratios.items()},
+    }
 
 
 def measure_w6(
@@ -224,10 +325,15 @@ def measure_w6(
     root: str | os.PathLike | None = None,
     count: int = W6_COUNT,
     backend: str = "auto",
+    image_size: tuple[int, int] = W6_IMAGE_SIZE,
+    fresh_count: int = W6_FRESH_COUNT,
 ) -> ConfigResult:
     """W6: the three peers side by side, ``repeat`` timed epochs each after a warm-up
-    epoch; rows in batches of 64 and ratios to torch+conventional, W6's own report (images/s,
-    CPU per image) in ``extra["w6"]`` and as text in ``extra["w6_table"]``."""
+    epoch (persistent loaders: the rows, in batches of 64, ratios to torch+conventional),
+    then ``repeat`` fresh loaders' passes over ``fresh_count`` images each after a
+    warm-up pass; W6's own report (images/s, CPU per image, both measurements) in
+    ``extra["w6"]`` (the fresh passes under ``"fresh"``) and as text in
+    ``extra["w6_table"]``."""
     wl = WORKLOADS["W6"]
     res = ConfigResult(cfg, wl.description, wl.batch_size, wl.batch_size * (W6_SIZE * W6_SIZE * 3 + 8), 0)
     why = w6_missing(torch_dl)
@@ -237,80 +343,43 @@ def measure_w6(
         for _ in range(w6_steps(repeat)):
             progress.step(f"{cfg.label} skipped")
         return res
-    folder = Path(root) if root is not None else default_cache_dir() / f"w6-jpeg-{count}"
+    folder = Path(root) if root is not None else image_folder(count, image_size)
     if not (folder / ".complete").exists():
-        progress.out(f"{cfg.label}: writing {count} synthetic JPEGs to {folder} (once, about a minute)")
-    ensure_images(folder, count)
+        progress.out(f"{cfg.label}: writing {count} synthetic JPEGs to {folder} (once, a few minutes)")
+    ensure_images(folder, count, image_size)
     progress.step(f"{cfg.label} dataset ready: {folder}")
     load0 = load1()
-    peers = _peers(folder, wl.batch_size, cfg.workers, backend, torch_dl)
+    fresh_count = min(fresh_count, count)
+    peers, fresh = _peers(folder, wl.batch_size, cfg.workers, backend, torch_dl, fresh_count)
     resample = peers[-1].loader.dataset.backend
     try:
         rows = time_peers(cfg.label, peers, batches=0, max_s=math.inf, repeat=repeat, progress=progress)
     finally:
         close_peers(peers)
+    fresh_rows = time_peers(
+        f"{cfg.label} fresh", fresh, batches=0, max_s=math.inf, repeat=repeat, progress=progress
+    )
     summarize(rows, res.batch_bytes, base=_BASE)
+    summarize(fresh_rows, res.batch_bytes, base=_BASE)
     res.rows = list(rows.values())
-    by = {p.name: p for p in peers}
-
-    def paired(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(by[a].images_per_s, by[b].images_per_s, strict=True))
-
+    size = f"{image_size[0]}x{image_size[1]}"
     res.extra["w6"] = {
-        "workload": f"W6: {count} JPEGs ~400px -> RandomResizedCrop {W6_SIZE} + flip -> "
+        "workload": f"W6: {count} JPEGs {size} -> RandomResizedCrop {W6_SIZE} + flip -> "
         f"batch {wl.batch_size} uint8, {cfg.workers} workers",
         "folder": str(folder),
+        "image_size": list(image_size),
         "load": [load0, load1()],
         "cores": os.cpu_count(),
         "backend": resample,
-        "results": [
-            {
-                "peer": p.name,
-                "images_per_s": statistics.median(p.images_per_s),
-                "consumer_cpu_ms_per_batch": rows[p.name].consumer_cpu_ms,
-                "total_cpu_ms_per_image": statistics.median(p.all_cpu_ms_per_image),
-                "spread": rows[p.name].spread,
-                "runs": p.images_per_s,
-            }
-            for p in peers
-        ],
-        "ratios": {
-            f"{a} / {b}": paired(a, b)
-            for a, b in ((_OURS, _BASE), (_OURS, "torch+ImageFolder"), ("torch+ImageFolder", _BASE))
-        },
+        **_summary(peers, rows),
+        "fresh": {"images": fresh_count, **_summary(fresh, fresh_rows)},
     }
     res.extra["w6_table"] = w6_table(res.extra["w6"])
     res.notes.append(
         f"{cfg.label}: batches/s = images/s / 64 over whole epochs of {count} images (the last "
-        f"batch short); 'vs torch' = vs torch+conventional; resample backend {resample}"
+        f"batch short); 'vs torch' = vs torch+conventional; resample backend {resample}; fresh "
+        f"loaders' passes over {fresh_count} images in the detail table"
     )
     if load0 is not None:
         res.load_average = [load0, load1() or 0.0]
     return res
-
-
-def w6_table(report: dict[str, Any]) -> str:
-    """W6's own table: images/s, consumer CPU per batch, CPU per image of all processes,
-    the paired ratios, and a warning when other processes competed for the CPU."""
-    lines = [report["workload"], f"(resample backend: {report['backend']}; median of repeats)", ""]
-    lines.append(f"{'peer':<24}{'images/s':>10}{'spread':>9}{'consumer CPU/batch':>21}{'all CPU/image':>16}")
-    for r in report["results"]:
-        lines.append(
-            f"{r['peer']:<24}{r['images_per_s']:>10.0f}{r['spread']:>8.0%} "
-            f"{r['consumer_cpu_ms_per_batch']:>16.2f} ms{r['total_cpu_ms_per_image']:>13.2f} ms"
-        )
-    lines.append("")
-    for name, value in report["ratios"].items():
-        lines.append(f"{name:<46} {value:5.2f}x")
-    cpu = {r["peer"]: r["total_cpu_ms_per_image"] for r in report["results"]}
-    lines.append("")
-    lines.append("CPU per image, consumer + workers (far less sensitive to other load than images/s):")
-    for peer in ("torch+conventional", "torch+ImageFolder"):
-        lines.append(f"  {peer} / shmloader+ImageFolder {'':<18} {cpu[peer] / cpu[_OURS]:5.2f}x")
-    lo, hi = report["load"]
-    if lo is not None and hi is not None and max(lo, hi) > report["cores"]:
-        lines.append(
-            f"note: load average {lo:.1f} -> {hi:.1f} on {report['cores']} cores: other processes "
-            "competed for the CPU, so images/s and its ratios are noisy; trust the CPU ratios more."
-        )
-    return "\n".join(lines)

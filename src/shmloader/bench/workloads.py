@@ -58,8 +58,9 @@ WORKLOADS: dict[str, Workload] = {
     ),
     "W6": Workload(
         "W6",
-        "2,000 synthetic JPEGs ~400 px -> RandomResizedCrop 224 + flip -> batch 64 uint8 HWC "
-        "(shmloader.bench.jpeg; epochs, not a time box)",
+        "2,000 synthetic JPEGs 500x375 (--image-size) -> RandomResizedCrop 224 + flip -> batch 64 "
+        "uint8 HWC (shmloader.bench.jpeg; whole epochs of persistent loaders, and fresh loaders' "
+        "passes over 600 images)",
         64,
         0,
         None,

@@ -116,10 +116,15 @@ class Decoder:
         return to_rgb(img)
 
     def decode_region(
-        self, probe: Probe, factor: int, bounds: tuple[int, int, int, int]
+        self,
+        probe: Probe,
+        factor: int,
+        bounds: tuple[int, int, int, int],
+        keep: tuple[int, int] | None = None,
     ) -> tuple[np.ndarray, int, int, int, int] | None:
         """Decode only rows ``y0:y1`` and (at least) columns ``x0:x1`` (``bounds``, in
-        pixels of the image downscaled by ``factor``) of a JPEG: see
+        pixels of the image downscaled by ``factor``) of a JPEG, keeping only the columns
+        ``keep`` when given: see
         :meth:`shmloader.vision.region.RegionDecoder.decode` for the result (less the
         scratch buffer, which this decoder keeps: valid until its next decode). None when
         the region decode does not apply (not a libjpeg-turbo JPEG, the region helper
@@ -134,7 +139,7 @@ class Decoder:
         if region is None:
             return None
         got = region.decode(
-            probe.data, factor, bounds, self.fast_dct, self.fast_upsample, self._region_scratch
+            probe.data, factor, bounds, self.fast_dct, self.fast_upsample, self._region_scratch, keep
         )
         if got is None:
             return None

@@ -13,7 +13,7 @@ from shmloader.rng import epoch_seed, sample_rng  # noqa: F401 - re-exported by 
 from shmloader.vision.decode import Decoder, ImageDecodeError, dct_factor
 from shmloader.vision.region import decoder as region_decoder
 from shmloader.vision.region import region_bounds
-from shmloader.vision.resample import flip_inplace, resample_into, resolve_backend
+from shmloader.vision.resample import flip_inplace, int_box, resample_into, resolve_backend
 from shmloader.vision.transforms import Compose, Plan, Transform
 from shmloader.writeinto import ArraySpec
 
@@ -334,10 +334,17 @@ class ImageFolder:
         sw, sh = -(-probe.width // factor), -(-probe.height // factor)
         sx, sy = sw / probe.width, sh / probe.height
         sbox = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
-        bounds = region_bounds(sbox, ow, oh, sw, sh)
+        keep = None
+        if self.backend == "torch":
+            # torch resamples exactly the whole-pixel box: decode it (and one more column
+            # each side, chroma upsampling's edge), keep exactly its columns, contiguous.
+            kx0, ky0, kx1, ky1 = int_box(sbox, sw, sh)
+            bounds, keep = (max(kx0 - 1, 0), ky0, min(kx1 + 1, sw), ky1), (kx0, kx1)
+        else:
+            bounds = region_bounds(sbox, ow, oh, sw, sh)
         if bounds == (0, 0, sw, sh):
             return False  # the crop needs all of it: the whole-image decode, as before
-        got = self._decoder.decode_region(probe, factor, bounds)
+        got = self._decoder.decode_region(probe, factor, bounds, keep)
         if got is None:
             self.region_fallbacks += 1
             return False
@@ -345,7 +352,10 @@ class ImageFolder:
         if (full_w, full_h) != (sw, sh):  # not expected: a library that scales otherwise
             self.region_fallbacks += 1
             return False
-        local = (sbox[0] - left, sbox[1] - top, sbox[2] - left, sbox[3] - top)
+        if keep is not None and (left, pixels.shape[1]) == (keep[0], keep[1] - keep[0]):
+            local = (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0]))  # exactly the box
+        else:
+            local = (sbox[0] - left, sbox[1] - top, sbox[2] - left, sbox[3] - top)
         resample_into(pixels, local, view, chw, flip, self.backend)
         self.region_decodes += 1
         return True

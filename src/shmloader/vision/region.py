@@ -21,7 +21,9 @@ decoded whole, as before (simplejpeg).
 Equality: the rows and columns decoded are identical to the same rows and columns of a
 full decode, except the outermost pixel column on each side of a cropped region (fancy
 chroma upsampling treats the region's edge as the image's edge): callers ask for a
-margin around what they read (:func:`region_bounds`).
+margin around what they read (:func:`region_bounds`), or one column each side of exactly
+the columns they keep (``keep``: the torch resampler's whole-pixel box, handed over
+contiguous).
 """
 
 from __future__ import annotations
@@ -101,10 +103,12 @@ class RegionDecoder:
         fast_dct: bool,
         fast_upsample: bool,
         scratch: np.ndarray,
+        keep: tuple[int, int] | None = None,
     ) -> tuple[np.ndarray, int, int, int, int, np.ndarray] | None:
         """Decode rows ``y0:y1`` and at least columns ``x0:x1`` (``bounds``, in pixels of
         the image scaled by 1/``factor``) as RGB into ``scratch`` (flat uint8; replaced
-        by a larger one when too small).
+        by a larger one when too small). ``keep`` (``(k0, k1)`` within ``x0:x1``): keep
+        only those columns, so that ``pixels`` is exactly them, C-contiguous.
 
         Returns ``(pixels, left, top, width, height, scratch)``: ``pixels`` the decoded
         region (HxWx3 uint8, a view of the returned ``scratch``: keep that for the next
@@ -118,6 +122,7 @@ class RegionDecoder:
         ffi = self._ffi
         geom = ffi.new("int[6]")
         src = ffi.from_buffer(data)
+        k0, k1 = keep if keep is not None else (0, 0)
         status = _SMALL
         for _ in range(2):
             status = self._lib.shmjpeg_region(
@@ -130,6 +135,8 @@ class RegionDecoder:
                 y0,
                 x1,
                 y1,
+                k0,
+                k1,
                 ffi.from_buffer(scratch),
                 scratch.size,
                 geom,
@@ -152,7 +159,7 @@ class RegionDecoder:
         geom = self._ffi.new("int[6]")
         out = np.empty(3 * 64, np.uint8)
         status = self._lib.shmjpeg_region(
-            self._ffi.from_buffer(data), len(data), factor, 0, 0, 0, 0, 1, 1,
+            self._ffi.from_buffer(data), len(data), factor, 0, 0, 0, 0, 1, 1, 0, 0,
             self._ffi.from_buffer(out), out.size, geom, msg, _MSG_LEN,
         )  # fmt: skip
         return None if status in (_OK, _SMALL) else self._ffi.string(msg).decode("utf-8", "replace")

@@ -78,8 +78,9 @@ def resample_into(
         _resample_pillow(src, box, dst, chw, flip, oh, ow)
 
 
-def _int_box(src: np.ndarray, box: tuple[float, float, float, float]) -> tuple[int, int, int, int]:
-    h, w = src.shape[:2]
+def int_box(box: tuple[float, float, float, float], w: int, h: int) -> tuple[int, int, int, int]:
+    """The whole-pixel box (x0, y0, x1, y1) the torch backend resamples for ``box`` on a
+    ``w`` x ``h`` image (rounded half to even, at least one pixel, inside the image)."""
     x0 = min(max(round(box[0]), 0), w - 1)
     y0 = min(max(round(box[1]), 0), h - 1)
     x1 = min(max(round(box[2]), x0 + 1), w)
@@ -102,7 +103,7 @@ def _resample_torch(
         dst[...] = whole
         return
     torch = _get_torch()
-    x0, y0, x1, y1 = _int_box(src, box)
+    x0, y0, x1, y1 = int_box(box, src.shape[1], src.shape[0])
     # NCHW views of HWC memory (channels-last, what the uint8 kernel is vectorized for).
     source = torch.from_numpy(src[None, y0:y1, x0:x1]).permute(0, 3, 1, 2)
     out = torch.from_numpy(dst[None]) if chw else torch.from_numpy(dst[None]).permute(0, 3, 1, 2)
