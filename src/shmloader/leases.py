@@ -305,8 +305,14 @@ class Leases:
         # Pinned: released slots whose device copies are done, else wait for the oldest.
         if self.pinner is not None and self.pinner.reclaim(block=True):
             slot = states.claim(0, _slots.FREE, _slots.ASSIGNED)
-        if slot < 0:
-            gc.collect()  # batches kept alive only by reference cycles
+        # Batches kept alive only by reference cycles: a young collection first (batches
+        # just dropped into cycles are young; it walks only recent objects), the full one
+        # only if that freed no slot. A full collection walks the whole heap: 0.3 s with
+        # torch and Lightning imported (measured), once per exhausted ring otherwise.
+        for generation in (1, 2):
+            if slot >= 0:
+                break
+            gc.collect(generation)
             slot = states.claim(0, _slots.FREE, _slots.ASSIGNED)
         if slot < 0:
             # Every slot is held by batches the consumer keeps (the loader's own in-flight
