@@ -66,6 +66,17 @@ class Scheduler:
         self._ends = 0  # end results received (every one, not only first ends)
         self._shard_blobs: dict[int, list[tuple[int, bytes]]] = {}
 
+    def grow(self, num_workers: int) -> None:
+        """Workers were added mid-epoch (``num_workers="auto"``, map-style datasets): the
+        round robin goes on from where it is, over ``num_workers`` workers from its next
+        turn on."""
+        extra = num_workers - self.num_workers
+        if extra <= 0:
+            return
+        self.num_workers = num_workers
+        self.active.extend([True] * extra)
+        self.outstanding.extend([0] * extra)
+
     # --- sending ------------------------------------------------------------------------
 
     def any_active(self) -> bool:
