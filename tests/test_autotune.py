@@ -10,13 +10,15 @@ its batches with a run at a fixed ``num_workers``: the batches never change.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import numpy as np
 import pytest
 
 import shmloader
-from shmloader import DataLoader, arguments, autotune
+from shmloader import DataLoader, WorkerRestartWarning, _slots, arguments, autotune
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -178,3 +180,126 @@ def test_auto_arguments_are_checked():
         DataLoader(Burner(4, 0), num_workers=1, prefetch_factor="lots")
     with pytest.raises(ValueError, match="prefetch_factor option could only be specified"):
         DataLoader(Burner(4, 0), num_workers=0, prefetch_factor="auto")
+
+
+# --- prefetch across the epoch's end (persistent workers) -----------------------------------
+
+
+def _epochs(loader, epochs: int, step: float = 0.0, before=None) -> list:
+    """``epochs`` epochs of ``loader``, each a list of plain batches; ``before(e)`` runs
+    before epoch ``e``'s iter()."""
+    out = []
+    for e in range(epochs):
+        if before is not None:
+            before(e)
+        batches = []
+        for batch in loader:
+            batches.append(_plain(batch))
+            time.sleep(step)
+        out.append(batches)
+    return out
+
+
+def _all_free(loader) -> bool:
+    ring = loader.ring
+    return all(ring.states.load(i) == 0 for i in range(ring.num_slots))
+
+
+def test_persistent_workers_load_the_next_epochs_first_batches_during_this_one():
+    data = Burner(48, 0.001)
+    loader = DataLoader(data, batch_size=4, num_workers=2, shuffle=True, seed=11, persistent_workers=True)
+    ref = DataLoader(data, batch_size=4, num_workers=2, shuffle=True, seed=11)
+    got = []
+    for _ in range(3):
+        got.append([_plain(b) for b in loader])
+        time.sleep(0.3)  # the loop's last step: the next epoch's first batches load meanwhile
+        ready = loader.ring.states.count(_slots.READY)  # written by the workers, not read yet
+        assert ready > 0, "no batch of the next epoch was loaded before its iter()"
+    assert got == _epochs(ref, 3)
+    stats = loader.stats()
+    assert stats["epochs_ahead"] == 2 and stats["batches_ahead_dropped"] == 0, stats
+    loader.shutdown()  # the third epoch's prefetched batches in flight or READY: freed
+    assert _all_free(loader)
+
+
+def test_a_changed_epoch_drops_the_prefetched_batches_and_loads_its_own():
+    data = Burner(40, 0.0)
+    loader = DataLoader(data, batch_size=4, num_workers=2, shuffle=True, seed=2, persistent_workers=True)
+    ref = DataLoader(data, batch_size=4, num_workers=2, shuffle=True, seed=2)
+
+    def jump(e: int, target) -> None:
+        if e == 1:
+            target.set_epoch(7)
+            time.sleep(0.2)  # the prefetched batches arrive: they are dropped
+
+    got = _epochs(loader, 3, before=lambda e: jump(e, loader))
+    assert got == _epochs(ref, 3, before=lambda e: jump(e, ref))
+    stats = loader.stats()
+    assert stats["batches_ahead_dropped"] > 0 and stats["epochs_ahead"] == 1, stats  # epoch 8 followed 7
+    loader.shutdown()
+    assert _all_free(loader)
+
+
+def test_an_epoch_left_early_then_the_next_epoch_is_exact_with_in_order_false():
+    data = Burner(40, 0.0)
+    kwargs = dict(batch_size=4, num_workers=2, shuffle=True, seed=5, in_order=False)
+    loader = DataLoader(data, persistent_workers=True, **kwargs)
+    ref = DataLoader(data, **kwargs)
+
+    def run(target) -> list:
+        out = []
+        for e in range(3):
+            batches = []
+            for k, batch in enumerate(target):
+                if e == 0 and k == 8:
+                    break  # the last batches of this epoch are never taken
+                batches.append(_plain(batch))
+            out.append(sorted(batches))
+        return out
+
+    got, want = run(loader), run(ref)
+    assert len(got[0]) == len(want[0]) == 8  # (which 8: the order they arrived in)
+    assert got[1:] == want[1:]
+    del ref
+    assert loader.stats()["epochs_ahead"] >= 1
+    loader.shutdown()
+    assert _all_free(loader)
+
+
+def test_a_user_generator_is_never_drawn_from_before_the_epoch_begins():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator()
+    loader = DataLoader(
+        Burner(24, 0.0), batch_size=4, num_workers=2, shuffle=True, generator=g, persistent_workers=True
+    )
+    epochs = []
+    for _ in range(2):
+        g.manual_seed(0)  # the README's promise: reseeding before an epoch repeats it
+        epochs.append([_plain(b) for b in loader])
+        time.sleep(0.05)
+    assert epochs[0] == epochs[1]
+    assert loader.stats()["epochs_ahead"] == 0
+    loader.shutdown()
+
+
+def test_a_worker_killed_with_the_next_epochs_tasks_in_flight_is_replaced_exactly():
+    data = Burner(40, 0.001)
+    kwargs = dict(batch_size=4, num_workers=2, shuffle=True, seed=9)
+    loader = DataLoader(data, persistent_workers=True, max_worker_restarts=2, **kwargs)
+    got = []
+    with pytest.warns(WorkerRestartWarning, match="SIGKILL"):
+        for e in range(2):
+            batches = []
+            for k, batch in enumerate(loader):
+                batches.append(_plain(batch))
+                if e == 0 and k == 8:  # this epoch's last task and the next one's first are out
+                    it = loader._persistent_iter
+                    assert it._ahead is not None
+                    os.kill(it._workers[0].proc.pid, signal.SIGKILL)
+            got.append(batches)
+    del batch  # (its slot is HELD while it lives)
+    assert got == _epochs(DataLoader(data, **kwargs), 2)
+    stats = loader.stats()
+    assert stats["worker_restarts"] == 1 and stats["epochs_ahead"] == 1, stats
+    loader.shutdown()
+    assert _all_free(loader)

@@ -276,8 +276,8 @@ class Tuning:
     def _tune(self, now: float) -> None:
         """Decide on the window that ends ``now`` and apply it: a worker more (started
         now, given tasks at once) or a larger prefetch (tasks sent at once)."""
-        if self._idle or self.closed:
-            return
+        if self._idle or self.closed or getattr(self, "_ahead", None) is not None:
+            return  # (with the next epoch's tasks out, the pool stays as it is: ahead.py)
         loader = self._loader
         tuner: Tuner = loader._tuner
         action = tuner.decide(now, loader._timing, Room(self._ring, loader.shm_backend))

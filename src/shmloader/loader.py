@@ -234,6 +234,10 @@ class DataLoader(Generic[T_co]):
         # Counters for stats(): plain ints bumped on the hand-out path (no locks, no syscalls).
         self._stats: dict[str, Any] = {"batches": 0, "batches_copied": 0, "rings_created": 0, "dataset": {}}
         self._stats["worker_restarts"] = 0  # workers replaced (max_worker_restarts), in the loader's life
+        # Persistent workers (ahead.py): epochs whose first batches loaded during the last
+        # one, and batches so loaded that the epoch could not use (its plan changed).
+        self._stats["epochs_ahead"] = 0
+        self._stats["batches_ahead_dropped"] = 0
         self._timing = Timing(most_workers)  # where the time goes: stats()["time"]
         self._pinner = _pinning.make_pinner(pin_memory)  # None: off, or no CUDA (warned)
         # The rings (current and retired), slot claims and leases; see leases.py.
@@ -361,7 +365,10 @@ class DataLoader(Generic[T_co]):
         which sizes the ring, and batches that outgrew their slot: views of a one-off
         segment each; ``copy=True``; main-process loading), ``rings_created`` (the first
         ring, then one per growth), ``worker_restarts`` (dead or hung workers replaced
-        under ``max_worker_restarts``), the current ring's ``num_slots`` and ``slot_bytes``,
+        under ``max_worker_restarts``), ``epochs_ahead`` (persistent workers: epochs whose
+        first batches loaded while the last one's were consumed) and
+        ``batches_ahead_dropped`` (so loaded, and not used: ``set_epoch`` or a changed
+        dataset gave the epoch another plan), the current ring's ``num_slots`` and ``slot_bytes``,
         ``pinned_shm_bytes``, ``dataset``: the sum over all workers of the dataset's
         own ``stats()`` counters, when it has one (e.g. ``shmloader.vision.ImageFolder``
         counts files skipped under ``on_error="skip"``), and ``time``: where the time went

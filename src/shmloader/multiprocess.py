@@ -29,6 +29,7 @@ from shmloader import _slots, wire
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
+from shmloader.ahead import Ahead
 from shmloader.autotune import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
 from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
@@ -84,7 +85,7 @@ def _forget_workers_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
-class MultiProcessIter(Restarts, Tuning):
+class MultiProcessIter(Ahead, Restarts, Tuning):
     """Iterator over one epoch with worker processes (reused across epochs when
     persistent); a :class:`~shmloader.state.Positioned` for state_dict()."""
 
@@ -153,10 +154,14 @@ class MultiProcessIter(Restarts, Tuning):
                 self.close()
                 raise
         else:
+            plan = self._start_epoch(self)
+            if self._ahead is not None and self._take_ahead(plan):
+                self._idle = False  # (ahead.py: its first tasks went out last epoch)
+                return
             # Results still owed by the workers must come back before their slots are reused.
             while self._tasks:
                 self._wait()
-            self._next_epoch_on_workers(self._start_epoch(self))
+            self._next_epoch_on_workers(plan)
         self._idle = False
 
     def _next_epoch_on_workers(self, plan: _state.EpochPlan) -> None:
@@ -332,6 +337,8 @@ class MultiProcessIter(Restarts, Tuning):
             if item is not None and not self._ring_wanted:
                 # (A ring to make waits for the next call: this batch goes out first.)
                 self._dispatch()
+                if self._source_done and self._may_go_ahead():
+                    self._go_ahead()  # ahead.py: the next epoch's first tasks, meanwhile
             elif item is None and self.plan.resumed and self.scheduler.yielded_nothing():  # type: ignore[union-attr]
                 # A loaded position at its epoch's end: the next epoch, in full, instead.
                 self._next_epoch_on_workers(self._start_epoch(self))
@@ -361,9 +368,9 @@ class MultiProcessIter(Restarts, Tuning):
             item = pop()
             if item is not None:
                 return item  # type: ignore[return-value]
-            if not self._tasks:
+            if not self._owes_this_epoch():  # (not counting the next epoch's: ahead.py)
                 self._dispatch()
-                if not self._tasks:
+                if not self._owes_this_epoch():
                     return None
             self._wait()
 
