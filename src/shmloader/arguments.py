@@ -82,6 +82,8 @@ def check(
         prefetch_factor = sizing.DEFAULT_PREFETCH_FACTOR
     if num_workers > 0 and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
         raise ValueError(f"prefetch_factor should be a positive integer (got {prefetch_factor!r}).")
+    if tuner is not None and not tuner.auto_prefetch:
+        tuner.start_prefetch = tuner.max_prefetch = prefetch_factor  # (its default filled in)
     if persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     if (
