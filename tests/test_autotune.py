@@ -303,3 +303,20 @@ def test_a_worker_killed_with_the_next_epochs_tasks_in_flight_is_replaced_exactl
     assert stats["worker_restarts"] == 1 and stats["epochs_ahead"] == 1, stats
     loader.shutdown()
     assert _all_free(loader)
+
+
+def test_the_prefetch_takes_only_free_slots_and_never_grows_the_ring():
+    data = Burner(40, 0.0)
+    loader = DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True, num_slots=10, seed=1)
+    kept = list(loader)  # 10 batches held (those in the ring: HELD), 2 slots left for the prefetch
+    time.sleep(0.1)
+    states = [loader.ring.states.load(i) for i in range(loader.ring.num_slots)]
+    in_ring = 10 - loader.stats()["batches_copied"]  # (each worker's first batch sized the ring)
+    assert states.count(_slots.HELD) == in_ring and states.count(_slots.FREE) == 0, states
+    assert loader.stats()["rings_created"] == 1
+    del kept
+    second = [_plain(b) for b in loader]
+    ref = DataLoader(data, batch_size=4, num_workers=2, seed=1)
+    assert second == _epochs(ref, 2)[1]
+    assert loader.stats()["epochs_ahead"] == 1
+    loader.shutdown()

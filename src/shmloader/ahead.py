@@ -24,6 +24,7 @@ one, then those tasks again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from shmloader import _slots, wire
@@ -78,9 +79,22 @@ class Ahead:
         self.scheduler.open_next(plan.start_worker)
         for w in self._workers:
             self._pool.send(w, wire.epoch_frame(plan.epoch_seed + w.id))
-        self._source = source
+        self._source = _Gate(source, lambda: self._ring)
         self._source_done = False
         self._dispatch()  # type: ignore[attr-defined]
+
+    def _ahead_more(self) -> None:
+        """Every task this epoch may send is out (``_source_done``): begin the next
+        epoch's (:meth:`_go_ahead`), or send more of them where slots came free since the
+        gate last closed."""
+        if self._ahead is None:
+            if self._may_go_ahead():
+                self._go_ahead()
+            return
+        gate = self._source
+        if isinstance(gate, _Gate) and not gate.exhausted and gate.open():
+            self._source_done = False
+            self._dispatch()  # type: ignore[attr-defined]
 
     def _owes_this_epoch(self) -> bool:
         """Whether a task of the running epoch is still in flight (not one prefetched for
@@ -111,6 +125,10 @@ class Ahead:
         stats["epochs_ahead"] += 1
         _state.took_ahead(self._loader, self._loader._cursor)
         sched.take_next(plan.start_worker)
+        gate = self._source
+        if isinstance(gate, _Gate):  # the epoch's own now: its tasks may grow the ring
+            self._source = gate.source
+            self._source_done = gate.exhausted
         self.plan = plan
         self.epoch_done = False
         self._yielded = 0
@@ -146,3 +164,34 @@ class Ahead:
                 task.ring = self._ring
             kind, payload = wire.task_payload(task.indices)
             self._pool.send(new, wire.frame(wire.pack(kind, task.slot, seq, payload)))
+
+
+class _Gate:
+    """The next epoch's tasks while they are prefetched: each is let through only where
+    the ring has a FREE slot for it, so a prefetch never makes the ring grow (nor fails
+    on ``max_shm_bytes`` in this epoch, where the consumer may hold every slot). Closed,
+    it raises StopIteration (the dispatch stops) and may let tasks through later."""
+
+    __slots__ = ("exhausted", "ring", "source")
+
+    def __init__(self, source: Any, ring: Callable[[], Any]) -> None:
+        self.source = source
+        self.ring = ring  # the iterator's current ring (it may change meanwhile)
+        self.exhausted = False
+
+    def open(self) -> bool:
+        """Whether a task may go now: a FREE slot in the current ring."""
+        ring = self.ring()
+        return ring is not None and ring.states.count(_slots.FREE) > 0
+
+    def __iter__(self) -> _Gate:
+        return self
+
+    def __next__(self) -> Any:
+        if self.exhausted or not self.open():
+            raise StopIteration
+        try:
+            return next(self.source)
+        except StopIteration:
+            self.exhausted = True
+            raise

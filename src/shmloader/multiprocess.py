@@ -337,8 +337,8 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
             if item is not None and not self._ring_wanted:
                 # (A ring to make waits for the next call: this batch goes out first.)
                 self._dispatch()
-                if self._source_done and self._may_go_ahead():
-                    self._go_ahead()  # ahead.py: the next epoch's first tasks, meanwhile
+                if self._source_done:
+                    self._ahead_more()  # ahead.py: the next epoch's first tasks, meanwhile
             elif item is None and self.plan.resumed and self.scheduler.yielded_nothing():  # type: ignore[union-attr]
                 # A loaded position at its epoch's end: the next epoch, in full, instead.
                 self._next_epoch_on_workers(self._start_epoch(self))
