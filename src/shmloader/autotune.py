@@ -111,6 +111,7 @@ class Tuner:
 
     @classmethod
     def of(cls, s: Settings) -> Tuner:
+        """The tuner of a loader made with ``s``: at its starting counts."""
         return cls(s, s.start_workers, s.start_prefetch)
 
     def restart_window(self, now: float, timing: Timing) -> None:

@@ -154,14 +154,16 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
                 self.close()
                 raise
         else:
-            plan = self._start_epoch(self)
-            if self._ahead is not None and self._take_ahead(plan):
-                self._idle = False  # (ahead.py: its first tasks went out last epoch)
-                return
+            plan = None
+            if self._ahead is not None:  # (ahead.py: its first tasks went out last epoch)
+                plan = self._start_epoch(self)
+                if self._take_ahead(plan):
+                    self._idle = False
+                    return
             # Results still owed by the workers must come back before their slots are reused.
             while self._tasks:
                 self._wait()
-            self._next_epoch_on_workers(plan)
+            self._next_epoch_on_workers(plan if plan is not None else self._start_epoch(self))
         self._idle = False
 
     def _next_epoch_on_workers(self, plan: _state.EpochPlan) -> None:
