@@ -71,6 +71,9 @@ def free_cores(monkeypatch):
     def give(cores: int) -> None:
         monkeypatch.setattr(arguments, "usable_cores", lambda: cores)
         monkeypatch.setattr(autotune, "FREE_CORE", -1.0)
+        # Short windows: the decisions come early in a short epoch, however fast this
+        # machine loads it.
+        monkeypatch.setattr(autotune, "WINDOW_S", 0.05)
 
     return give
 
@@ -118,6 +121,7 @@ def test_auto_workers_grow_with_persistent_workers_and_in_order_false(free_cores
 def test_no_worker_is_added_without_a_free_core(monkeypatch):
     monkeypatch.setattr(arguments, "usable_cores", lambda: 4)
     monkeypatch.setattr(autotune, "FREE_CORE", 1e9)
+    monkeypatch.setattr(autotune, "WINDOW_S", 0.05)
     loader = DataLoader(Burner(160, 0.002), batch_size=4, num_workers="auto")
     assert sum(1 for _ in loader) == 40
     auto = loader.stats()["autotune"]
