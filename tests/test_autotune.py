@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import DataLoader, WorkerRestartWarning, _slots, arguments, autotune
+from shmloader import DataLoader, WorkerRestartWarning, _slots, autotune
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,7 +69,7 @@ def free_cores(monkeypatch):
     """The tuner sees ``cores`` usable cores and a core free in every window."""
 
     def give(cores: int) -> None:
-        monkeypatch.setattr(arguments, "usable_cores", lambda: cores)
+        monkeypatch.setattr(autotune, "usable_cores", lambda: cores)
         monkeypatch.setattr(autotune, "FREE_CORE", -1.0)
         # Short windows: the decisions come early in a short epoch, however fast this
         # machine loads it.
@@ -119,7 +119,7 @@ def test_auto_workers_grow_with_persistent_workers_and_in_order_false(free_cores
 
 
 def test_no_worker_is_added_without_a_free_core(monkeypatch):
-    monkeypatch.setattr(arguments, "usable_cores", lambda: 4)
+    monkeypatch.setattr(autotune, "usable_cores", lambda: 4)
     monkeypatch.setattr(autotune, "FREE_CORE", 1e9)
     monkeypatch.setattr(autotune, "WINDOW_S", 0.05)
     loader = DataLoader(Burner(160, 0.002), batch_size=4, num_workers="auto")
@@ -170,7 +170,7 @@ def test_auto_prefetch_rises_when_the_workers_idle_and_the_loop_still_waits(free
 
 
 def test_iterable_datasets_get_the_cores_from_the_start(monkeypatch):
-    monkeypatch.setattr(arguments, "usable_cores", lambda: 2)
+    monkeypatch.setattr(autotune, "usable_cores", lambda: 2)
 
     loader = DataLoader(Stream(), batch_size=3, num_workers="auto")
     assert loader.num_workers == 2

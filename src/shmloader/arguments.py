@@ -7,7 +7,6 @@ one, and what they become (defaults filled in, a start method turned into its co
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -190,7 +189,7 @@ def mp_context(context: Any, num_workers: int) -> Any:
 def warn_if_more_workers_than_cores(num_workers: int) -> None:
     """torch's warning when a loader will start more workers than this process may run
     on cores (its CPU affinity): they would only slow each other down."""
-    cores = usable_cores()
+    cores = autotune.usable_cores()
     if num_workers > cores:
         warnings.warn(
             f"This DataLoader will create {num_workers} worker processes in total. Our suggested "
@@ -200,15 +199,6 @@ def warn_if_more_workers_than_cores(num_workers: int) -> None:
             "potential slowness/freeze if necessary.",
             stacklevel=3,
         )
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity; all of them where the system
-    has no affinity)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this system: all cores
-        return os.cpu_count() or 0
 
 
 def is_iterable_dataset(dataset: Any) -> bool:

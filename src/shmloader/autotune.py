@@ -66,8 +66,6 @@ def settings(num_workers: Any, prefetch_factor: Any, iterable: bool) -> Settings
     auto_prefetch = isinstance(prefetch_factor, str) and prefetch_factor == AUTO
     if not auto_workers and not auto_prefetch:
         return None
-    from shmloader.arguments import usable_cores
-
     cores = max(1, usable_cores())
     if auto_workers:
         start = cores if iterable else 1  # an iterable dataset's shards cannot change mid-epoch
@@ -80,6 +78,15 @@ def settings(num_workers: Any, prefetch_factor: Any, iterable: bool) -> Settings
     else:
         start_pf = top_pf = prefetch_factor
     return Settings(auto_workers, auto_prefetch, start, top, start_pf, top_pf)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; all of them where the system
+    has no affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this system: all cores
+        return os.cpu_count() or 0
 
 
 @dataclass
