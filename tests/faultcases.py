@@ -1164,9 +1164,12 @@ def case_restart_kill(
                 wait_gone([victim], 2.0)
     restarts = dl.stats()["worker_restarts"]
     gc.collect()
-    ring = dl._leases.current  # every slot FREE again: none kept by a dead worker's task
-    states = [ring.states.load(i) for i in range(ring.num_slots)] if ring is not None else []
+    ring = dl._leases.current
+    # Persistent workers load the next epoch's first batches during the last epoch
+    # (ahead.py): those slots are READY until shutdown() frees them with the workers.
     dl.shutdown()
+    # Every slot FREE again: none kept by a dead worker's task.
+    states = [ring.states.load(i) for i in range(ring.num_slots)] if ring is not None else []
     del dl
     return {
         "slot_states": states,

@@ -9,23 +9,16 @@ and slot leases are :mod:`shmloader.leases`'.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import sys
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import SimpleNamespace
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-
+from shmloader import arguments, autotune, fetch, sizing, torchcompat
 from shmloader import distributed as _dist
-from shmloader import fetch, sizing, torchcompat
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
-from shmloader.collate import COLLATE_MODES
 from shmloader.inprocess import InProcessIter
 from shmloader.multiprocess import MultiProcessIter
 from shmloader.ring import Ring
@@ -38,7 +31,6 @@ _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (ske
 _FIXED_AFTER_INIT = frozenset(
     {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
 )
-_OUTPUTS = ("auto", "numpy", "torch")
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -99,6 +91,13 @@ class DataLoader(Generic[T_co]):
     error. An iterable dataset's worker is restarted only where the dataset has
     ``state_dict``/``load_state_dict``: its shard resumes from the state it reported
     after its last batch received (without them, ``WorkerDiedError``). See docs/restart.md.
+
+    ``num_workers="auto"`` and ``prefetch_factor="auto"`` (docs/autotune.md): start with
+    one worker and a prefetch of 2, and add workers mid-epoch while the training loop
+    waits, the workers are busy and a core is free (up to the cores this process may use,
+    and what the ring and memory hold), or raise the prefetch while the loop waits and the
+    workers are not busy; ``num_workers`` and ``prefetch_factor`` then report the counts in
+    use. An iterable dataset's ``"auto"`` workers are the cores, from the start.
     """
 
     _initialized = False  # set at the end of __init__: then _FIXED_AFTER_INIT is fixed
@@ -114,7 +113,7 @@ class DataLoader(Generic[T_co]):
         shuffle: bool | None = None,
         sampler: Iterable[Any] | None = None,
         batch_sampler: Iterable[list[Any]] | None = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Callable[[Any], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -123,7 +122,7 @@ class DataLoader(Generic[T_co]):
         multiprocessing_context: Any = None,
         generator: Any = None,
         *,
-        prefetch_factor: int | None = None,
+        prefetch_factor: int | str | None = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
@@ -141,98 +140,18 @@ class DataLoader(Generic[T_co]):
         world_size: int | None = None,
         max_worker_restarts: int = 0,
     ) -> None:
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(
-                "num_workers option should be non-negative; use num_workers=0 to disable "
-                f"multiprocessing (got num_workers={num_workers!r})."
-            )
-        if timeout < 0:
-            raise ValueError(f"timeout option should be non-negative (got timeout={timeout!r}).")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing. Let "
-                "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
-            )
-        if prefetch_factor is None and num_workers > 0:
-            prefetch_factor = sizing.DEFAULT_PREFETCH_FACTOR
-        if num_workers > 0 and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
-            raise ValueError(f"prefetch_factor should be a positive integer (got {prefetch_factor!r}).")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
-        if (
-            isinstance(max_worker_restarts, bool)
-            or not isinstance(max_worker_restarts, int)
-            or max_worker_restarts < 0
-        ):
-            raise ValueError(
-                "max_worker_restarts should be a non-negative integer: how many dead or hung "
-                f"workers the loader replaces in its life (got {max_worker_restarts!r})."
-            )
-        if seed is not None and generator is not None:
-            raise ValueError(
-                "pass either seed or generator, not both: seed is an int shortcut for generator."
-            )
-        if num_slots is not None and (not isinstance(num_slots, int) or num_slots < 1):
-            raise ValueError(f"num_slots should be a positive integer (got {num_slots!r}).")
-        if slot_bytes is not None and (not isinstance(slot_bytes, int) or slot_bytes < 1):
-            raise ValueError(f"slot_bytes should be a positive integer number of bytes (got {slot_bytes!r}).")
-        if collate not in COLLATE_MODES:
-            raise ValueError(
-                f"collate should be one of {', '.join(map(repr, COLLATE_MODES))} (got {collate!r}): "
-                "'stack' for equal shapes, 'pad' or 'list' for ragged samples."
-            )
-        if max_shm_bytes is not None and (not isinstance(max_shm_bytes, int) or max_shm_bytes < 1):
-            raise ValueError(f"max_shm_bytes should be a positive integer (got {max_shm_bytes!r}).")
-        resolve_backend(shm_backend)  # a ValueError naming the input and the choices
-        if output not in _OUTPUTS:
-            raise ValueError(
-                f"output should be 'auto', 'numpy' or 'torch' (got {output!r}): 'torch' hands "
-                "out tensors sharing the slot's memory, 'auto' does so when torch is imported."
-            )
-        if output == "auto":
-            output = "torch" if torchcompat.torch_module() is not None else "numpy"
-
-        self.iterable = _is_iterable_dataset(dataset)
-        if self.iterable:
-            if torchcompat.is_datapipe(dataset):
-                if shuffle is not None:  # as torch: the DataPipe graph's shufflers follow it
-                    torch = torchcompat.torch_module()
-                    dataset = torch.utils.data.graph_settings.apply_shuffle_settings(dataset, shuffle=shuffle)
-            elif shuffle not in (False, None):
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified shuffle option, "
-                    f"but got shuffle={shuffle}"
-                )
-            if sampler is not None:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified sampler option, "
-                    f"but got sampler={sampler}"
-                )
-            if batch_sampler is not None:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified batch_sampler option, "
-                    f"but got batch_sampler={batch_sampler}"
-                )
-        elif not hasattr(dataset, "__getitem__"):
-            raise TypeError(
-                f"dataset of type {type(dataset).__name__} has neither __getitem__ (map-style) "
-                "nor __iter__ (iterable-style); give it one of them."
-            )
-        shuffle = bool(shuffle)
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError(
-                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
-                    "sampler, and drop_last"
-                )
-            batch_size = None
-            drop_last = False
-        elif batch_size is None and drop_last:
-            raise ValueError(
-                "batch_size=None option disables auto-batching and is mutually exclusive with drop_last"
-            )
+        args = arguments.check(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, drop_last, timeout,
+            generator, prefetch_factor, persistent_workers, seed, num_slots, slot_bytes, collate,
+            max_shm_bytes, shm_backend, output, max_worker_restarts,
+        )  # fmt: skip
+        dataset, shuffle, batch_size, drop_last = args.dataset, args.shuffle, args.batch_size, args.drop_last
+        num_workers, prefetch_factor, output = args.num_workers, args.prefetch_factor, args.output
+        self.iterable = args.iterable
+        # num_workers or prefetch_factor "auto": the counts in use now, tuned as epochs run.
+        self._tuner = autotune.Tuner.of(args.tuner) if args.tuner is not None else None
+        most_workers = args.tuner.max_workers if args.tuner is not None else num_workers
+        most_prefetch = args.tuner.max_prefetch if args.tuner is not None else prefetch_factor
 
         # Public attributes hold the constructor's arguments under their own names (torch's
         # do): frameworks re-create a loader from them with another sampler (Lightning's
@@ -255,8 +174,10 @@ class DataLoader(Generic[T_co]):
         )
         self.drop_last = drop_last
         self.shm_backend = shm_backend
+        # (Sized for the most workers and prefetch "auto" may reach: slots nothing writes
+        # take no memory where rings are sparse.)
         self.num_slots = num_slots or sizing.default_num_slots(
-            num_workers, prefetch_factor or sizing.DEFAULT_PREFETCH_FACTOR
+            most_workers, most_prefetch or sizing.DEFAULT_PREFETCH_FACTOR
         )
         self.slot_bytes = slot_bytes
         self.collate = collate
@@ -266,7 +187,7 @@ class DataLoader(Generic[T_co]):
         self.seed = seed
         # Where the loader is between and within epochs: state.py's record (the seed every
         # epoch's order and worker seeds derive from, the next epoch, a loaded position).
-        draw_seed = _seed_source(seed, generator)
+        draw_seed = arguments.seed_source(seed, generator)
         self._cursor = _state.Cursor(
             seed=draw_seed(),
             draw_seed=draw_seed,
@@ -314,7 +235,11 @@ class DataLoader(Generic[T_co]):
         # Counters for stats(): plain ints bumped on the hand-out path (no locks, no syscalls).
         self._stats: dict[str, Any] = {"batches": 0, "batches_copied": 0, "rings_created": 0, "dataset": {}}
         self._stats["worker_restarts"] = 0  # workers replaced (max_worker_restarts), in the loader's life
-        self._timing = Timing(num_workers)  # where the time goes: stats()["time"]
+        # Persistent workers (ahead.py): epochs whose first batches loaded during the last
+        # one, and batches so loaded that the epoch could not use (its plan changed).
+        self._stats["epochs_ahead"] = 0
+        self._stats["batches_ahead_dropped"] = 0
+        self._timing = Timing(most_workers)  # where the time goes: stats()["time"]
         self._pinner = _pinning.make_pinner(pin_memory)  # None: off, or no CUDA (warned)
         # The rings (current and retired), slot claims and leases; see leases.py.
         self._leases = _leases.Leases(
@@ -325,7 +250,7 @@ class DataLoader(Generic[T_co]):
             backend=shm_backend,
             # The default slot count adapts to the memory there; one the user gave is kept.
             min_slots=sizing.min_num_slots(num_workers) if num_slots is None else None,
-            num_workers=num_workers,
+            num_workers=most_workers,
         )
         if slot_bytes is not None and num_workers > 0:
             # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.
@@ -333,7 +258,7 @@ class DataLoader(Generic[T_co]):
         self._persistent_iter: MultiProcessIter | None = None
         self._IterableDataset_len_called: int | None = None  # len(dataset) at the last len(loader)
         self._initialized = True
-        _warn_if_more_workers_than_cores(num_workers)
+        arguments.warn_if_more_workers_than_cores(num_workers)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED_AFTER_INIT and self._initialized:
@@ -351,26 +276,7 @@ class DataLoader(Generic[T_co]):
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, context: Any) -> None:
-        if context is not None:
-            if self.num_workers == 0:
-                raise ValueError(
-                    "multiprocessing_context can only be used with multi-process loading "
-                    f"(num_workers > 0), but got num_workers={self.num_workers}"
-                )
-            if isinstance(context, str):
-                methods = multiprocessing.get_all_start_methods()
-                if context not in methods:
-                    raise ValueError(
-                        f"multiprocessing_context option should specify a valid start method in "
-                        f"{methods!r}, but got multiprocessing_context={context!r}"
-                    )
-                context = multiprocessing.get_context(context)
-            if not isinstance(context, multiprocessing.context.BaseContext):
-                raise TypeError(
-                    "multiprocessing_context option should be a valid context object or a "
-                    f"string specifying the start method, but got multiprocessing_context={context}"
-                )
-        self._mp_context = context
+        self._mp_context = arguments.mp_context(context, self.num_workers)
 
     @property
     def rank(self) -> int:
@@ -460,7 +366,10 @@ class DataLoader(Generic[T_co]):
         which sizes the ring, and batches that outgrew their slot: views of a one-off
         segment each; ``copy=True``; main-process loading), ``rings_created`` (the first
         ring, then one per growth), ``worker_restarts`` (dead or hung workers replaced
-        under ``max_worker_restarts``), the current ring's ``num_slots`` and ``slot_bytes``,
+        under ``max_worker_restarts``), ``epochs_ahead`` (persistent workers: epochs whose
+        first batches loaded while the last one's were consumed) and
+        ``batches_ahead_dropped`` (so loaded, and not used: ``set_epoch`` or a changed
+        dataset gave the epoch another plan), the current ring's ``num_slots`` and ``slot_bytes``,
         ``pinned_shm_bytes``, ``dataset``: the sum over all workers of the dataset's
         own ``stats()`` counters, when it has one (e.g. ``shmloader.vision.ImageFolder``
         counts files skipped under ``on_error="skip"``), and ``time``: where the time went
@@ -470,7 +379,9 @@ class DataLoader(Generic[T_co]):
         ``ready_batches_mean`` (batches already loaded at each ``next()``), per worker
         ``fetch_s``, ``collate_s`` and ``idle_s`` (``workers``),
         ``workers_busy_share``, and ``verdict``: one line saying whether the loop is
-        data-bound or compute-bound and what to change."""
+        data-bound or compute-bound and what to change; with ``num_workers`` or
+        ``prefetch_factor`` ``"auto"``, ``autotune``: the counts in use and the changes
+        made (see :mod:`shmloader.autotune`)."""
         out = dict(self._stats)
         dataset = dict(out["dataset"])
         if self.num_workers == 0 and callable(getattr(self.dataset, "stats", None)):
@@ -481,6 +392,8 @@ class DataLoader(Generic[T_co]):
         out["slot_bytes"] = ring.slot_bytes if ring is not None else 0
         out["pinned_shm_bytes"] = self.pinned_shm_bytes()
         out["time"] = self._timing.report(in_process=self.num_workers == 0)
+        if self._tuner is not None:
+            out["autotune"] = self._tuner.report()
         return out
 
     def set_epoch(self, epoch: int) -> None:
@@ -589,62 +502,3 @@ class _EpochBatches(BatchSampler):
             return super().__iter__()
         cursor, shape = self._epoch_of
         return iter(_state.upcoming_batches(shape, cursor))
-
-
-def _warn_if_more_workers_than_cores(num_workers: int) -> None:
-    """torch's warning when a loader will start more workers than this process may run
-    on cores (its CPU affinity): they would only slow each other down."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this system: all cores
-        cores = os.cpu_count() or 0
-    if num_workers > cores:
-        warnings.warn(
-            f"This DataLoader will create {num_workers} worker processes in total. Our suggested "
-            f"max number of worker in current system is {cores}, which is smaller than what this "
-            "DataLoader is going to create. Please be aware that excessive worker creation might "
-            "get DataLoader running slow or even freeze, lower the worker number to avoid "
-            "potential slowness/freeze if necessary.",
-            stacklevel=3,
-        )
-
-
-def _is_iterable_dataset(dataset: Any) -> bool:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(dataset, torch.utils.data.IterableDataset):
-        return True
-    from shmloader.dataset import IterableDataset
-
-    if isinstance(dataset, IterableDataset):
-        return True
-    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
-
-
-def _seed_source(seed: int | None, generator: Any) -> Callable[[], int]:
-    """A function drawing the loader's seed: from ``generator`` (a numpy or torch
-    Generator) at each call; else ``seed``, or (like torch's loader, following the global
-    RNG the user seeded) one draw from torch's global RNG when torch is imported, numpy's
-    otherwise."""
-    if isinstance(generator, np.random.Generator):
-        return lambda: int(generator.integers(0, 2**62))
-    if generator is not None:
-        torch = sys.modules.get("torch")
-        if torch is None or not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"generator must be a numpy.random.Generator or a torch.Generator, got "
-                f"{type(generator).__name__}; or pass seed=<int>."
-            )
-        return lambda: _fold(int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()))
-    if seed is None:
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        else:
-            seed = int(np.random.randint(0, 2**62, dtype=np.int64))
-    fixed = _fold(seed)
-    return lambda: fixed
-
-
-def _fold(seed: int) -> int:
-    """A seed below 2**62 (the loader's seeds always were), drawn from ``seed``."""
-    return int(np.random.default_rng(seed & (2**64 - 1)).integers(0, 2**62))

@@ -29,6 +29,8 @@ from shmloader import _slots, wire
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
+from shmloader.ahead import Ahead
+from shmloader.autotune import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
 from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.layout import decode, make_reader
@@ -83,7 +85,7 @@ def _forget_workers_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
-class MultiProcessIter(Restarts):
+class MultiProcessIter(Ahead, Restarts, Tuning):
     """Iterator over one epoch with worker processes (reused across epochs when
     persistent); a :class:`~shmloader.state.Positioned` for state_dict()."""
 
@@ -105,6 +107,7 @@ class MultiProcessIter(Restarts):
         self._len_limit = iterable_len_limit(loader)
         self._yielded = 0
         self._timing = loader._timing  # where the time goes (timing.py), the loader's for its life
+        self._tuner = loader._tuner  # num_workers or prefetch_factor "auto" (autotune.py), or None
         # Start, watch (sockets and sentinels in one poll), stop; _workers is its list.
         self._pool = WorkerPool()
         self._workers = self._pool.workers
@@ -151,10 +154,16 @@ class MultiProcessIter(Restarts):
                 self.close()
                 raise
         else:
+            plan = None
+            if self._ahead is not None:  # (ahead.py: its first tasks went out last epoch)
+                plan = self._start_epoch(self)
+                if self._take_ahead(plan):
+                    self._idle = False
+                    return
             # Results still owed by the workers must come back before their slots are reused.
             while self._tasks:
                 self._wait()
-            self._next_epoch_on_workers(self._start_epoch(self))
+            self._next_epoch_on_workers(plan if plan is not None else self._start_epoch(self))
         self._idle = False
 
     def _next_epoch_on_workers(self, plan: _state.EpochPlan) -> None:
@@ -181,6 +190,9 @@ class MultiProcessIter(Restarts):
         # Iterable datasets, for state_dict(): the round robin starts where the saved run
         # would have gone on.
         self.scheduler.begin_epoch(plan.start_worker)
+        if self._tuner is not None:
+            self._tuner.window = None  # its first window begins with the epoch's batches
+            self._tuner.due = 0.0
 
     @property
     def _send_seq(self) -> int:
@@ -204,7 +216,8 @@ class MultiProcessIter(Restarts):
         loader = self._loader
         return WorkerConfig(
             worker_id=wid,
-            num_workers=loader.num_workers,
+            # "auto": the most the loader may start (the same in every worker, above every id)
+            num_workers=loader.num_workers if self._tuner is None else self._tuner.settings.max_workers,
             seed=seed,
             dataset=loader.dataset,
             recipe=loader._recipe(),
@@ -302,7 +315,11 @@ class MultiProcessIter(Restarts):
         except BaseException:  # the epoch's end, or an error: no step of the loop follows
             timing.paused()
             raise
-        timing.returned(entered, time.perf_counter())
+        now = time.perf_counter()
+        timing.returned(entered, now)
+        tuner = self._tuner
+        if tuner is not None and now >= tuner.due:
+            self._tune(now)  # autotune.Tuning: a worker more, or more prefetch
         return batch
 
     def _next_batch(self) -> Any:
@@ -322,6 +339,8 @@ class MultiProcessIter(Restarts):
             if item is not None and not self._ring_wanted:
                 # (A ring to make waits for the next call: this batch goes out first.)
                 self._dispatch()
+                if self._source_done:
+                    self._ahead_more()  # ahead.py: the next epoch's first tasks, meanwhile
             elif item is None and self.plan.resumed and self.scheduler.yielded_nothing():  # type: ignore[union-attr]
                 # A loaded position at its epoch's end: the next epoch, in full, instead.
                 self._next_epoch_on_workers(self._start_epoch(self))
@@ -351,9 +370,9 @@ class MultiProcessIter(Restarts):
             item = pop()
             if item is not None:
                 return item  # type: ignore[return-value]
-            if not self._tasks:
+            if not self._owes_this_epoch():  # (not counting the next epoch's: ahead.py)
                 self._dispatch()
-                if not self._tasks:
+                if not self._owes_this_epoch():
                     return None
             self._wait()
 

@@ -22,12 +22,13 @@ deadline, kill stragglers, reap.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import select
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shmloader import fdguard, wire
@@ -118,17 +119,22 @@ class WorkerPool:
         started so far stay in the pool (stop them with :meth:`stop`)."""
         method = ctx.get_start_method()
         use_pdeathsig = uses_pdeathsig(method)
-        main_thread = threading.current_thread() is threading.main_thread()
-        if main_thread:
-            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        with _sigint_blocked():
             for wid in range(num_workers):
                 self._add(self._start_one(ctx, wid, make_config(wid, use_pdeathsig), target, method))
                 if started is not None:
                     started()
-        finally:
-            if main_thread:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+    def add(
+        self, ctx: Any, wid: int, make_config: Callable[[int, bool], Any], target: Callable
+    ) -> WorkerHandle:
+        """Start one more worker, ``wid`` (the pool grows: ``num_workers="auto"``), as
+        :meth:`start` starts each; returns it. Nothing is sent to it."""
+        method = ctx.get_start_method()
+        with _sigint_blocked():
+            handle = self._start_one(ctx, wid, make_config(wid, uses_pdeathsig(method)), target, method)
+        self._add(handle)
+        return handle
 
     @staticmethod
     def _start_one(ctx: Any, wid: int, config: Any, target: Callable, method: str) -> WorkerHandle:
@@ -169,15 +175,9 @@ class WorkerPool:
         except ValueError:
             pass  # not reaped within the deadline: multiprocessing's reaper takes it
         method = ctx.get_start_method()
-        main_thread = threading.current_thread() is threading.main_thread()
-        if main_thread:
-            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        with _sigint_blocked():
             config = make_config(old.id, uses_pdeathsig(method))
             handle = self._start_one(ctx, old.id, config, target, method)
-        finally:
-            if main_thread:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         self.workers.insert(index, handle)
         self._add(handle, append=False)
         return handle
@@ -378,6 +378,20 @@ def describe_exit(code: int | None) -> tuple[str, str]:
     else:
         how = "exited unexpectedly (it closed its connection)"
     return how, advice
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this block where this is the main thread: workers started in it
+    inherit the mask (see worker.worker_main); the consumer handles a Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 
 def _unpoll(poller: Any, fd: int) -> None:

@@ -8,6 +8,12 @@ every run. With ``in_order=False`` (also as torch does) a worker that already ha
 share of the tasks in flight is passed over, so a slow worker is given fewer batches
 instead of holding the others up, and results are handed out as they arrive.
 
+Prefetch across an epoch's end (persistent workers, :mod:`shmloader.ahead`): the next
+epoch's tasks are numbered on from this epoch's last (:meth:`Scheduler.open_next`), and
+:meth:`Scheduler.pop` hands out nothing at or past that number until the next epoch
+takes them over (:meth:`Scheduler.take_next`); an epoch's batches count from its
+``base``.
+
 Nothing is recorded per batch for the replay: an iterable dataset's worker that runs out
 (its first end) is the only event kept, and :meth:`Scheduler.handed_out_per_worker`
 replays the round robin from those.
@@ -33,8 +39,10 @@ class Scheduler:
         "_shard_blobs",
         "_start_worker",
         "active",
+        "base",
         "end_kind",
         "in_order",
+        "limit",
         "next_worker",
         "num_workers",
         "outstanding",
@@ -56,6 +64,8 @@ class Scheduler:
         """Start an epoch: batch numbers from 0, the round robin at ``start_worker``
         (where a resumed run would have gone on), every worker active, nothing in flight."""
         n = self.num_workers
+        self.base = 0  # the epoch's first batch number
+        self.limit: int | None = None  # the next epoch's first, once its tasks go out
         self.send_seq = 0  # the next batch number to send
         self.rcvd_seq = 0  # in order: the next batch number to hand out
         self.results.clear()
@@ -65,6 +75,47 @@ class Scheduler:
         self._iter_ends: list[tuple[int, int, int]] = []  # (send_seq, worker, seq) of first ends
         self._ends = 0  # end results received (every one, not only first ends)
         self._shard_blobs: dict[int, list[tuple[int, bytes]]] = {}
+
+    def open_next(self, start_worker: int = 0) -> None:
+        """Every task of this epoch was sent: the tasks sent from now on are the next
+        epoch's (numbered on), the round robin at ``start_worker`` as that epoch's start
+        would put it; nothing of them is handed out before :meth:`take_next`."""
+        self.limit = self.send_seq
+        self.next_worker = start_worker % self.num_workers if self.num_workers else 0
+
+    def is_next(self, seq: int) -> bool:
+        """Whether batch ``seq`` belongs to the next epoch (sent after :meth:`open_next`)."""
+        return self.limit is not None and seq >= self.limit
+
+    def take_next(self, start_worker: int = 0) -> None:
+        """Begin the epoch :meth:`open_next` opened: its tasks and results (already here)
+        are this epoch's; those of the last epoch must be gone (handed out, or dropped
+        with :meth:`drop_before`)."""
+        base = self.limit if self.limit is not None else self.send_seq
+        self.base = self.rcvd_seq = base
+        self.limit = None
+        self.active = [True] * self.num_workers
+        self._start_worker = start_worker % self.num_workers if self.num_workers else 0
+        self._iter_ends = []
+        self._ends = 0
+        self._shard_blobs = {}
+
+    def drop_before(self, seq: int) -> list[tuple[Any, ...]]:
+        """Remove and return the results numbered below ``seq`` (an epoch left before its
+        end: results nobody will hand out)."""
+        old = [k for k in self.results if k < seq]
+        return [self.results.pop(k) for k in old]
+
+    def grow(self, num_workers: int) -> None:
+        """Workers were added mid-epoch (``num_workers="auto"``, map-style datasets): the
+        round robin goes on from where it is, over ``num_workers`` workers from its next
+        turn on."""
+        extra = num_workers - self.num_workers
+        if extra <= 0:
+            return
+        self.num_workers = num_workers
+        self.active.extend([True] * extra)
+        self.outstanding.extend([0] * extra)
 
     # --- sending ------------------------------------------------------------------------
 
@@ -131,14 +182,23 @@ class Scheduler:
         batch ``rcvd_seq`` (ends skipped); otherwise the oldest result that arrived."""
         results = self.results
         end = self.end_kind
+        limit = self.limit
         if self.in_order:
             while True:
+                if limit is not None and self.rcvd_seq >= limit:
+                    return None  # the next epoch's: handed out once it begins
                 item = results.pop(self.rcvd_seq, None)
                 if item is None:
                     return None
                 self.rcvd_seq += 1
                 if item[0] != end:
                     return item
+        if limit is not None:
+            for seq in [k for k in results if k < limit]:
+                item = results.pop(seq)
+                if item[0] != end:
+                    return item
+            return None
         while results:
             item = results.pop(next(iter(results)))
             if item[0] != end:
@@ -148,7 +208,8 @@ class Scheduler:
     def yielded_nothing(self) -> bool:
         """Whether every task sent this epoch was answered by an end (or none was sent):
         the epoch has no batch at all. Call it at the epoch's end."""
-        return self.send_seq == self._ends
+        sent = self.send_seq if self.limit is None else self.limit
+        return sent - self.base == self._ends
 
     def exhausted(self) -> bool:
         """Whether every worker ran out (iterable datasets), nothing is in flight and
@@ -166,8 +227,8 @@ class Scheduler:
 
     def handed_out(self) -> int:
         """Batches handed out (or raised) this epoch, iterable workers' ends included
-        (in order: every batch number below this one)."""
-        return self.rcvd_seq
+        (in order: every batch number from the epoch's base below this one)."""
+        return self.rcvd_seq - self.base
 
     def keep_shard_state(self, worker: int, seq: int, blob: bytes) -> None:
         """``worker``'s dataset state after batch ``seq``: the newest handed-out one and

@@ -247,6 +247,37 @@ def upcoming_batches(loader: Any, cursor: Cursor) -> list[list[Any]]:
             setattr(cursor, name, value)
 
 
+def plan_ahead(loader: Any, cursor: Cursor) -> tuple[EpochPlan, Iterator[list[Any]]] | None:
+    """The plan and tasks of ``loader``'s next epoch, worked out now without moving the
+    cursor, where they are a function of the seed and the epoch alone: a map-style
+    dataset, batched by the loader, its order the loader's shuffle or a
+    ``SequentialSampler``, no ``generator=`` (drawn from when the epoch begins: a user
+    who reseeds it before ``iter()`` must get that epoch) and no loaded position. None
+    elsewhere. The epoch's real plan, when it begins, must equal this one for the tasks
+    to be used (``set_epoch``, a changed dataset length or world size make it differ)."""
+    from shmloader.sampler import SequentialSampler
+
+    if loader.iterable or cursor.reseed_each_epoch or not cursor.own_batching or cursor.resume is not None:
+        return None
+    if not cursor.own_shuffle and not isinstance(loader.sampler, SequentialSampler):
+        return None
+    saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
+    try:
+        plan = begin_epoch(loader, cursor)
+        return plan, index_sequence(loader, plan)
+    finally:
+        for name, value in saved.items():
+            setattr(cursor, name, value)
+
+
+def took_ahead(loader: Any, cursor: Cursor) -> None:
+    """The epoch that began took over the tasks :func:`plan_ahead` made: the order
+    :func:`begin_epoch` seeded for it was drawn then, so the loader's shuffle forgets
+    the seed it just got (a later ``iter(loader.sampler)`` draws afresh, as ever)."""
+    if cursor.own_shuffle:
+        loader.sampler._epoch_rng = None
+
+
 def index_sequence(loader: Any, plan: EpochPlan) -> Iterator[list[Any]]:
     """This rank's tasks of the iteration: lists of sample keys, one per batch."""
     drop_last = loader.drop_last
