@@ -17,7 +17,7 @@ import numpy as np
 
 from shmloader import autotune, sizing, torchcompat
 from shmloader.collate import COLLATE_MODES
-from shmloader.ring import resolve_backend
+from shmloader.segment import resolve_backend
 
 OUTPUTS = ("auto", "numpy", "torch")
 

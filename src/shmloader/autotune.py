@@ -216,7 +216,7 @@ class Room:
     def memory_for_worker(self, prefetch: int) -> bool:
         if self.ring is None:
             return True
-        from shmloader.ring import resolve_backend
+        from shmloader.segment import resolve_backend
 
         need = (1 + prefetch) * self.ring.slot_bytes + _EXTRA_MIB
         room = memory.ring_room(memory.budget(resolve_backend(self.backend)), need)

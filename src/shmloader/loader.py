@@ -23,7 +23,6 @@ from shmloader.inprocess import InProcessIter
 from shmloader.multiprocess import MultiProcessIter
 from shmloader.ring import Ring
 from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
-from shmloader.segment import resolve_backend
 from shmloader.timing import Timing
 
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
