@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import time
 
 import psutil
@@ -23,15 +24,78 @@ def _children() -> set[int]:
 
 
 def _shm_entries() -> set[str]:
-    """/dev/shm entries this test process could be blamed for: ours (none should ever
-    exist: the ring is unlinked at creation) and torch's, which carry the creator's pid.
-    Entries of unrelated processes on a shared machine are not this test's."""
     try:
-        names = os.listdir("/dev/shm")
+        return set(os.listdir("/dev/shm"))
     except FileNotFoundError:
         return set()
-    mine = f"_{os.getpid()}_"
-    return {n for n in names if n.startswith("shmloader") or mine in n}
+
+
+# The names our code and torch give /dev/shm entries carry the creating process's pid:
+# shmloader-PID-HEX (ring.py) and torch_PID_RAND_COUNTER (torch's shared storages).
+_CREATOR = re.compile(r"^(?:shmloader-(\d+)-|torch_(\d+)_)")
+
+
+def _creator(name: str) -> int | None:
+    """The pid a /dev/shm entry's name says created it; our pid for any other name that
+    carries it as ``_PID_``; None for a ``shmloader`` name without a pid; -1 otherwise
+    (not a name we make: never ours)."""
+    m = _CREATOR.match(name)
+    if m:
+        return int(m.group(1) or m.group(2))
+    if name.startswith("shmloader"):
+        return None
+    return os.getpid() if f"_{os.getpid()}_" in name else -1
+
+
+def _our_tree() -> set[int]:
+    """This process and its running descendants."""
+    return {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
+
+
+def _held_elsewhere(names: set[str], ours: set[int]) -> set[str]:
+    """The entries of ``names`` that a running process outside ``ours`` maps or holds open."""
+    paths = {f"/dev/shm/{n}": n for n in names}
+    held = set()
+    for pid in psutil.pids():
+        if pid in ours:
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                held.update(paths[p] for line in f for p in paths if p in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target in paths:
+                    held.add(paths[target])
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return held
+
+
+def _blamed(new: set[str], grace: float = 1.0) -> set[str]:
+    """The entries of ``new`` (made in /dev/shm during a test) that this test left: the
+    machine is shared, and other processes' rings and torch storages come and go there.
+    An entry is another process's when the pid in its name runs outside our process tree,
+    or when such a process maps or holds it. One whose creator is ours (this process or a
+    running descendant) is ours; one whose creator is gone, held by nobody else, is ours
+    if it is still there after ``grace`` s (another process's ring between its creation
+    and its unlinking goes away; a worker's leak stays)."""
+    tree = _our_tree()
+    ours, unsure = set(), set()
+    for name in new:
+        pid = _creator(name)
+        if pid == -1:
+            continue
+        if pid in tree:
+            ours.add(name)  # made by us: no benefit of the doubt
+        elif pid is None or not psutil.pid_exists(pid):
+            unsure.add(name)
+        # else: a running process outside our tree made it
+    unsure -= _held_elsewhere(unsure, tree) if unsure else set()
+    deadline = time.monotonic() + grace
+    while unsure and time.monotonic() < deadline:
+        time.sleep(0.05)
+        unsure &= _shm_entries()
+    return (ours | unsure) & _shm_entries()
 
 
 def _fds() -> set[str]:
@@ -55,7 +119,8 @@ def no_leaks():
         time.sleep(0.05)
     left = left_running()
     assert not left, f"worker processes left running: {sorted(left)}"
-    assert _shm_entries() - shm == set(), f"/dev/shm entries left: {_shm_entries() - shm}"
+    left_shm = _blamed(_shm_entries() - shm)
+    assert not left_shm, f"/dev/shm entries left: {left_shm}"
     extra = {fd for fd in _fds() - fds if not _is_session_fd(fd)}
     assert not extra, f"descriptors left open: {[_describe_fd(fd) for fd in sorted(extra)]}"
 
