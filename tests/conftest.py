@@ -23,9 +23,12 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 
 
-def _shm_entries() -> set[str]:
+SHM_DIR = "/dev/shm"
+
+
+def _shm_entries(where: str = SHM_DIR) -> set[str]:
     try:
-        return set(os.listdir("/dev/shm"))
+        return set(os.listdir(where))
     except FileNotFoundError:
         return set()
 
@@ -52,9 +55,10 @@ def _our_tree() -> set[int]:
     return {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
 
 
-def _held_elsewhere(names: set[str], ours: set[int]) -> set[str]:
-    """The entries of ``names`` that a running process outside ``ours`` maps or holds open."""
-    paths = {f"/dev/shm/{n}": n for n in names}
+def _held_elsewhere(names: set[str], ours: set[int], where: str = SHM_DIR) -> set[str]:
+    """The entries of ``names`` in ``where`` that a running process outside ``ours`` maps
+    or holds open."""
+    paths = {os.path.join(where, n): n for n in names}
     held = set()
     for pid in psutil.pids():
         if pid in ours:
@@ -71,8 +75,8 @@ def _held_elsewhere(names: set[str], ours: set[int]) -> set[str]:
     return held
 
 
-def _blamed(new: set[str], grace: float = 1.0) -> set[str]:
-    """The entries of ``new`` (made in /dev/shm during a test) that this test left: the
+def _blamed(new: set[str], grace: float = 1.0, where: str = SHM_DIR) -> set[str]:
+    """The entries of ``new`` (made in ``where``, /dev/shm, during a test) that this test left: the
     machine is shared, and other processes' rings and torch storages come and go there.
     An entry is another process's when the pid in its name runs outside our process tree,
     or when such a process maps or holds it. One whose creator is ours (this process or a
@@ -90,12 +94,12 @@ def _blamed(new: set[str], grace: float = 1.0) -> set[str]:
         elif pid is None or not psutil.pid_exists(pid):
             unsure.add(name)
         # else: a running process outside our tree made it
-    unsure -= _held_elsewhere(unsure, tree) if unsure else set()
+    unsure -= _held_elsewhere(unsure, tree, where) if unsure else set()
     deadline = time.monotonic() + grace
     while unsure and time.monotonic() < deadline:
         time.sleep(0.05)
-        unsure &= _shm_entries()
-    return (ours | unsure) & _shm_entries()
+        unsure &= _shm_entries(where)
+    return (ours | unsure) & _shm_entries(where)
 
 
 def _fds() -> set[str]:

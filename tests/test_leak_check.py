@@ -15,8 +15,6 @@ import pytest
 from . import conftest
 from .conftest import _blamed
 
-SHM = "/dev/shm"
-
 
 def _reaped() -> int:
     """The pid of a process that has exited."""
@@ -26,26 +24,27 @@ def _reaped() -> int:
 
 
 @pytest.fixture
-def made():
-    """Creates /dev/shm entries for a case and removes them whatever the case does."""
-    names: list[str] = []
+def shm(tmp_path):
+    """A stand-in for /dev/shm: these names in the real one could fail other test runs on
+    this machine (those whose check still goes by the name alone)."""
+    return str(tmp_path / "shm")
+
+
+@pytest.fixture
+def made(shm):
+    """Makes an entry in ``shm`` (removed with tmp_path)."""
+    os.mkdir(shm)
 
     def make(name: str) -> str:
-        with open(os.path.join(SHM, name), "wb") as f:
+        with open(os.path.join(shm, name), "wb") as f:
             f.write(b"x" * 4096)
-        names.append(name)
         return name
 
-    yield make
-    for name in names:
-        try:
-            os.unlink(os.path.join(SHM, name))
-        except FileNotFoundError:
-            pass
+    return make
 
 
 @pytest.mark.timeout(30)
-def test_entries_of_our_processes_are_blamed(made):
+def test_entries_of_our_processes_are_blamed(made, shm):
     """Ours: named by this process (ring or torch storage), by a running child, or by a
     process that is gone (a worker that leaked and exited), or a shmloader name without a
     pid; held by no process outside our tree."""
@@ -59,14 +58,14 @@ def test_entries_of_our_processes_are_blamed(made):
             made(f"shmloader-{_reaped()}-{'cd' * 8}"),
             made("shmloader-odd"),
         }
-        assert _blamed(names, grace=0.1) == names
+        assert _blamed(names, grace=0.1, where=shm) == names
     finally:
         child.kill()
         child.wait()
 
 
 @pytest.mark.timeout(30)
-def test_entries_of_other_processes_are_not_blamed(made, tmp_path):
+def test_entries_of_other_processes_are_not_blamed(made, shm, tmp_path):
     """Not ours: named by a running process outside our tree (another test run's ring or
     torch storage), or by a process that is gone but held by one outside our tree (torch's
     file_system storages outlive the worker that made them), names nobody of ours makes,
@@ -86,7 +85,7 @@ def test_entries_of_other_processes_are_not_blamed(made, tmp_path):
         "print(p.pid)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", launch, hold, os.path.join(SHM, held), str(ready)],
+        [sys.executable, "-c", launch, hold, os.path.join(shm, held), str(ready)],
         capture_output=True,
         text=True,
         check=True,
@@ -105,29 +104,29 @@ def test_entries_of_other_processes_are_not_blamed(made, tmp_path):
             made("psm_0123abcd"),
             made("sem.mp-xyz"),
         }
-        assert _blamed(names, grace=0.1) == set()
+        assert _blamed(names, grace=0.1, where=shm) == set()
     finally:
         os.kill(holder_pid, signal.SIGKILL)
 
 
 @pytest.mark.timeout(30)
-def test_an_entry_that_goes_away_within_the_grace_is_not_blamed(made, monkeypatch):
+def test_an_entry_that_goes_away_within_the_grace_is_not_blamed(made, shm, monkeypatch):
     """Another process's ring between its creation and its unlinking (its maker is gone
     by the time we look, say): not a leak once it goes away within the grace period."""
     transient = made(f"shmloader-{_reaped()}-{'ef' * 8}")
     real = conftest._held_elsewhere
     timers = []
 
-    def held_then_unlinked(names, ours):
-        held = real(names, ours)
+    def held_then_unlinked(names, ours, where):
+        held = real(names, ours, where)
         # Unlinked once the check has looked at every process: only waiting sees it go.
-        timers.append(threading.Timer(0.5, os.unlink, [os.path.join(SHM, transient)]))
+        timers.append(threading.Timer(0.5, os.unlink, [os.path.join(shm, transient)]))
         timers[-1].start()
         return held
 
     monkeypatch.setattr(conftest, "_held_elsewhere", held_then_unlinked)
     try:
-        assert _blamed({transient}, grace=5.0) == set()
+        assert _blamed({transient}, grace=5.0, where=shm) == set()
     finally:
         for t in timers:
             t.join()
