@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import gc
+import importlib.machinery
 import os
 import re
+import sys
 import time
 
 import psutil
 import pytest
 
 START_METHODS = ["fork", "spawn", "forkserver"]
+
+# A spawn worker runs its parent's main module again, as __mp_main__, unless that module
+# was run by name as a package's __main__. Under the ``pytest`` command the main module is
+# pytest's console script, whose re-run imports all of pytest in every spawned worker
+# (about a second each on this 2-core machine, more than the rest of a worker's start);
+# under ``python -m pytest`` it is pytest/__main__.py, which is left alone. Give the
+# script that module's name, as ``python -m pytest`` would: the workers still start from a
+# fresh interpreter and unpickle everything they get; they skip re-running pytest's entry
+# point, which no test is about.
+_main = sys.modules["__main__"]
+if getattr(_main, "__spec__", None) is None and os.path.basename(getattr(_main, "__file__", "")) in (
+    "pytest",
+    "py.test",
+):
+    _main.__spec__ = importlib.machinery.ModuleSpec("pytest.__main__", None)
 
 
 @pytest.fixture(params=START_METHODS)
