@@ -486,9 +486,10 @@ def case_timeout(method: str) -> dict[str, Any]:
     dl = _loader(Arange(n=20, slow_at=5, slow_s=5.0), method, batch_size=2, timeout=1)
     it = iter(dl)
     pids = worker_pids(it)
-    # Let the workers start (spawn takes over a second on a loaded machine) and make the
-    # first two batches, so the timeout that fires is the slow sample's (batch 2).
-    time.sleep(3)
+    # Wait until each worker has sent its first batch (0 and 1), however long a start
+    # takes on a loaded machine, so the timeout that fires is the slow sample's (batch 2).
+    for w in it._workers:
+        assert w.conn.poll(60), "a worker sent nothing within 60 s"
     n, err = 0, None
     t0 = time.monotonic()
     try:

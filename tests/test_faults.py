@@ -298,11 +298,17 @@ def test_early_exit(method, kind):
 # --------------------------------------------------------------------------- 5. churn
 
 
+CHURN_ITERATORS = 200
+
+
 @pytest.mark.slow
 def test_churn_stays_flat():
-    """500 iterators read for 3 batches and dropped, on one loader then on fresh
-    loaders: processes, descriptors, ring mappings and RSS stay flat."""
-    child = run_case("churn", timeout=150, method="fork", iterators=500)
+    """200 iterators read for 3 batches and dropped, on one loader then on fresh
+    loaders: processes, descriptors, ring mappings and RSS stay flat. (A leaked process,
+    descriptor or mapping shows after one iterator; RSS may grow by under 32 KiB an
+    iterator, 6.4 MiB in all: what 16 MiB over 500 iterators allowed. Measured growth: 0
+    to 4 KiB in all.)"""
+    child = run_case("churn", timeout=150, method="fork", iterators=CHURN_ITERATORS)
     data = assert_clean(child)
     for phase in ("one_loader", "fresh_loaders"):
         before, after = data[phase]["before"], data[phase]["after"]
@@ -310,8 +316,8 @@ def test_churn_stays_flat():
         assert after["processes"] == before["processes"] == 0, phase
         assert after["fds"] == before["fds"], phase
         assert after["ring_mapped_bytes"] == before["ring_mapped_bytes"], phase
-        assert after["rss"] - before["rss"] < 16 * 2**20, phase
-    print(f"churn: {data['elapsed_s']:.1f} s for 2 x 520 iterators")
+        assert after["rss"] - before["rss"] < CHURN_ITERATORS * 32 * 2**10, phase
+    print(f"churn: {data['elapsed_s']:.1f} s for 2 x {CHURN_ITERATORS + 20} iterators")
 
 
 # --------------------------------------------------------------------------- 6. held batches
