@@ -31,7 +31,7 @@ import struct
 from typing import Any
 
 from shmloader._native import ffi, lib
-from shmloader.ring import Ring, attach_fd
+from shmloader.ring import Ring, attach_fd, memfd_usable
 
 TASK_WORDS = 16384  # the submission queue: 128 KiB of int64 words
 RESULT_WORDS = 4096  # the completion queue: 512 results of 8 words
@@ -85,7 +85,10 @@ class Channel:
     def create(cls) -> Channel:
         """A new channel, for the consumer (send :attr:`fd` to the worker, then
         :meth:`close_fd`)."""
-        ring = Ring.create(1, CHANNEL_BYTES, populate=True, whole=True)
+        # A memfd wherever the system allows one, whatever shm_backend says (that choice is
+        # about batch memory): nothing named in /dev/shm per worker, not even for a moment.
+        backend = "memfd" if memfd_usable() else "auto"
+        ring = Ring.create(1, CHANNEL_BYTES, populate=True, whole=True, backend=backend)
         return cls(ring, _POP_RESULTS * 8)
 
     @classmethod

@@ -99,7 +99,8 @@ class Exchange:
         due = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
         events = pool.wait(due.worker if due is not None else None, deadline)
         if events is None:
-            if self._collect():
+            # (A result queued right at the deadline counts; others, not due, do not.)
+            if self._collect() and (due is None or due.seq not in self._tasks):
                 return
             if self._loader.max_worker_restarts and self._restart_hung(timeout):
                 return
