@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 def _pair() -> tuple[Channel, Channel]:
     """The consumer's and the worker's sides of one channel, in this process."""
     consumer = Channel.create()
-    worker = Channel.attach(os.dup(consumer.fd))  # type: ignore[arg-type]
+    worker = Channel.attach(os.dup(consumer.fd), consumer.offset, consumer.size)  # type: ignore[arg-type]
     consumer.close_fd()
     return consumer, worker
 

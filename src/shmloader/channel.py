@@ -27,11 +27,14 @@ overtaken by that batch's result.
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
+from shmloader import fdguard
 from shmloader._native import ffi, lib
-from shmloader.ring import Ring, attach_fd, memfd_usable
+from shmloader._slots import Mapping
+from shmloader.ring import Ring, memfd_usable
 
 TASK_WORDS = 16384  # the submission queue: 128 KiB of int64 words
 RESULT_WORDS = 4096  # the completion queue: 512 results of 8 words
@@ -58,6 +61,9 @@ class Channel:
     Each side calls only its own half of the methods."""
 
     __slots__ = (
+        "__weakref__",
+        "_fd",
+        "_mapping",
         "_out",
         "_out_ptr",
         "_result_ctl",
@@ -65,17 +71,19 @@ class Channel:
         "_task_ctl",
         "_task_data",
         "frames_sent",
-        "ring",
+        "offset",
+        "size",
     )
 
-    def __init__(self, ring: Ring, out_words: int) -> None:
-        self.ring = ring  # (a one-slot ring: the shared segment, its backend and mapping)
-        base = ring.slot_offset(0)
-        mapping = ring.mapping
-        self._task_ctl = mapping.pointer(base + _TASK_CTL, "uint64_t *")
-        self._result_ctl = mapping.pointer(base + _RESULT_CTL, "uint64_t *")
-        self._task_data = mapping.pointer(base + _TASK_DATA, "int64_t *")
-        self._result_data = mapping.pointer(base + _RESULT_DATA, "int64_t *")
+    def __init__(self, mapping: Mapping, offset: int, fd: int | None, out_words: int) -> None:
+        self._mapping = mapping  # keeps the segment mapped while the pointers below are used
+        self._fd = fd
+        self.offset = offset  # where the queues start in the segment
+        self.size = mapping.size
+        self._task_ctl = mapping.pointer(offset + _TASK_CTL, "uint64_t *")
+        self._result_ctl = mapping.pointer(offset + _RESULT_CTL, "uint64_t *")
+        self._task_data = mapping.pointer(offset + _TASK_DATA, "int64_t *")
+        self._result_data = mapping.pointer(offset + _RESULT_DATA, "int64_t *")
         # Where pops copy records to: this side's own memory, read with struct.
         self._out = bytearray(8 * out_words)
         self._out_ptr = ffi.from_buffer("int64_t[]", self._out)  # (holds the export: no resize)
@@ -84,26 +92,50 @@ class Channel:
     @classmethod
     def create(cls) -> Channel:
         """A new channel, for the consumer (send :attr:`fd` to the worker, then
-        :meth:`close_fd`)."""
-        # A memfd wherever the system allows one, whatever shm_backend says (that choice is
-        # about batch memory): nothing named in /dev/shm per worker, not even for a moment.
-        backend = "memfd" if memfd_usable() else "auto"
-        ring = Ring.create(1, CHANNEL_BYTES, populate=True, whole=True, backend=backend)
-        return cls(ring, _POP_RESULTS * 8)
+        :meth:`close_fd`). A memfd wherever the system allows one, whatever shm_backend
+        says (that choice is about batch memory): nothing named in /dev/shm per worker,
+        and no more than a mapping to make (a worker's start waits for it)."""
+        fd = None
+        if memfd_usable():
+            try:
+                fd = os.memfd_create("shmloader-channel", os.MFD_CLOEXEC)
+            except OSError:
+                fd = None  # (refused here: Ring.create below knows the fallback)
+        if fd is None:
+            ring = Ring.create(1, CHANNEL_BYTES, populate=True, whole=True)
+            channel = cls(ring.mapping, ring.slot_offset(0), os.dup(ring.fd), _POP_RESULTS * 8)  # type: ignore[arg-type]
+            ring.close_fd()
+        else:
+            try:
+                os.ftruncate(fd, CHANNEL_BYTES)
+                channel = cls(Mapping(fd, CHANNEL_BYTES, populate=True), 0, fd, _POP_RESULTS * 8)
+            except BaseException:
+                os.close(fd)
+                raise
+        fdguard.register(channel, channel._fd, closer="close_fd")  # type: ignore[arg-type]
+        return channel
 
     @classmethod
-    def attach(cls, fd: int) -> Channel:
-        """The worker's side of a channel from its descriptor (closed here)."""
-        return cls(attach_fd(fd, 1, CHANNEL_BYTES, populate=True), TASK_WORDS)
+    def attach(cls, fd: int, offset: int, size: int) -> Channel:
+        """The worker's side of a channel from its descriptor (closed here), the queues at
+        ``offset`` of its ``size`` bytes."""
+        try:
+            mapping = Mapping(fd, size, populate=True)
+        finally:
+            os.close(fd)
+        return cls(mapping, offset, None, TASK_WORDS)
 
     @property
     def fd(self) -> int | None:
         """The segment's descriptor (the consumer's, until :meth:`close_fd`)."""
-        return self.ring.fd
+        return self._fd
 
     def close_fd(self) -> None:
         """Close the descriptor (the mapping stays while this object lives)."""
-        self.ring.close_fd()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fdguard.unregister(fd)
+            os.close(fd)
 
     # --- the consumer's half -------------------------------------------------------------
 

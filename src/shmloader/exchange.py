@@ -87,8 +87,11 @@ class Exchange:
         self._asleep.clear()
 
     def _wait(self) -> None:
-        """Block until at least one worker message or exit, and handle it; queued task
-        bytes are written as the sockets take them, meanwhile."""
+        """Take the results queued by the workers; when there are none, wake the workers
+        owed a wake-up and block until a result, a message or an exit, and handle it
+        (queued task bytes are written as the sockets take them, meanwhile). Nothing
+        else wakes a worker while the consumer blocks: ``_asleep`` is empty here until
+        the next ``_dispatch``."""
         if self._collect():
             return
         if self._asleep:
@@ -117,8 +120,6 @@ class Exchange:
                 self._receive(worker)
         self._collect()
         for worker in dead:
-            if worker in self._asleep:
-                self._asleep.remove(worker)  # (its socket may close: no wake-up to write)
             self._drain(worker)
             wid = worker.id
             if self.scheduler.outstanding[wid] or (self.scheduler.active[wid] and not self._source_done):

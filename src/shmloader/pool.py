@@ -47,7 +47,6 @@ JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit befor
 KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
 _STOP_FRAME = wire.frame(wire.pack(wire.TASK_STOP))
 _WAKE_FRAME = wire.task_wake_frame()
-_CHANNEL_FRAME = wire.channel_frame()
 
 
 class WorkerHandle:
@@ -66,7 +65,8 @@ class WorkerHandle:
         self.writer = wire.FrameWriter(self.fd)
         self.channel = Channel.create()
         try:
-            self.writer.send(_CHANNEL_FRAME, self.channel.fd)  # type: ignore[arg-type]
+            frame = wire.channel_frame(self.channel.offset, self.channel.size)
+            self.writer.send(frame, self.channel.fd)  # type: ignore[arg-type]
         finally:
             self.channel.close_fd()  # (the writer keeps a duplicate if the frame waits)
 

@@ -139,9 +139,15 @@ def result_wake_frame() -> bytes:
     return frame(pack(RES_WAKE))
 
 
-def channel_frame() -> bytes:
-    """The framed TASK_CHANNEL message (send it with the channel's descriptor)."""
-    return frame(pack(TASK_CHANNEL))
+def channel_frame(offset: int, size: int) -> bytes:
+    """The framed TASK_CHANNEL message: the queues start at ``offset`` of the ``size``
+    bytes of the segment whose descriptor comes with it."""
+    return frame(pack(TASK_CHANNEL, payload=_I64X2.pack(offset, size)))
+
+
+def channel_info(message: Any) -> tuple[int, int]:
+    """A TASK_CHANNEL message's (offset, size)."""
+    return _I64X2.unpack_from(message, HEADER_BYTES)
 
 
 def ring_frame(num_slots: int, slot_bytes: int) -> bytes:

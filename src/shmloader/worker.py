@@ -278,7 +278,7 @@ class _Worker:
         for msg in messages:
             kind = msg[0]  # (the header's first byte)
             if kind == wire.TASK_CHANNEL:
-                self.channel = Channel.attach(self.reader.take_fd())
+                self.channel = Channel.attach(self.reader.take_fd(), *wire.channel_info(msg))
             elif kind == wire.TASK_STOP:
                 raise _Stop
             elif kind != wire.TASK_WAKE:
