@@ -111,3 +111,116 @@ long sl_recv(int sock, void *buf, size_t len, int *fd_out) {
             memcpy(fd_out, CMSG_DATA(c), sizeof(int));
     return (long)n;
 }
+
+/* --- Single-producer single-consumer queues of int64 records, in shared memory ---------
+ *
+ * One queue is a control block of three cache lines (`ctl`, uint64 words: ctl[0] the head,
+ * advanced by the consumer; ctl[8] the tail, advanced by the producer; ctl[16] the
+ * consumer's "sleeping" flag) and a circular array of `cap` int64 words. A record is
+ * [n, kind, slot, seq, stamp, payload...] with n its length in words; it may wrap around
+ * the end of the array. The producer publishes a record with a release store of the tail
+ * (the record's words before it); the consumer acquire-loads the tail, copies the
+ * records out and release-stores the head (its copies done before the producer may reuse
+ * the words). Head and tail only grow (64 bits never wrap).
+ *
+ * Sleeping without losing a wake-up. A consumer that finds the queue empty and wants to
+ * block (in poll, on its socket): sets the flag, full fence, loads the tail again
+ * (sl_q_arm). A producer: stores the tail, full fence, loads the flag; when set, clears it
+ * (exchange: one wake per sleep) and says a wake-up is owed (the caller writes to the
+ * socket). This is Dekker's pattern: with a full fence between each side's store and its
+ * load, at least one side sees the other's store, so either the consumer sees the record
+ * and does not sleep, or the producer sees the flag and wakes it (or both: one spurious
+ * wake-up, harmless). */
+
+#define SL_Q_HEAD 0
+#define SL_Q_TAIL 8
+#define SL_Q_SLEEPING 16
+
+/* Appends the record [5 + words, kind, slot, seq, stamp, payload[0..words)]. Returns 0 when
+ * it does not fit now (nothing written), 1 when it was published, 2 when it was published
+ * and the consumer was asleep: with `wake`, the flag is cleared and the caller owes it a
+ * wake-up now; without, the flag stays set and the caller may wake it later
+ * (sl_q_take_sleeper). */
+int sl_q_push(uint64_t *ctl, int64_t *data, size_t cap, int64_t kind, int64_t slot, int64_t seq,
+              int64_t stamp, const char *payload, size_t words, int wake) {
+    size_t n = 5 + words;
+    uint64_t tail = __atomic_load_n(&ctl[SL_Q_TAIL], __ATOMIC_RELAXED);  /* ours */
+    uint64_t head = __atomic_load_n(&ctl[SL_Q_HEAD], __ATOMIC_ACQUIRE);
+    if (n > cap - (size_t)(tail - head))
+        return 0;
+    int64_t rec[5] = {(int64_t)n, kind, slot, seq, stamp};
+    for (size_t i = 0; i < 5; i++)
+        data[(tail + i) % cap] = rec[i];
+    size_t at = (size_t)((tail + 5) % cap);
+    size_t first = words < cap - at ? words : cap - at;
+    memcpy(&data[at], payload, first * 8);
+    memcpy(&data[0], payload + first * 8, (words - first) * 8);
+    __atomic_store_n(&ctl[SL_Q_TAIL], tail + n, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&ctl[SL_Q_SLEEPING], __ATOMIC_RELAXED))
+        return 1;
+    if (!wake)
+        return 2;
+    return __atomic_exchange_n(&ctl[SL_Q_SLEEPING], 0, __ATOMIC_SEQ_CST) ? 2 : 1;
+}
+
+/* For a producer that deferred a wake-up (sl_q_push without `wake`): clears the consumer's
+ * flag; returns 1 when it was set (the caller writes the wake-up now), 0 when the consumer
+ * woke meanwhile (it will look at the queue before sleeping again). */
+int sl_q_take_sleeper(uint64_t *ctl) {
+    return __atomic_exchange_n(&ctl[SL_Q_SLEEPING], 0, __ATOMIC_SEQ_CST) ? 1 : 0;
+}
+
+/* sl_q_push of a record whose payload is the three words a, b, c (a result and its clocks). */
+int sl_q_push3(uint64_t *ctl, int64_t *data, size_t cap, int64_t kind, int64_t slot, int64_t seq,
+               int64_t a, int64_t b, int64_t c) {
+    int64_t payload[3] = {a, b, c};
+    return sl_q_push(ctl, data, cap, kind, slot, seq, 0, (const char *)payload, 3, 1);
+}
+
+/* Moves whole records, oldest first, into out[0..out_cap) while they fit; returns the
+ * words moved (0: the queue is empty, or its oldest record is longer than out_cap). */
+size_t sl_q_pop(uint64_t *ctl, int64_t *data, size_t cap, int64_t *out, size_t out_cap) {
+    uint64_t head = __atomic_load_n(&ctl[SL_Q_HEAD], __ATOMIC_RELAXED);  /* ours */
+    uint64_t tail = __atomic_load_n(&ctl[SL_Q_TAIL], __ATOMIC_ACQUIRE);
+    size_t moved = 0;
+    while (head != tail) {
+        size_t n = (size_t)data[head % cap];
+        if (n < 5 || n > tail - head || moved + n > out_cap)
+            break;  /* (n out of range: a corrupt queue; never read past the tail) */
+        size_t at = (size_t)(head % cap);
+        size_t first = n < cap - at ? n : cap - at;
+        memcpy(&out[moved], &data[at], first * 8);
+        memcpy(&out[moved + first], &data[0], (n - first) * 8);
+        moved += n;
+        head += n;
+    }
+    if (moved)
+        __atomic_store_n(&ctl[SL_Q_HEAD], head, __ATOMIC_RELEASE);
+    return moved;
+}
+
+/* The consumer is about to sleep: sets its flag, then looks at the queue again (see above).
+ * Returns 1 when it may block (the producer will wake it), 0 when a record arrived
+ * meanwhile (the flag is cleared again; a wake-up may still come: harmless). */
+int sl_q_arm(uint64_t *ctl) {
+    __atomic_store_n(&ctl[SL_Q_SLEEPING], 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&ctl[SL_Q_TAIL], __ATOMIC_ACQUIRE) !=
+        __atomic_load_n(&ctl[SL_Q_HEAD], __ATOMIC_RELAXED)) {
+        __atomic_store_n(&ctl[SL_Q_SLEEPING], 0, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    return 1;
+}
+
+/* The consumer is awake again: no wake-up is wanted. */
+void sl_q_disarm(uint64_t *ctl) {
+    __atomic_store_n(&ctl[SL_Q_SLEEPING], 0, __ATOMIC_SEQ_CST);
+}
+
+/* Words published and not yet popped (a snapshot). */
+size_t sl_q_used(uint64_t *ctl) {
+    return (size_t)(__atomic_load_n(&ctl[SL_Q_TAIL], __ATOMIC_ACQUIRE) -
+                    __atomic_load_n(&ctl[SL_Q_HEAD], __ATOMIC_ACQUIRE));
+}

@@ -1,9 +1,10 @@
 """The iterator of an epoch loaded by worker processes: the glue of the pieces.
 
-The consumer side of the data path: claim a FREE slot (:mod:`shmloader.leases`), send
-(slot, batch number, sample indices) to a worker, wait on every worker's socket and
-process sentinel at once, and when a slot comes back READY hand out views of it. A slot
-returns to FREE only when the last view of it dies (a lease on the batch's root array).
+The consumer side of the data path: claim a FREE slot (:mod:`shmloader.leases`), give
+(slot, batch number, sample indices) to a worker, wait for results (its task and result
+queues, its socket and its process sentinel: :mod:`shmloader.exchange`), and when a slot
+comes back READY hand out views of it (:mod:`shmloader.handout`). A slot returns to FREE
+only when the last view of it dies (a lease on the batch's root array).
 
 The workers are a :class:`~shmloader.pool.WorkerPool` (start, watch, stop, death and
 timeout errors); which worker loads which batch and the order batches are handed out in
@@ -17,48 +18,29 @@ import atexit
 import multiprocessing
 import os
 import pickle
-import select
 import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from shmloader import _slots, wire
 from shmloader import leases as _leases
-from shmloader import pinning as _pinning
 from shmloader import state as _state
 from shmloader.ahead import Ahead
 from shmloader.autotune import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
+from shmloader.exchange import WAKE_WHEN_READY, Exchange
+from shmloader.exchange import Task as _Task
+from shmloader.handout import Handout
 from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
-from shmloader.layout import decode, make_reader
-from shmloader.pool import WorkerHandle, WorkerPool, rebuild_error
+from shmloader.pool import WorkerHandle, WorkerPool
 from shmloader.restarts import Restarts
-from shmloader.ring import Ring, attach_fd
+from shmloader.ring import Ring
 from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
 from shmloader.scheduler import Scheduler
-from shmloader.worker import WorkerConfig, WorkerFailure, worker_main
-
-_LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
-
+from shmloader.worker import WorkerConfig, worker_main
 
 _WorkerHandle = WorkerHandle  # (the pool's)
-
-
-class _Task:
-    """One batch sent to a worker: its slot is in ``ring`` (the ring current when it was
-    sent; a ring that grows since keeps serving the tasks given before)."""
-
-    __slots__ = ("indices", "ring", "seq", "slot", "worker")
-
-    def __init__(self, seq: int, worker: _WorkerHandle, slot: int, indices: Any, ring: Ring | None) -> None:
-        self.seq = seq
-        self.worker = worker
-        self.slot = slot
-        self.indices = indices
-        self.ring = ring
 
 
 _live_iterators: weakref.WeakSet = weakref.WeakSet()
@@ -85,7 +67,7 @@ def _forget_workers_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
-class MultiProcessIter(Ahead, Restarts, Tuning):
+class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
     """Iterator over one epoch with worker processes (reused across epochs when
     persistent); a :class:`~shmloader.state.Positioned` for state_dict()."""
 
@@ -93,7 +75,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
         # Nothing starts here: the first next() calls ``start`` (state.epoch_starter) to
         # begin the epoch and starts the workers, so iter() alone moves nothing.
         self._loader = loader
-        self._copy = copy
+        self._handout = Handout(loader, copy)
         self._start_epoch = start
         self._pid = os.getpid()
         self.closed = False
@@ -111,7 +93,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
         # Start, watch (sockets and sentinels in one poll), stop; _workers is its list.
         self._pool = WorkerPool()
         self._workers = self._pool.workers
-        self._readers: dict[bytes, Callable[[np.ndarray, Any, list[int]], Any]] = {}
+        self._readers = self._handout.readers  # (one reader per batch structure)
         self._ring_wanted = 0  # bytes a batch that came outside the ring needs: a ring to make
         self._ring_maker: RingMaker | None = None  # making that ring meanwhile, on a thread
         ctx = loader.multiprocessing_context
@@ -125,6 +107,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
         self.scheduler = Scheduler(loader.num_workers, loader.in_order, wire.RES_ITER_END)
         self._results = self.scheduler.results
         self._tasks: dict[int, _Task] = {}
+        self._asleep: list[_WorkerHandle] = []  # workers asleep with tasks queued (_send_task)
         self._source: Any = None
         self._source_done = True
 
@@ -261,7 +244,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
             if wid is None:
                 if not sched.any_active():
                     self._source_done = True
-                return
+                break
             worker = workers[wid]
             if loader.iterable:
                 kind, payload, indices = wire.TASK_ITER, b"", None
@@ -270,16 +253,21 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
                     indices = next(self._source)  # type: ignore[arg-type]
                 except StopIteration:
                     self._source_done = True
-                    return
+                    break
                 kind, payload = wire.task_payload(indices)
             slot = self._claim_slot(wid)
             seq = sched.assign(wid)
             task = _Task(seq, worker, slot, indices, self._ring)
             self._tasks[seq] = task
-            if not worker.writer.send(wire.frame(wire.pack(kind, slot, seq, payload))):
-                self._pool.queued(worker)  # a big task: the rest goes out on POLLOUT
+            self._send_task(worker, kind, slot, seq, payload)
             if not sched.any_active():
-                return
+                break
+        # Waking a worker is a system call and a context switch, a large part of a small
+        # batch's cost: while batches are ready to hand out the consumer is busy, and a
+        # worker that sleeps is woken once for the tasks queued meanwhile, when at most
+        # _WAKE_WHEN_READY are left (or before the consumer waits).
+        if self._asleep and len(self._results) <= WAKE_WHEN_READY:
+            self._wake_workers()
 
     def _claim_slot(self, wid: int) -> int:
         """A slot for worker ``wid``'s next task (NO_SLOT before the first batch sized the
@@ -357,7 +345,9 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
             self._end_epoch()
             raise StopIteration
         kind, task, payload = item
-        batch = self._materialize(kind, task, payload)
+        if kind == wire.RES_INIT_ERROR:
+            self.close()  # the worker exits: the epoch cannot go on
+        batch = self._handout.batch(kind, task, payload)
         self._yielded = yielded = self._yielded + 1
         if yielded > self._len_limit:
             warn_len_exceeded(self._loader, yielded)
@@ -375,117 +365,6 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
                 if not self._owes_this_epoch():
                     return None
             self._wait()
-
-    def _wait(self) -> None:
-        """Block until at least one worker message or exit, and handle it; queued task
-        bytes are written as the sockets take them, meanwhile."""
-        timeout = self._loader.timeout
-        deadline = time.monotonic() + timeout if timeout > 0 else None
-        pool = self._pool
-        due = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
-        events = pool.wait(due.worker if due is not None else None, deadline)
-        if events is None:
-            if self._loader.max_worker_restarts and self._restart_hung(timeout):
-                return
-            raise self._timeout_error(timeout)
-        dead = []
-        owners = pool.fd_owner
-        for fd, mask in events:
-            worker, is_sentinel = owners.get(fd, (None, False))
-            if worker is None:
-                continue
-            if is_sentinel:
-                dead.append(worker)
-            elif mask != select.POLLOUT:
-                self._receive(worker)
-        for worker in dead:
-            self._drain(worker)
-            wid = worker.id
-            if self.scheduler.outstanding[wid] or (self.scheduler.active[wid] and not self._source_done):
-                self._restart(worker)  # raises the death error where it may not
-            elif self._loader.persistent_workers and self._died_idle(worker) and self._may_restart(worker):
-                self._restart(worker)  # owes nothing now; the next epoch needs it
-            else:
-                pool.forget(worker)
-
-    def _receive(self, worker: _WorkerHandle) -> bool:
-        """Read what ``worker`` sent (one read: its socket is non-blocking) and handle
-        every message completed; False at EOF (the worker is gone)."""
-        try:
-            messages = worker.reader.read()
-        except OSError:
-            messages = None
-        if messages is None:
-            # EOF can be seen twice (its poll event, then _drain when the sentinel
-            # fires in the same round): forget_fd is idempotent.
-            self._pool.forget_fd(worker.fd)
-            return False
-        for msg in messages:
-            self._handle(worker, msg)
-        return True
-
-    def _handle(self, worker: _WorkerHandle, msg: bytes) -> None:
-        """Act on one message from ``worker``."""
-        kind, _slot, seq = wire.unpack(msg)
-        if kind >= wire.RES_INIT_ERROR:  # rare kinds, behind one comparison
-            if kind == wire.RES_SHARD_STATE:
-                self._shard_state(worker, seq, wire.body(msg))
-                return
-            if kind == wire.RES_STATS:
-                counts = self._loader._stats["dataset"]
-                for name, gained in pickle.loads(wire.body(msg)).items():
-                    counts[name] = counts.get(name, 0) + gained
-                return
-            self._init_failed(worker, wire.body(msg))
-            return
-        task = self._tasks.pop(seq, None)
-        if task is None:  # a result from before a reset; already discarded
-            if kind == wire.RES_SEGMENT:
-                os.close(worker.reader.take_fd())
-            return
-        self.scheduler.answered(worker.id)
-        if kind == wire.RES_READY:
-            payload = b""
-            self._timing.add_worker(worker.id, *wire.ready_clocks(msg))
-        else:
-            payload = wire.body(msg)
-            _leases.give_back(task.ring, task.slot)
-            task.slot = wire.NO_SLOT
-            if kind == wire.RES_SEGMENT or kind == wire.RES_PICKLED:
-                needed = wire.needed_bytes(payload)
-                if kind == wire.RES_SEGMENT:
-                    # The batch's own segment, mapped here (not pre-faulted: only what the
-                    # consumer reads comes in); its descriptor is closed at once.
-                    task.ring = attach_fd(worker.reader.take_fd(), 1, needed, populate=False)
-                    task.slot = 0
-                ring = self._ring
-                if ring is None or (needed > ring.slot_bytes and self._loader.slot_bytes is None):
-                    # The first batch sizes the ring; a batch that outgrew its slot makes
-                    # a ring of larger slots.
-                    self._want_ring(needed)
-            elif kind == wire.RES_ITER_END:
-                self.scheduler.ended(worker.id, seq)  # tasks sent from now on skip it
-        self.scheduler.put(seq, (kind, task, payload))
-
-    def _init_failed(self, worker: _WorkerHandle, payload: bytes) -> None:
-        """worker_init_fn raised: the worker sent that before reading any task (its
-        header carries no batch number) and exits. It answers for every task it was
-        given: the error takes the place of the first one, the others are dropped, and
-        the worker's exit is then expected (no WorkerDiedError)."""
-        mine = sorted(seq for seq, t in self._tasks.items() if t.worker is worker)
-        tasks = [self._tasks.pop(seq) for seq in mine]
-        for task in tasks:
-            _leases.give_back(task.ring, task.slot)
-            task.slot = wire.NO_SLOT
-        self.scheduler.retire(worker.id)
-        seq = mine[0] if mine else self._rcvd_seq
-        task = tasks[0] if tasks else _Task(seq, worker, wire.NO_SLOT, None, None)
-        self.scheduler.put(seq, (wire.RES_INIT_ERROR, task, payload))
-
-    def _drain(self, worker: _WorkerHandle) -> None:
-        """Handle everything ``worker`` sent before it exited."""
-        while self._pool.has_input(worker) and self._receive(worker):
-            pass
 
     def _want_ring(self, needed: int) -> None:
         """A batch needs ``needed`` slot bytes and the ring has no such slot: a ring to make.
@@ -547,70 +426,6 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
         """Iterable datasets: every worker ran out and all it produced was handed out."""
         return self.scheduler.exhausted()
 
-    # --- hand-out -----------------------------------------------------------------------
-
-    def _materialize(self, kind: int, task: _Task, payload: bytes) -> Any:
-        if kind == wire.RES_READY:
-            return self._from_slot(task)
-        if kind == wire.RES_SEGMENT:
-            batch = self._from_slot(task, segment=True)
-            task.ring = None  # the segment lives as long as the batch's views, no longer
-            if self._loader._pinner is not None:
-                batch = _pinning.pin_tree(batch)  # not in a registered ring: pinned by copy
-            return batch
-        if kind == wire.RES_PICKLED:
-            self._loader._stats["batches"] += 1
-            self._loader._stats["batches_copied"] += 1
-            batch = pickle.loads(wire.pickled_batch(payload))
-            if self._loader.output == "torch":
-                batch = _pinning.to_torch(batch)
-            if self._loader._pinner is not None:
-                batch = _pinning.pin_tree(batch)  # not in the ring: pinned by copy
-            return batch
-        failure: WorkerFailure = pickle.loads(payload)
-        if kind == wire.RES_INIT_ERROR:
-            self.close()
-        raise rebuild_error(failure, task.seq)
-
-    def _from_slot(self, task: _Task, segment: bool = False) -> Any:
-        """The batch in ``task``'s slot, as views of it (or a copy, with copy=True);
-        ``segment``: the slot is a one-off segment's, not the ring's."""
-        ring = task.ring
-        slot = task.slot
-        states = ring.states  # type: ignore[union-attr]
-        states.store(slot, _slots.HELD)
-        root = np.frombuffer(ring.slot_buffer(slot), np.uint8)  # type: ignore[union-attr]
-        # Leased before anything can raise: the slot returns to FREE when the root dies,
-        # i.e. when the last view of it does, or when this returns (copy=True: the batch
-        # does not view the root) or raises. Every view keeps the mapping alive (its .base
-        # chain ends at the mapping's owner).
-        _leases.lease(root, ring, slot, None if segment or self._copy else self._loader._pinner)
-        data_end, lo, llen, ooff, olen, seq, count = wire.read_header(ring, slot)
-        if seq != task.seq:
-            raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
-        key = root[lo : lo + llen].tobytes()
-        reader = self._readers.get(key)
-        if reader is None:
-            if len(self._readers) >= _LAYOUT_CACHE_SIZE:
-                self._readers.clear()  # stay bounded (one per batch structure)
-            skeleton = decode(key)
-            if self._loader.output == "torch":
-                skeleton = _pinning.torch_skeleton(skeleton)
-            reader = self._readers[key] = make_reader(skeleton)
-        numbers = np.frombuffer(root, np.int64, count, wire.numbers_offset(lo, llen)).tolist()
-        objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
-        stats = self._loader._stats
-        stats["batches"] += 1
-        if segment:
-            stats["batches_copied"] += 1  # not in the ring (in its own segment)
-        if self._copy:
-            # Batches that own their memory: one copy of the slot's data, and the
-            # slot is free again at once (the root dies as this returns).
-            batch = reader(root[:data_end].copy(), objects, numbers)
-            stats["batches_copied"] += not segment
-            return batch
-        return reader(root, objects, numbers)
-
     # --- errors -------------------------------------------------------------------------
 
     def _death_error(self, worker: _WorkerHandle, note: str = "") -> WorkerDiedError:
@@ -622,6 +437,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
         # Results that arrived unread while waiting on one worker: those workers are not busy.
         for worker in self._pool.readable_now():
             self._receive(worker)
+        self._collect()
         waiting = min(self._tasks) if self._tasks else self._rcvd_seq
         task = self._tasks.get(waiting)
         busy = [t.worker for t in self._tasks.values()]
@@ -638,7 +454,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
         """Persistent workers: the next epoch runs on the same workers and ring. Like
         ``__init__`` it moves nothing: the epoch begins at the next ``next()``."""
         self._start_epoch = start
-        self._copy = copy
+        self._handout.copy = copy
         self._len_limit = iterable_len_limit(self._loader)
         self.plan = None
         self.epoch_done = False
@@ -653,6 +469,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning):
         self._idle = True
         if os.getpid() != self._pid:
             return  # a forked copy of the consumer: the workers are not ours to stop
+        self._asleep.clear()
         self._pool.stop(graceful)
         maker, self._ring_maker = self._ring_maker, None
         if maker is not None:

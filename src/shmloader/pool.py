@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shmloader import fdguard, wire
+from shmloader.channel import Channel
 from shmloader.errors import (
     KeyErrorMessage,
     LoaderTimeoutError,
@@ -46,12 +47,14 @@ from shmloader.worker import WorkerFailure
 JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit before killing them
 KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
 _STOP_FRAME = wire.frame(wire.pack(wire.TASK_STOP))
+_WAKE_FRAME = wire.task_wake_frame()
 
 
 class WorkerHandle:
-    """One worker process and the consumer's end of its socket."""
+    """One worker process, the consumer's end of its socket and its channel (task and
+    result queues in shared memory: see channel.py; the first frame sends it)."""
 
-    __slots__ = ("conn", "fd", "id", "proc", "reader", "writer")
+    __slots__ = ("channel", "conn", "fd", "id", "proc", "reader", "writer")
 
     def __init__(self, wid: int, proc: Any, conn: Any) -> None:
         self.id = wid
@@ -61,6 +64,12 @@ class WorkerHandle:
         self.reader = wire.FrameReader(self.fd)
         # Non-blocking from here on: no write to a worker may block the consumer's loop.
         self.writer = wire.FrameWriter(self.fd)
+        self.channel = Channel.create()
+        try:
+            frame = wire.channel_frame(self.channel.offset, self.channel.size)
+            self.writer.send(frame, self.channel.fd)  # type: ignore[arg-type]
+        finally:
+            self.channel.close_fd()  # (the writer keeps a duplicate if the frame waits)
 
 
 def uses_pdeathsig(method: str) -> bool:
@@ -191,13 +200,21 @@ class WorkerPool:
         self.poller.register(handle.fd, select.POLLIN)
         self.poller.register(sentinel, select.POLLIN)
         self.focus_poller.register(sentinel, select.POLLIN)
+        self.queued(handle)  # (its channel frame, if the socket did not take it at once)
 
     # --- send ---------------------------------------------------------------------------
 
     def send(self, worker: WorkerHandle, framed: bytes, fd: int = -1) -> None:
         """Send a frame to ``worker`` (``fd`` attached) without blocking: what its socket
-        does not take now is written as it becomes writable, during :meth:`wait`."""
+        does not take now is written as it becomes writable, during :meth:`wait`. Counted
+        in the worker's channel: tasks queued after it wait for it (see channel.py)."""
+        worker.channel.frames_sent += 1
         if not worker.writer.send(framed, fd):
+            self.queued(worker)
+
+    def wake(self, worker: WorkerHandle) -> None:
+        """Wake ``worker``, asleep with an empty task queue (a task was just queued)."""
+        if not worker.writer.send(_WAKE_FRAME):
             self.queued(worker)
 
     def queued(self, worker: WorkerHandle) -> None:
@@ -229,18 +246,48 @@ class WorkerPool:
     # --- watch --------------------------------------------------------------------------
 
     def wait(self, focus: WorkerHandle | None, deadline: float | None) -> list[tuple[int, int]] | None:
-        """Block until a worker's socket has input (or EOF) or a worker exits; the poll
-        events, or None when ``deadline`` (``time.monotonic()``) passed first. ``focus``:
-        the worker whose batch is due (in order), the only socket waited on while no task
-        bytes are queued. Queued bytes are written meanwhile."""
-        while True:
-            poller = self._poller_for(focus)
-            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            events = poller.poll(wait_ms)
-            if events and (not self.sending or self._flush(events)):
-                return events
-            if deadline is not None and time.monotonic() >= deadline:
+        """Block until a worker's socket has input (or EOF), a worker exits, or a result
+        is in a result queue; the poll events (an empty list: a queued result, take it),
+        or None when ``deadline`` (``time.monotonic()``) passed first. ``focus``: the
+        worker whose batch is due (in order), the only one waited on while no task bytes
+        are queued. Queued bytes are written meanwhile.
+
+        Before blocking, the consumer's "sleeping" flag is set in the queues of the
+        workers it waits on (channel.Channel.arm_results): a worker that publishes a
+        result then writes a wake-up to its socket; a result published before is seen
+        by the arm itself, and nothing blocks."""
+        armed = self._arm(focus)
+        if armed is None:
+            return []
+        try:
+            while True:
+                poller = self._poller_for(focus)
+                wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                events = poller.poll(wait_ms)
+                if events and (not self.sending or self._flush(events)):
+                    return events
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+        finally:
+            for worker in armed:
+                worker.channel.disarm_results()
+
+    def _arm(self, focus: WorkerHandle | None) -> list[WorkerHandle] | None:
+        """Set the sleeping flag in the result queues of the workers :meth:`wait` waits on
+        (all of them, or ``focus``, as :meth:`_poller_for` picks); None (no flag left set)
+        when a result is already queued in one of them."""
+        if focus is not None and focus.fd in self.fd_owner and not self.sending:
+            targets = [focus]
+        else:
+            targets = [w for w in self.workers if w.fd in self.fd_owner]
+        armed = []
+        for worker in targets:
+            if not worker.channel.arm_results():
+                for other in armed:
+                    other.channel.disarm_results()
                 return None
+            armed.append(worker)
+        return armed
 
     def _poller_for(self, focus: WorkerHandle | None) -> Any:
         if focus is None or focus.fd not in self.fd_owner or self.sending:

@@ -1,13 +1,16 @@
 """The wire between the consumer and a worker, defined once: frames and the slot header.
 
-**Frames.** Each worker has one socket pair with the consumer. Tasks go one way, results
-the other; both are framed as ``multiprocessing.Connection`` frames them (a 4-byte
-big-endian length, then the message). A message is a fixed :data:`HEADER` (kind, slot,
-batch sequence number) and a small payload, never a pickle in the common case: a task is
-the slot number, the batch's sequence number and its sample indices as int64 bytes; a
-result is the slot number. The kinds are :class:`Kind`; the module-level constants are
-their plain int values, for the per-batch path. The same socket is the worker's lifeline:
-when the consumer dies the kernel closes its end, and the worker's read returns EOF.
+**Frames.** Each worker has one socket pair with the consumer, framed as
+``multiprocessing.Connection`` frames (a 4-byte big-endian length, then the message). A
+message is a fixed :data:`HEADER` (kind, slot, batch sequence number) and a payload. The
+per-batch tasks and results do not use it: they go through the worker's queues in shared
+memory (:mod:`shmloader.channel`, sent as the first frame, TASK_CHANNEL), and the socket
+carries a wake-up (TASK_WAKE, RES_WAKE) only to a side that sleeps. Frames carry the rest:
+new rings and epochs, tasks the queue cannot take (pickled keys, huge index lists),
+errors, shard states, stats, batches in one-off segments. The kinds are :class:`Kind`;
+the module-level constants are their plain int values, for the per-batch path. The same
+socket is the worker's lifeline: when the consumer dies the kernel closes its end, and
+the worker's read returns EOF.
 
 The per-batch messages bypass ``Connection``'s Python framing: :func:`send_frame` writes a
 framed message with one system call, and :class:`FrameReader` reads whatever has arrived in
@@ -51,6 +54,8 @@ class Kind(enum.IntEnum):
     TASK_EPOCH = 4  # persistent workers, new epoch: payload int64 [base_seed] (epoch_frame)
     TASK_STOP = 5
     TASK_RING = 6  # payload: int64 [num_slots, slot_bytes] (ring_frame); the ring's descriptor comes with it
+    TASK_WAKE = 7  # no payload: a task is in the worker's queue and it was asleep (see channel.py)
+    TASK_CHANNEL = 8  # the first frame: the worker's channel's descriptor comes with it (see channel.py)
     RES_SEGMENT = 10  # payload: int64 [slot_bytes]; the batch is in slot 0 of a one-off segment
     # (a 1-slot ring) whose descriptor comes with this frame: a batch that had no slot (the
     # first, which sizes the ring) or outgrew it, delivered without a copy.
@@ -63,6 +68,7 @@ class Kind(enum.IntEnum):
     RES_INIT_ERROR = 15  # payload: pickled WorkerFailure; the worker exits after sending it
     RES_SHARD_STATE = 16  # payload: pickled dataset.state_dict() after batch `seq` (before its result)
     RES_STATS = 17  # payload: pickled {name: increase} of the dataset's stats() counters
+    RES_WAKE = 18  # no payload: a result is in the worker's queue and the consumer was asleep
     # The consumer checks kinds >= RES_INIT_ERROR with one comparison, off the per-batch
     # path: give a new rare kind a number above these and handle it in that branch.
 
@@ -82,6 +88,9 @@ RES_ITER_END = int(Kind.RES_ITER_END)
 RES_INIT_ERROR = int(Kind.RES_INIT_ERROR)
 RES_SHARD_STATE = int(Kind.RES_SHARD_STATE)
 RES_STATS = int(Kind.RES_STATS)
+RES_WAKE = int(Kind.RES_WAKE)
+TASK_WAKE = int(Kind.TASK_WAKE)
+TASK_CHANNEL = int(Kind.TASK_CHANNEL)
 
 _I64 = struct.Struct("<q")
 _I64X2 = struct.Struct("<qq")
@@ -118,6 +127,27 @@ def ready_frame(slot: int, seq: int, fetch_ns: int, collate_ns: int, idle_ns: in
 def ready_clocks(message: Any) -> tuple[int, int, int]:
     """A RES_READY message's (fetch_ns, collate_ns, idle_ns)."""
     return _CLOCKS.unpack_from(message, HEADER_BYTES)
+
+
+def task_wake_frame() -> bytes:
+    """The framed TASK_WAKE message."""
+    return frame(pack(TASK_WAKE))
+
+
+def result_wake_frame() -> bytes:
+    """The framed RES_WAKE message."""
+    return frame(pack(RES_WAKE))
+
+
+def channel_frame(offset: int, size: int) -> bytes:
+    """The framed TASK_CHANNEL message: the queues start at ``offset`` of the ``size``
+    bytes of the segment whose descriptor comes with it."""
+    return frame(pack(TASK_CHANNEL, payload=_I64X2.pack(offset, size)))
+
+
+def channel_info(message: Any) -> tuple[int, int]:
+    """A TASK_CHANNEL message's (offset, size)."""
+    return _I64X2.unpack_from(message, HEADER_BYTES)
 
 
 def ring_frame(num_slots: int, slot_bytes: int) -> bytes:

@@ -1,10 +1,11 @@
 """The worker process: its main loop, its lifeline, seeding and worker info.
 
-A worker reads tasks from its socket, fetches the samples, collates them straight into
-the slot it was given, publishes the slot READY (a release store) and writes the slot
-number back. It exits when the consumer closes the socket or dies (EOF on the same
-socket, whoever forked the worker), when its parent thread exits (PR_SET_PDEATHSIG,
-where the consumer started it), or on a stop message.
+A worker takes tasks from its task queue (and, rarely, its socket: see channel.py),
+fetches the samples, collates them straight into the slot it was given, publishes the
+slot READY (a release store) and puts the result in its result queue. It exits when
+the consumer closes the socket or dies (EOF on the same socket, whoever forked the
+worker), when its parent thread exits (PR_SET_PDEATHSIG, where the consumer started
+it), or on a stop message.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 import time
 import traceback
 from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +28,14 @@ from typing import Any
 import numpy as np
 
 from shmloader import _slots, fetch, wire
+from shmloader.channel import Channel
 from shmloader.collate import array_views, build_in_memory, plan
 from shmloader.context import WorkerInfo, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
 from shmloader.layout import encode, split
 from shmloader.ring import Ring, attach_fd
 
+_RESULT_WAKE = wire.result_wake_frame()
 _VIEW_CACHE_SIZE = 1024  # entries of the skeleton and view caches (ragged batches: a view set per shape)
 
 
@@ -171,6 +175,10 @@ def _watch_lifeline(fd: int) -> None:
     os._exit(0)
 
 
+class _Stop(Exception):
+    """The consumer sent TASK_STOP: the worker returns."""
+
+
 class _Worker:
     def __init__(self, config: WorkerConfig, conn: Any) -> None:
         self.cfg = config
@@ -192,6 +200,8 @@ class _Worker:
         # Clocks since the last report, sent with each batch put in the ring (timing.py).
         self.fetch_ns = self.collate_ns = self.idle_ns = 0
         self.collate_from: int | None = None  # when the current batch's collation began
+        self.channel: Channel | None = None  # the task and result queues (the first frame)
+        self.framed = False  # a frame was sent since the last result (see send_message)
 
     def start_epoch(self, seed: int) -> None:
         """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
@@ -222,36 +232,76 @@ class _Worker:
                 return
         try:
             self.serve()
+        except _Stop:
+            pass
         finally:
             self.reader.close()
 
     def serve(self) -> None:
-        """Handle tasks until a stop message or EOF."""
-        read = self.reader.read
-        unpack = wire.unpack
-        clock = time.perf_counter_ns
+        """Handle tasks until a stop message or EOF: from the task queue and the socket,
+        in the order the consumer sent them (see channel.py: a queued task waits for the
+        frames sent before it; a frame waits for the tasks queued before it)."""
+        frames: deque[bytes] = deque()  # read from the socket, not acted on yet
+        while self.channel is None:  # the channel's frame comes first
+            self.read_frames(frames)
+        channel = self.channel
+        take = channel.take_tasks
+        tasks: deque = deque()  # taken from the queue, not done yet
+        done = 0  # frames acted on (the stamps count them)
         while True:
-            waited = clock()
-            messages = read()
-            self.idle_ns += clock() - waited
-            if messages is None:
-                raise EOFError
-            for msg in messages:
-                kind, slot, seq = unpack(msg)
-                if kind == wire.TASK_STOP:
-                    return
-                if kind == wire.TASK_RING:
-                    num_slots, slot_bytes = wire.ring_info(msg)
-                    # Not pre-faulted: a slot's pages are faulted in by this worker's
-                    # first write into it (see deliver), only for the slots it writes.
-                    self.ring = attach_fd(self.reader.take_fd(), num_slots, slot_bytes, populate=False)
-                    self.views.clear()
-                elif kind == wire.TASK_EPOCH:
-                    self.start_epoch(wire.epoch_seed(msg))
-                else:
-                    self.do_task(kind, slot, seq, msg)
+            if not tasks:
+                tasks.extend(take())
+            if tasks and tasks[0][3] <= done:
+                kind, slot, seq, _stamp, payload = tasks.popleft()
+                self.do_task(kind, slot, seq, payload)
+            elif frames:
+                done += 1
+                self.on_frame(frames.popleft())
+            elif tasks:
+                self.read_frames(frames)  # a frame sent before the next task: on its way
+            elif channel.arm_tasks():
+                # Asleep: the consumer writes a wake-up with its next task (or a frame).
+                try:
+                    self.read_frames(frames)
+                finally:
+                    channel.disarm_tasks()
 
-    def do_task(self, kind: int, slot: int, seq: int, msg: bytes) -> None:
+    def read_frames(self, frames: deque[bytes]) -> None:
+        """One (blocking) read of the socket: frames to act on go to ``frames``; wake-ups
+        are dropped, the channel's frame is taken."""
+        clock = time.perf_counter_ns
+        waited = clock()
+        messages = self.reader.read()
+        self.idle_ns += clock() - waited
+        if messages is None:
+            raise EOFError
+        for msg in messages:
+            kind = msg[0]  # (the header's first byte)
+            if kind == wire.TASK_CHANNEL:
+                self.channel = Channel.attach(self.reader.take_fd(), *wire.channel_info(msg))
+            elif kind == wire.TASK_STOP:
+                raise _Stop
+            elif kind != wire.TASK_WAKE:
+                frames.append(msg)
+
+    def on_frame(self, msg: bytes) -> None:
+        """Act on a frame from the consumer: a ring, an epoch, a task that did not go by
+        the queue (a stop never waits: :meth:`read_frames` raises it)."""
+        kind, slot, seq = wire.unpack(msg)
+        if kind == wire.TASK_RING:
+            num_slots, slot_bytes = wire.ring_info(msg)
+            # Not pre-faulted: a slot's pages are faulted in by this worker's
+            # first write into it (see deliver), only for the slots it writes.
+            self.ring = attach_fd(self.reader.take_fd(), num_slots, slot_bytes, populate=False)
+            self.views.clear()
+        elif kind == wire.TASK_EPOCH:
+            self.start_epoch(wire.epoch_seed(msg))
+        else:
+            self.do_task(kind, slot, seq, wire.body(msg))
+
+    def do_task(self, kind: int, slot: int, seq: int, payload: Any) -> None:
+        """Load batch ``seq`` into ``slot``: ``payload`` holds its int64 sample indices
+        (TASK_INDICES) or its pickled keys (TASK_KEYS)."""
         cfg = self.cfg
         indices = None
         where = "fetching"
@@ -261,16 +311,16 @@ class _Worker:
             if kind == wire.TASK_ITER:
                 samples = self.next_samples()
                 if samples is None:
-                    self.conn.send_bytes(wire.pack(wire.RES_ITER_END, slot, seq))
+                    self.send_message(wire.pack(wire.RES_ITER_END, slot, seq))
                     return
                 if cfg.report_state:  # the shard's position after this batch, for resume
                     state = pickle.dumps(cfg.dataset.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
-                    self.conn.send_bytes(wire.pack(wire.RES_SHARD_STATE, slot, seq, state))
+                    self.send_message(wire.pack(wire.RES_SHARD_STATE, slot, seq, state))
             else:
                 if kind == wire.TASK_INDICES:
-                    indices = np.frombuffer(msg, np.int64, offset=wire.HEADER_BYTES).tolist()
+                    indices = np.frombuffer(payload, np.int64).tolist()
                 else:
-                    indices = pickle.loads(msg[wire.HEADER_BYTES :])
+                    indices = pickle.loads(payload)
                 samples = self.fetch(indices, seq)
             self.collate_from = now = clock()
             self.fetch_ns += now - began
@@ -280,10 +330,29 @@ class _Worker:
             self.deliver(slot, seq, batch.treedef, batch.leaves, batch.fill)
         except Exception as exc:
             failure = WorkerFailure.capture(exc, cfg.worker_id, where, indices)
-            self.conn.send_bytes(wire.pack(wire.RES_ERROR, slot, seq, pickle.dumps(failure)))
+            self.send_message(wire.pack(wire.RES_ERROR, slot, seq, pickle.dumps(failure)))
         if self.collate_from is not None:  # not reported yet: goes with the next batch in the ring
             self.collate_ns += clock() - self.collate_from
             self.collate_from = None
+
+    def send_message(self, message: bytes) -> None:
+        """Send a message by frame; the next result goes by frame too (after it: the
+        consumer must not see that result before this message, see channel.py)."""
+        self.framed = True
+        self.conn.send_bytes(message)
+
+    def send_result(self, slot: int, seq: int, collate_ns: int) -> None:
+        """Batch ``seq`` is READY in ``slot``: tell the consumer, with the clocks."""
+        if not self.framed:
+            queued = self.channel.push_result(
+                wire.RES_READY, slot, seq, self.fetch_ns, collate_ns, self.idle_ns
+            )
+            if queued:
+                if queued == 2:  # the consumer sleeps
+                    wire.send_frame(self.fd, _RESULT_WAKE)
+                return
+        self.framed = False
+        wire.send_frame(self.fd, wire.ready_frame(slot, seq, self.fetch_ns, collate_ns, self.idle_ns))
 
     def report_stats(self) -> None:
         """Send what the dataset's ``stats()`` counters gained since the last report (only
@@ -293,7 +362,7 @@ class _Worker:
         gained = {k: v - last.get(k, 0) for k, v in now.items() if v != last.get(k, 0)}
         if gained:
             self.stats_sent = dict(now)
-            self.conn.send_bytes(wire.pack(wire.RES_STATS, payload=pickle.dumps(gained)))
+            self.send_message(wire.pack(wire.RES_STATS, payload=pickle.dumps(gained)))
 
     def fetch(self, indices: list[Any], seq: int | None = None) -> list[Any] | None:
         """The samples of ``indices`` (None under the write-into protocol): see fetch.Recipe."""
@@ -362,7 +431,7 @@ class _Worker:
             # epoch as soon as it has the last result.
             self.report_stats()
         collate_ns = self.collate_ns + time.perf_counter_ns() - self.collate_from  # type: ignore[operator]
-        wire.send_frame(self.fd, wire.ready_frame(slot, seq, self.fetch_ns, collate_ns, self.idle_ns))
+        self.send_result(slot, seq, collate_ns)
         self.fetch_ns = self.collate_ns = self.idle_ns = 0
         self.collate_from = None
 
@@ -382,7 +451,7 @@ class _Worker:
             payload = wire.size_payload(total, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
             if self.stats_fn is not None:
                 self.report_stats()
-            self.conn.send_bytes(wire.pack(wire.RES_PICKLED, slot, seq, payload))
+            self.send_message(wire.pack(wire.RES_PICKLED, slot, seq, payload))
             return
         try:
             fill(array_views(layout, segment.slot_array(0)))
@@ -390,6 +459,7 @@ class _Worker:
             if self.stats_fn is not None:
                 self.report_stats()
             message = wire.pack(wire.RES_SEGMENT, slot, seq, wire.size_payload(total))
+            self.framed = True
             wire.send_frame_with_fd(self.fd, wire.frame(message), segment.fd)
         finally:
             segment.close_fd()  # the consumer holds its own descriptor now; ours goes

@@ -1,0 +1,233 @@
+"""The consumer's side of the per-batch exchange with the workers: give tasks, wait, take
+results. A mixin of :class:`~shmloader.multiprocess.MultiProcessIter` (it works on the
+iterator's pool, tasks, scheduler and timing).
+
+A task goes into the worker's task queue in shared memory (:mod:`shmloader.channel`), a
+result comes back through its result queue: a busy consumer and busy workers exchange
+batches without a system call. Only a side that sleeps is written a wake-up, on the
+socket that also carries the rare messages (errors, shard states, stats, batches in
+one-off segments: :meth:`Exchange._handle`). A worker that fell asleep is woken once for
+the tasks queued while the consumer still had batches to hand out (see
+:meth:`Exchange._wake_workers`): on a small machine a wake-up costs the consumer as much
+CPU as the rest of a small batch's path.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import time
+from typing import Any
+
+from shmloader import leases as _leases
+from shmloader import wire
+from shmloader.channel import MAX_TASK_PAYLOAD
+from shmloader.pool import WorkerHandle
+from shmloader.ring import Ring, attach_fd
+
+# Results left to hand out when workers asleep with tasks queued are woken (see _dispatch):
+# one left gives a woken worker the time of one hand-out to start.
+WAKE_WHEN_READY = 1
+
+
+class Task:
+    """One batch sent to a worker: its slot is in ``ring`` (the ring current when it was
+    sent; a ring that grows since keeps serving the tasks given before)."""
+
+    __slots__ = ("indices", "ring", "seq", "slot", "worker")
+
+    def __init__(self, seq: int, worker: WorkerHandle, slot: int, indices: Any, ring: Ring | None) -> None:
+        self.seq = seq
+        self.worker = worker
+        self.slot = slot
+        self.indices = indices
+        self.ring = ring
+
+
+class Exchange:
+    """The exchange half of the epoch iterator (see the module's docstring)."""
+
+    # (Attributes and methods of MultiProcessIter, used here.)
+    _loader: Any
+    _pool: Any
+    _tasks: dict
+    _workers: list
+    _timing: Any
+    _asleep: list
+    _ring: Any
+    _source_done: bool
+    scheduler: Any
+    _rcvd_seq: int
+    _restart: Any
+    _restart_hung: Any
+    _died_idle: Any
+    _may_restart: Any
+    _timeout_error: Any
+    _shard_state: Any
+    _want_ring: Any
+
+    def _send_task(self, worker: WorkerHandle, kind: int, slot: int, seq: int, payload: bytes) -> None:
+        """Give ``worker`` a task: in its task queue (no system call unless it sleeps),
+        or by frame when the queue has no room or the task is not int64 indices."""
+        if kind != wire.TASK_KEYS and len(payload) <= MAX_TASK_PAYLOAD:
+            queued = worker.channel.push_task(kind, slot, seq, payload)
+            if queued:
+                if queued == 2 and worker not in self._asleep:  # woken by _wake_workers
+                    self._asleep.append(worker)
+                return
+        self._pool.send(worker, wire.frame(wire.pack(kind, slot, seq, payload)))
+
+    def _wake_workers(self) -> None:
+        """Wake the workers that sleep with tasks queued (one wake-up, however many tasks
+        were queued since they fell asleep)."""
+        for worker in self._asleep:
+            if worker.channel.take_sleeper():
+                self._pool.wake(worker)
+        self._asleep.clear()
+
+    def _wait(self) -> None:
+        """Take the results queued by the workers; when there are none, wake the workers
+        owed a wake-up and block until a result, a message or an exit, and handle it
+        (queued task bytes are written as the sockets take them, meanwhile). Nothing
+        else wakes a worker while the consumer blocks: ``_asleep`` is empty here until
+        the next ``_dispatch``."""
+        if self._collect():
+            return
+        if self._asleep:
+            self._wake_workers()  # before this process blocks: it waits for their work
+        timeout = self._loader.timeout
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        pool = self._pool
+        due = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
+        events = pool.wait(due.worker if due is not None else None, deadline)
+        if events is None:
+            # (A result queued right at the deadline counts; others, not due, do not.)
+            if self._collect() and (due is None or due.seq not in self._tasks):
+                return
+            if self._loader.max_worker_restarts and self._restart_hung(timeout):
+                return
+            raise self._timeout_error(timeout)
+        dead = []
+        owners = pool.fd_owner
+        for fd, mask in events:
+            worker, is_sentinel = owners.get(fd, (None, False))
+            if worker is None:
+                continue
+            if is_sentinel:
+                dead.append(worker)
+            elif mask != select.POLLOUT:
+                self._receive(worker)
+        self._collect()
+        for worker in dead:
+            self._drain(worker)
+            wid = worker.id
+            if self.scheduler.outstanding[wid] or (self.scheduler.active[wid] and not self._source_done):
+                self._restart(worker)  # raises the death error where it may not
+            elif self._loader.persistent_workers and self._died_idle(worker) and self._may_restart(worker):
+                self._restart(worker)  # owes nothing now; the next epoch needs it
+            else:
+                pool.forget(worker)
+
+    def _collect(self) -> bool:
+        """Take the results every worker published in its result queue; True if any."""
+        got = False
+        for worker in self._workers:
+            results = worker.channel.take_results()
+            if results:
+                got = True
+                for _kind, _slot, seq, fetch_ns, collate_ns, idle_ns in results:
+                    self._ready(worker, seq, fetch_ns, collate_ns, idle_ns)
+        return got
+
+    def _ready(self, worker: WorkerHandle, seq: int, fetch_ns: int, collate_ns: int, idle_ns: int) -> None:
+        """Batch ``seq`` is READY in its slot (from the queue or a RES_READY frame)."""
+        task = self._tasks.pop(seq, None)
+        if task is None:
+            return  # a result from before a reset; already discarded
+        self.scheduler.answered(worker.id)
+        self._timing.add_worker(worker.id, fetch_ns, collate_ns, idle_ns)
+        self.scheduler.put(seq, (wire.RES_READY, task, b""))
+
+    def _receive(self, worker: WorkerHandle) -> bool:
+        """Read what ``worker`` sent (one read: its socket is non-blocking) and handle
+        every message completed; False at EOF (the worker is gone)."""
+        try:
+            messages = worker.reader.read()
+        except OSError:
+            messages = None
+        if messages is None:
+            # EOF can be seen twice (its poll event, then _drain when the sentinel
+            # fires in the same round): forget_fd is idempotent.
+            self._pool.forget_fd(worker.fd)
+            return False
+        for msg in messages:
+            self._handle(worker, msg)
+        return True
+
+    def _handle(self, worker: WorkerHandle, msg: bytes) -> None:
+        """Act on one message from ``worker``."""
+        kind, _slot, seq = wire.unpack(msg)
+        if kind == wire.RES_READY:
+            self._ready(worker, seq, *wire.ready_clocks(msg))
+            return
+        if kind >= wire.RES_INIT_ERROR:  # rare kinds, behind one comparison
+            if kind == wire.RES_WAKE:
+                return  # (the result is in the worker's queue: _collect takes it)
+            if kind == wire.RES_SHARD_STATE:
+                self._shard_state(worker, seq, wire.body(msg))
+                return
+            if kind == wire.RES_STATS:
+                counts = self._loader._stats["dataset"]
+                for name, gained in pickle.loads(wire.body(msg)).items():
+                    counts[name] = counts.get(name, 0) + gained
+                return
+            self._init_failed(worker, wire.body(msg))
+            return
+        task = self._tasks.pop(seq, None)
+        if task is None:  # a result from before a reset; already discarded
+            if kind == wire.RES_SEGMENT:
+                os.close(worker.reader.take_fd())
+            return
+        self.scheduler.answered(worker.id)
+        payload = wire.body(msg)
+        _leases.give_back(task.ring, task.slot)
+        task.slot = wire.NO_SLOT
+        if kind == wire.RES_SEGMENT or kind == wire.RES_PICKLED:
+            needed = wire.needed_bytes(payload)
+            if kind == wire.RES_SEGMENT:
+                # The batch's own segment, mapped here (not pre-faulted: only what the
+                # consumer reads comes in); its descriptor is closed at once.
+                task.ring = attach_fd(worker.reader.take_fd(), 1, needed, populate=False)
+                task.slot = 0
+            ring = self._ring
+            if ring is None or (needed > ring.slot_bytes and self._loader.slot_bytes is None):
+                # The first batch sizes the ring; a batch that outgrew its slot makes
+                # a ring of larger slots.
+                self._want_ring(needed)
+        elif kind == wire.RES_ITER_END:
+            self.scheduler.ended(worker.id, seq)  # tasks sent from now on skip it
+        self.scheduler.put(seq, (kind, task, payload))
+
+    def _init_failed(self, worker: WorkerHandle, payload: bytes) -> None:
+        """worker_init_fn raised: the worker sent that before reading any task (its
+        header carries no batch number) and exits. It answers for every task it was
+        given: the error takes the place of the first one, the others are dropped, and
+        the worker's exit is then expected (no WorkerDiedError)."""
+        mine = sorted(seq for seq, t in self._tasks.items() if t.worker is worker)
+        tasks = [self._tasks.pop(seq) for seq in mine]
+        for task in tasks:
+            _leases.give_back(task.ring, task.slot)
+            task.slot = wire.NO_SLOT
+        self.scheduler.retire(worker.id)
+        seq = mine[0] if mine else self._rcvd_seq
+        task = tasks[0] if tasks else Task(seq, worker, wire.NO_SLOT, None, None)
+        self.scheduler.put(seq, (wire.RES_INIT_ERROR, task, payload))
+
+    def _drain(self, worker: WorkerHandle) -> None:
+        """Handle everything ``worker`` sent before it exited."""
+        while self._pool.has_input(worker) and self._receive(worker):
+            pass
+        while results := worker.channel.take_results():  # (and what it queued)
+            for _kind, _slot, seq, fetch_ns, collate_ns, idle_ns in results:
+                self._ready(worker, seq, fetch_ns, collate_ns, idle_ns)

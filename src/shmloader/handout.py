@@ -1,0 +1,100 @@
+"""The hand-out: a result from a worker turned into the batch ``next()`` returns.
+
+A batch in a slot (of the ring, or of a one-off segment) becomes views of the slot,
+read through a reader made once per batch structure (its layout's skeleton) and cached;
+the slot returns to FREE when the last view dies (a lease on the root array, see
+:mod:`shmloader.leases`). A pickled batch is unpickled; an error is rebuilt and raised.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from shmloader import _slots, wire
+from shmloader import leases as _leases
+from shmloader import pinning as _pinning
+from shmloader.layout import decode, make_reader
+from shmloader.pool import rebuild_error
+from shmloader.worker import WorkerFailure
+
+_LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
+
+
+class Handout:
+    """Batches from results, for one iterator of ``loader`` (``copy``: batches that own
+    their memory, the slot freed at once)."""
+
+    __slots__ = ("_loader", "copy", "readers")
+
+    def __init__(self, loader: Any, copy: bool) -> None:
+        self._loader = loader
+        self.copy = copy
+        self.readers: dict[bytes, Callable[[np.ndarray, Any, list[int]], Any]] = {}
+
+    def batch(self, kind: int, task: Any, payload: bytes) -> Any:
+        """The batch of a result of ``kind`` for ``task`` (its ``ring``, ``slot`` and
+        ``seq``; the ring is dropped from a one-off segment's task); raises the worker's
+        error for an error result."""
+        if kind == wire.RES_READY:
+            return self.from_slot(task)
+        loader = self._loader
+        if kind == wire.RES_SEGMENT:
+            batch = self.from_slot(task, segment=True)
+            task.ring = None  # the segment lives as long as the batch's views, no longer
+            if loader._pinner is not None:
+                batch = _pinning.pin_tree(batch)  # not in a registered ring: pinned by copy
+            return batch
+        if kind == wire.RES_PICKLED:
+            loader._stats["batches"] += 1
+            loader._stats["batches_copied"] += 1
+            batch = pickle.loads(wire.pickled_batch(payload))
+            if loader.output == "torch":
+                batch = _pinning.to_torch(batch)
+            if loader._pinner is not None:
+                batch = _pinning.pin_tree(batch)  # not in the ring: pinned by copy
+            return batch
+        failure: WorkerFailure = pickle.loads(payload)
+        raise rebuild_error(failure, task.seq)
+
+    def from_slot(self, task: Any, segment: bool = False) -> Any:
+        """The batch in ``task``'s slot, as views of it (or a copy, with copy=True);
+        ``segment``: the slot is a one-off segment's, not the ring's."""
+        ring = task.ring
+        slot = task.slot
+        loader = self._loader
+        ring.states.store(slot, _slots.HELD)
+        root = np.frombuffer(ring.slot_buffer(slot), np.uint8)
+        # Leased before anything can raise: the slot returns to FREE when the root dies,
+        # i.e. when the last view of it does, or when this returns (copy=True: the batch
+        # does not view the root) or raises. Every view keeps the mapping alive (its .base
+        # chain ends at the mapping's owner).
+        _leases.lease(root, ring, slot, None if segment or self.copy else loader._pinner)
+        data_end, lo, llen, ooff, olen, seq, count = wire.read_header(ring, slot)
+        if seq != task.seq:
+            raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
+        key = root[lo : lo + llen].tobytes()
+        reader = self.readers.get(key)
+        if reader is None:
+            if len(self.readers) >= _LAYOUT_CACHE_SIZE:
+                self.readers.clear()  # stay bounded (one per batch structure)
+            skeleton = decode(key)
+            if loader.output == "torch":
+                skeleton = _pinning.torch_skeleton(skeleton)
+            reader = self.readers[key] = make_reader(skeleton)
+        numbers = np.frombuffer(root, np.int64, count, wire.numbers_offset(lo, llen)).tolist()
+        objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
+        stats = loader._stats
+        stats["batches"] += 1
+        if segment:
+            stats["batches_copied"] += 1  # not in the ring (in its own segment)
+        if self.copy:
+            # Batches that own their memory: one copy of the slot's data, and the
+            # slot is free again at once (the root dies as this returns).
+            batch = reader(root[:data_end].copy(), objects, numbers)
+            stats["batches_copied"] += not segment
+            return batch
+        return reader(root, objects, numbers)
