@@ -173,9 +173,9 @@ int sl_q_take_sleeper(uint64_t *ctl) {
 
 /* sl_q_push of a record whose payload is the three words a, b, c (a result and its clocks). */
 int sl_q_push3(uint64_t *ctl, int64_t *data, size_t cap, int64_t kind, int64_t slot, int64_t seq,
-               int64_t a, int64_t b, int64_t c) {
+               int64_t stamp, int64_t a, int64_t b, int64_t c) {
     int64_t payload[3] = {a, b, c};
-    return sl_q_push(ctl, data, cap, kind, slot, seq, 0, (const char *)payload, 3, 1);
+    return sl_q_push(ctl, data, cap, kind, slot, seq, stamp, (const char *)payload, 3, 1);
 }
 
 /* Moves whole records, oldest first, into out[0..out_cap) while they fit; returns the

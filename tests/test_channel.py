@@ -73,10 +73,10 @@ def test_sleeping_flags_say_who_to_wake_once():
     assert consumer.push_task(1, 0, 3, b"") == 1
     # Results: the worker wakes a sleeping consumer once.
     assert consumer.arm_results()
-    assert worker.push_result(11, 1, 5, 1, 2, 3) == 2
-    assert worker.push_result(11, 2, 6, 4, 5, 6) == 1
+    assert worker.push_result(11, 1, 5, 0, 1, 2, 3) == 2
+    assert worker.push_result(11, 2, 6, 3, 4, 5, 6) == 1
     assert not consumer.arm_results()
-    assert consumer.take_results() == [(11, 1, 5, 1, 2, 3), (11, 2, 6, 4, 5, 6)]
+    assert consumer.take_results() == [(11, 1, 5, 0, 1, 2, 3), (11, 2, 6, 3, 4, 5, 6)]
     assert consumer.take_results() == []
 
 
@@ -96,7 +96,7 @@ def _echo_worker(channel: Channel, wake_r: int, wake_w: int) -> None:
             if kind == 5:
                 os._exit(0)
             total = int(np.frombuffer(payload, np.int64).sum())
-            if channel.push_result(11, total, seq, 0, 0, 0) == 2:
+            if channel.push_result(11, total, seq, 0, 0, 0, 0) == 2:
                 os.write(wake_w, b"w")
 
 

@@ -249,7 +249,7 @@ def test_a_failing_reader_in_copy_mode_returns_its_slot(monkeypatch):
         raise RuntimeError("reader failed")
 
     it._readers.clear()  # the next batch's layout is decoded again: that raises
-    monkeypatch.setattr("shmloader.multiprocess.decode", failing)
+    monkeypatch.setattr("shmloader.handout.decode", failing)
     with pytest.raises(RuntimeError, match="reader failed"):
         next(it)
     assert_no_slot_held(ring)

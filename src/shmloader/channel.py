@@ -20,9 +20,11 @@ worker acts on a record only after that many frames (:meth:`Channel.take_tasks` 
 the records, the worker compares). A frame needs no stamp: every record pushed before it
 was sent is visible to the worker once it has read the frame (the socket orders them), so
 the worker pops the queue before acting on a frame and finishes the records stamped
-before it. Results need no stamps: a worker sends a result by frame whenever it has sent
-any other frame since its last result (see worker.py), so a frame about a batch is never
-overtaken by that batch's result.
+before it. Results are stamped the same way, with the frames the worker had sent before
+each: the consumer reads the socket up to that count before it acts on a queued result,
+so a frame about a batch (its shard state, an error, stats) is never overtaken by that
+batch's result, nor a result sent by frame (a batch in a one-off segment, a full queue) by
+a later one from the queue (``in_order=False`` hands batches out in the order they came).
 """
 
 from __future__ import annotations
@@ -163,8 +165,8 @@ class Channel:
         this cleared its flag); False when it woke meanwhile (it takes them anyway)."""
         return bool(lib.sl_q_take_sleeper(self._task_ctl))
 
-    def take_results(self) -> list[tuple[int, int, int, int, int, int]]:
-        """Results the worker published, oldest first: (kind, slot, seq, fetch_ns,
+    def take_results(self) -> list[tuple[int, int, int, int, int, int, int]]:
+        """Results the worker published, oldest first: (kind, slot, seq, stamp, fetch_ns,
         collate_ns, idle_ns) each (at most a few dozen per call)."""
         words = lib.sl_q_pop(
             self._result_ctl, self._result_data, RESULT_WORDS, self._out_ptr, _POP_RESULTS * 8
@@ -172,9 +174,8 @@ class Channel:
         if not words:
             return []
         if words == 8:  # the common case: one result
-            _, kind, slot, seq, _, fetch, collate, idle = _RESULT.unpack_from(self._out)
-            return [(kind, slot, seq, fetch, collate, idle)]
-        return [r[1:4] + r[5:] for r in _RESULT.iter_unpack(memoryview(self._out)[: 8 * words])]
+            return [_RESULT.unpack_from(self._out)[1:]]
+        return [r[1:] for r in _RESULT.iter_unpack(memoryview(self._out)[: 8 * words])]
 
     def arm_results(self) -> bool:
         """The consumer is about to sleep on the worker's socket: True when it may (the
@@ -204,12 +205,14 @@ class Channel:
             pos += 8 * n
         return tasks
 
-    def push_result(self, kind: int, slot: int, seq: int, fetch: int, collate: int, idle: int) -> int:
-        """Publish a result and the worker's clocks (ns: fetch, collate, idle); 0: no room,
-        send it by frame; 1: published; 2: published and the consumer sleeps: write it a
-        wake-up."""
+    def push_result(
+        self, kind: int, slot: int, seq: int, stamp: int, fetch: int, collate: int, idle: int
+    ) -> int:
+        """Publish a result and the worker's clocks (ns: fetch, collate, idle), stamped with
+        the frames the worker sent before it; 0: no room, send it by frame; 1: published;
+        2: published and the consumer sleeps: write it a wake-up."""
         return lib.sl_q_push3(
-            self._result_ctl, self._result_data, RESULT_WORDS, kind, slot, seq, fetch, collate, idle
+            self._result_ctl, self._result_data, RESULT_WORDS, kind, slot, seq, stamp, fetch, collate, idle
         )
 
     def arm_tasks(self) -> bool:

@@ -136,7 +136,13 @@ class Exchange:
             results = worker.channel.take_results()
             if results:
                 got = True
-                for _kind, _slot, seq, fetch_ns, collate_ns, idle_ns in results:
+                for _kind, _slot, seq, stamp, fetch_ns, collate_ns, idle_ns in results:
+                    while stamp > worker.frames_read:
+                        # Frames the worker sent before this result come first (channel.py):
+                        # they are all in the socket already (sent before the result was).
+                        before = worker.frames_read
+                        if not self._receive(worker) or worker.frames_read == before:
+                            break
                     self._ready(worker, seq, fetch_ns, collate_ns, idle_ns)
         return got
 
@@ -161,6 +167,7 @@ class Exchange:
             # fires in the same round): forget_fd is idempotent.
             self._pool.forget_fd(worker.fd)
             return False
+        worker.frames_read += len(messages)
         for msg in messages:
             self._handle(worker, msg)
         return True
@@ -229,5 +236,5 @@ class Exchange:
         while self._pool.has_input(worker) and self._receive(worker):
             pass
         while results := worker.channel.take_results():  # (and what it queued)
-            for _kind, _slot, seq, fetch_ns, collate_ns, idle_ns in results:
+            for _kind, _slot, seq, _stamp, fetch_ns, collate_ns, idle_ns in results:
                 self._ready(worker, seq, fetch_ns, collate_ns, idle_ns)

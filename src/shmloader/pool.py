@@ -54,7 +54,7 @@ class WorkerHandle:
     """One worker process, the consumer's end of its socket and its channel (task and
     result queues in shared memory: see channel.py; the first frame sends it)."""
 
-    __slots__ = ("channel", "conn", "fd", "id", "proc", "reader", "writer")
+    __slots__ = ("channel", "conn", "fd", "frames_read", "id", "proc", "reader", "writer")
 
     def __init__(self, wid: int, proc: Any, conn: Any) -> None:
         self.id = wid
@@ -62,6 +62,7 @@ class WorkerHandle:
         self.conn = conn
         self.fd = conn.fileno()
         self.reader = wire.FrameReader(self.fd)
+        self.frames_read = 0  # frames read from the worker (the stamps of its queued results count them)
         # Non-blocking from here on: no write to a worker may block the consumer's loop.
         self.writer = wire.FrameWriter(self.fd)
         self.channel = Channel.create()

@@ -201,7 +201,7 @@ class _Worker:
         self.fetch_ns = self.collate_ns = self.idle_ns = 0
         self.collate_from: int | None = None  # when the current batch's collation began
         self.channel: Channel | None = None  # the task and result queues (the first frame)
-        self.framed = False  # a frame was sent since the last result (see send_message)
+        self.frames_sent = 0  # frames sent to the consumer: the stamp of each queued result
 
     def start_epoch(self, seed: int) -> None:
         """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
@@ -336,22 +336,22 @@ class _Worker:
             self.collate_from = None
 
     def send_message(self, message: bytes) -> None:
-        """Send a message by frame; the next result goes by frame too (after it: the
-        consumer must not see that result before this message, see channel.py)."""
-        self.framed = True
+        """Send a message by frame (counted: a result queued after it carries the count,
+        and the consumer reads the frame before acting on that result: see channel.py)."""
+        self.frames_sent += 1
         self.conn.send_bytes(message)
 
     def send_result(self, slot: int, seq: int, collate_ns: int) -> None:
         """Batch ``seq`` is READY in ``slot``: tell the consumer, with the clocks."""
-        if not self.framed:
-            queued = self.channel.push_result(
-                wire.RES_READY, slot, seq, self.fetch_ns, collate_ns, self.idle_ns
-            )
-            if queued:
-                if queued == 2:  # the consumer sleeps
-                    wire.send_frame(self.fd, _RESULT_WAKE)
-                return
-        self.framed = False
+        queued = self.channel.push_result(
+            wire.RES_READY, slot, seq, self.frames_sent, self.fetch_ns, collate_ns, self.idle_ns
+        )
+        if queued:
+            if queued == 2:  # the consumer sleeps
+                self.frames_sent += 1
+                wire.send_frame(self.fd, _RESULT_WAKE)
+            return
+        self.frames_sent += 1  # (no room in the queue)
         wire.send_frame(self.fd, wire.ready_frame(slot, seq, self.fetch_ns, collate_ns, self.idle_ns))
 
     def report_stats(self) -> None:
@@ -459,7 +459,7 @@ class _Worker:
             if self.stats_fn is not None:
                 self.report_stats()
             message = wire.pack(wire.RES_SEGMENT, slot, seq, wire.size_payload(total))
-            self.framed = True
+            self.frames_sent += 1
             wire.send_frame_with_fd(self.fd, wire.frame(message), segment.fd)
         finally:
             segment.close_fd()  # the consumer holds its own descriptor now; ours goes
