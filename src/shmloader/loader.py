@@ -1,10 +1,8 @@
-"""The DataLoader: its arguments, their validation, epochs, state and statistics.
+"""The DataLoader: epochs, state and statistics (its argument checks: :mod:`shmloader.arguments`).
 
-An epoch is loaded by one of two iterators: :class:`~shmloader.inprocess.InProcessIter`
-(``num_workers=0``) or :class:`~shmloader.multiprocess.MultiProcessIter` (worker
-processes writing into the ring). Both make batches with the same recipe
-(:mod:`shmloader.fetch`), so ``num_workers`` never changes a batch; the loader's rings
-and slot leases are :mod:`shmloader.leases`'.
+An epoch is loaded by :class:`~shmloader.inprocess.InProcessIter` (``num_workers=0``) or
+:class:`~shmloader.multiprocess.MultiProcessIter` (workers writing into the ring), with one recipe
+(:mod:`shmloader.fetch`): ``num_workers`` never changes a batch. Rings and leases: :mod:`shmloader.leases`.
 """
 
 from __future__ import annotations
@@ -51,11 +49,10 @@ class DataLoader(Generic[T_co]):
     give: the machine's available memory, the container's cgroup headroom and, for
     ``posix``, /dev/shm's free space, when the loader is made; a ring also leaves a margin
     of what is there when it is made for the processes' own memory (a batch per worker,
-    plus 32 MiB) rather than reserve so much that a cgroup's OOM
-    killer ends a process later;
-    where the default ring does not fit, the first ring gets fewer slots, down to
-    ``num_workers + 2``, with one :class:`~shmloader.errors.RingSizeWarning`, and where even
-    that does not fit the error names the limit that binds),
+    plus 32 MiB) rather than let a cgroup's OOM killer end a process later; where the
+    default ring does not fit, the first ring gets fewer slots, down to ``num_workers + 2``,
+    with one :class:`~shmloader.errors.RingSizeWarning`; where even that does not fit the
+    error names the limit that binds),
     ``shm_backend`` (where rings live: ``"auto"``, the default, is ``"memfd"`` on Linux
     (``memfd_create``: charged to the process's memory, so a small /dev/shm such as
     Docker's 64 MB limits nothing) falling back to ``"posix"`` where the system refuses it,
