@@ -7,9 +7,8 @@ result comes back through its result queue: a busy consumer and busy workers exc
 batches without a system call. Only a side that sleeps is written a wake-up, on the
 socket that also carries the rare messages (errors, shard states, stats, batches in
 one-off segments: :meth:`Exchange._handle`). A worker that fell asleep is woken once for
-the tasks queued while the consumer still had batches to hand out (see
-:meth:`Exchange._wake_workers`): on a small machine a wake-up costs the consumer as much
-CPU as the rest of a small batch's path.
+all the tasks one dispatch queued for it (see :meth:`Exchange._wake_workers`): on a small
+machine a wake-up costs the consumer as much CPU as the rest of a small batch's path.
 """
 
 from __future__ import annotations
@@ -25,10 +24,6 @@ from shmloader import wire
 from shmloader.channel import MAX_TASK_PAYLOAD
 from shmloader.pool import WorkerHandle
 from shmloader.ring import Ring, attach_fd
-
-# Results left to hand out when workers asleep with tasks queued are woken (see _dispatch):
-# one left gives a woken worker the time of one hand-out to start.
-WAKE_WHEN_READY = 1
 
 
 class Task:

@@ -29,7 +29,7 @@ from shmloader import state as _state
 from shmloader.ahead import Ahead
 from shmloader.autotune import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
-from shmloader.exchange import WAKE_WHEN_READY, Exchange
+from shmloader.exchange import Exchange
 from shmloader.exchange import Task as _Task
 from shmloader.handout import Handout
 from shmloader.inprocess import iterable_len_limit, warn_len_exceeded
@@ -262,11 +262,11 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             self._send_task(worker, kind, slot, seq, payload)
             if not sched.any_active():
                 break
-        # Waking a worker is a system call and a context switch, a large part of a small
-        # batch's cost: while batches are ready to hand out the consumer is busy, and a
-        # worker that sleeps is woken once for the tasks queued meanwhile, when at most
-        # _WAKE_WHEN_READY are left (or before the consumer waits).
-        if self._asleep and len(self._results) <= WAKE_WHEN_READY:
+        # A worker that sleeps is woken once for all the tasks this call queued for it. Not
+        # later: deferring the wake-up while batches are ready (tried: until one is left)
+        # saved no measurable consumer CPU on W4 (70 vs 72 us a batch, same window) and
+        # left the prefetch unworked through a long training step.
+        if self._asleep:
             self._wake_workers()
 
     def _claim_slot(self, wid: int) -> int:
