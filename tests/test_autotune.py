@@ -142,8 +142,12 @@ def test_auto_workers_stop_at_the_slots_the_ring_holds(free_cores):
     free_cores(8)
     # 5 slots: at most 3 workers with one batch in flight each (workers + 2).
     loader = DataLoader(Burner(320, 0.002), batch_size=4, num_workers="auto", num_slots=5, prefetch_factor=1)
-    assert sum(1 for _ in loader) == 80
-    auto = loader.stats()["autotune"]
+    for _ in range(4):  # the third worker can come in the epoch's last window: then the
+        # slots hold the tuner back only in a later epoch's window (the count carries over)
+        assert sum(1 for _ in loader) == 80
+        auto = loader.stats()["autotune"]
+        if auto["held_by"]:
+            break
     assert loader.num_workers == 3, auto
     assert "slots" in auto["held_by"], auto
 
