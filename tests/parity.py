@@ -261,12 +261,13 @@ def has_none(samples: list[Any]) -> bool:
 
 
 def dtype_differs(samples: list[Any]) -> bool:
-    """Whether two samples hold arrays or tensors of different dtypes at one place (torch
-    promotes them; we refuse: Rule 8)."""
+    """Whether two samples hold values of different dtypes at one place where one of them
+    is a tensor (torch promotes them; we refuse: Rule 8). Arrays of different dtypes are
+    promoted here as in torch: no exemption for them."""
 
     def dtypes(v: Any, path: tuple = ()) -> dict:
         if isinstance(v, (np.ndarray, torch.Tensor)):
-            return {path: str(v.dtype)}
+            return {path: (str(v.dtype), isinstance(v, torch.Tensor))}
         out: dict = {}
         if isinstance(v, collections.abc.Mapping):
             for k, x in v.items():
@@ -277,7 +278,7 @@ def dtype_differs(samples: list[Any]) -> bool:
         return out
 
     maps = [dtypes(s) for s in samples]
-    return any(m.get(p, d) != d for m in maps[1:] for p, d in maps[0].items())
+    return any((t or m[p][1]) and m[p][0] != d for m in maps[1:] for p, (d, t) in maps[0].items() if p in m)
 
 
 def error_matches(ours: BaseException, theirs: BaseException, batch_samples: list[Any] | None) -> bool:
@@ -347,9 +348,9 @@ def compare_outcomes(
     k = len(ours.batches)
     culprits = batch_samples(k)
     if theirs.error is None:
-        # Documented: samples of one batch with different dtypes are a BatchLayoutError
-        # where torch promotes them (README "Reliability", row "Samples of different
-        # shapes or dtypes in one batch"). Rule 8.
+        # Documented: samples of one batch with tensors of different dtypes are a
+        # BatchLayoutError where torch promotes them (README "Migration", row "arrays of
+        # different dtypes in one field"). Rule 8.
         if isinstance(ours.error, BatchLayoutError) and dtype_differs(culprits):
             return
         raise Mismatch(f"torch: {theirs.describe()}; ours: {ours.describe()}")

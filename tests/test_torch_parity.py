@@ -47,9 +47,11 @@ Comparison rules (each check says which rule it applies):
    ``RuntimeError``, and a ``None`` in a batch is a ``BatchLayoutError`` where torch raises
    ``TypeError`` (README, "Reliability", rows "Samples of different shapes or dtypes in one
    batch" and "__getitem__ returns None").
-8. Documented: samples whose arrays or tensors have different dtypes are a
-   ``BatchLayoutError`` where torch promotes them to a common dtype (README, "Reliability",
-   row "Samples of different shapes or dtypes in one batch").
+8. Documented: samples whose tensors have different dtypes are a ``BatchLayoutError``
+   where torch promotes them to a common dtype (README, "Migration", row "arrays of
+   different dtypes in one field"). Arrays are promoted as torch does (a field whose first
+   sample is an array: the others' dtypes, numbers and lists too), checked without this
+   exemption by test_mixed_dtypes_are_promoted_as_torch_does.
 9. ``num_workers`` never changes a batch: with 2 workers every batch is the same as with 0
    (types, dtypes, shapes, bytes) and an epoch ends with the same exception type.
 10. The oracle is torch's loader with ``num_workers=0``: its workers run the same collate
@@ -438,3 +440,37 @@ def test_special_fields(name: str, num_workers: int) -> None:
         _SPECIAL_FIELDS[name], num_workers=num_workers, output="numpy", batch_size=2
     )
     assert failure is None, failure
+
+
+_PROMOTED = {
+    "0-d int8 array then Python int": [np.array(1, np.int8), 3] * 2,
+    "0-d float16 array then Python float": [np.array(1.5, np.float16), 2.5] * 2,
+    "int8 then int16 arrays": [np.array([1, 2], np.int8), np.array([3, 4], np.int16)] * 2,
+    "int64 then int8 arrays": [np.array([1, 2]), np.array([3, 4], np.int8)] * 2,
+    "int64 then float16 arrays (torch: float16)": [np.arange(2), np.ones(2, np.float16)] * 2,
+    "0-d float32 array then numpy float64": [np.array(1.5, np.float32), np.float64(2.5)] * 2,
+    "bool array then list of ints": [np.array([True, False]), [3, 4]] * 2,
+    "(1, 0) bool array then [[]]": [np.zeros((1, 0), bool), [[]]] * 2,
+    "list then array (zipped)": [[1, 2], np.array([3, 4])] * 2,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", list(_PROMOTED))
+def test_mixed_dtypes_are_promoted_as_torch_does(name: str, num_workers: int) -> None:
+    """A field whose first sample is an array and whose others are arrays of other dtypes,
+    numbers or lists: torch makes each a tensor and stacks them, promoting the dtypes;
+    the same batch here, never an error (checked without rule 8's exemption)."""
+    samples = _PROMOTED[name]
+    theirs = parity.run_torch(samples, batch_size=2)
+    ours = parity.run_ours(samples, batch_size=2, num_workers=num_workers, output="torch")[0]
+    assert theirs.error is None and ours.error is None, f"torch: {theirs.describe()}; ours: {ours.describe()}"
+    assert len(ours.batches) == len(theirs.batches)
+    try:
+        for a, b in zip(ours.batches, theirs.batches, strict=True):
+            parity.compare_batch(a, b, as_torch=True, tensors=set())
+    except parity.Mismatch as exc:
+        pytest.fail(str(exc))  # (the message only: a traceback would keep the batches)
+    finally:
+        ours.batches.clear()

@@ -92,20 +92,84 @@ def _scalar_dtype(values: list, types: set) -> np.dtype | None:
         return np.dtype(np.float64)
     dtypes = []
     for t in types:
-        if t in _PY_SCALAR_DTYPES:
-            dtypes.append(_PY_SCALAR_DTYPES[t])
-        elif issubclass(t, (np.bool_, np.number)):
-            dtypes.append(np.dtype(t))
-        elif issubclass(t, bool):  # bool/int/float subclasses: their base's dtype
-            dtypes.append(_PY_SCALAR_DTYPES[bool])
-        elif issubclass(t, (int, float, complex)):
-            dtypes.append(_PY_SCALAR_DTYPES[next(b for b in (int, float, complex) if issubclass(t, b))])
-        else:
+        d = _number_dtype(t)
+        if d is None:
             return None
-    category = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
-    top = max(category[d.kind] for d in dtypes)
-    same_kind = [d for d in dtypes if category[d.kind] == top]
-    return np.result_type(*same_kind)
+        dtypes.append(d)
+    return _promoted(dtypes)
+
+
+def _number_dtype(t: type) -> np.dtype | None:
+    """The dtype ``torch.as_tensor`` gives a number of type ``t`` (None: not a number)."""
+    if t in _PY_SCALAR_DTYPES:
+        return _PY_SCALAR_DTYPES[t]
+    if issubclass(t, (np.bool_, np.number)):
+        return np.dtype(t)
+    if issubclass(t, bool):  # bool/int/float subclasses: their base's dtype
+        return _PY_SCALAR_DTYPES[bool]
+    if issubclass(t, (int, float, complex)):
+        return _PY_SCALAR_DTYPES[next(b for b in (int, float, complex) if issubclass(t, b))]
+    return None
+
+
+def _list_dtype(v: list | tuple) -> np.dtype | None:
+    """The dtype ``torch.as_tensor`` gives a (nested) list of numbers and arrays: their
+    dtypes promoted (an empty list: torch's default float32); None when something in it
+    is neither (or the lists are ragged: numpy then says so)."""
+    dtypes: set[np.dtype] = set()
+    stack = [v]
+    while stack:
+        for x in stack.pop():
+            if isinstance(x, (list, tuple)):
+                stack.append(x)
+            elif isinstance(x, (np.ndarray, np.generic)):
+                if x.dtype.kind not in _CATEGORY:
+                    return None
+                dtypes.add(x.dtype)
+            else:
+                d = _number_dtype(type(x))
+                if d is None:
+                    return None
+                dtypes.add(d)
+    return _promoted(list(dtypes)) if dtypes else _PY_SCALAR_DTYPES[float]
+
+
+_CATEGORY = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
+
+
+def _promoted(dtypes: list[np.dtype]) -> np.dtype:
+    """torch's promotion of tensors of ``dtypes`` (all of one rank): the highest kind
+    (bool < int < float < complex) wins, and within it the widest, so int64 with
+    float16 gives float16 where numpy would give float64."""
+    top = max(_CATEGORY[d.kind] for d in dtypes)
+    return np.result_type(*[d for d in dtypes if _CATEGORY[d.kind] == top])
+
+
+def stack_values(values: list, path: tuple, context: Any, sample_name: Callable[[int], str]) -> list:
+    """The values of a field whose first is an array and whose others are not all arrays
+    of its dtype, as torch's default_collate stacks them: each made a tensor
+    (``torch.as_tensor``: numbers and numpy scalars too), the dtypes promoted (int8 with
+    a Python int gives int64, int8 with int16 int16, float32 with a float64 array
+    float64). Returned as arrays of that dtype; unchanged when a value is neither an
+    array nor a number (the stack then refuses it, naming the sample)."""
+    dtypes = set()
+    for v in values:
+        if isinstance(v, (np.ndarray, np.generic)):
+            if v.dtype.kind not in _CATEGORY:
+                return values  # str, bytes, datetime...: torch refuses these
+            dtypes.add(v.dtype)
+        else:
+            d = _list_dtype(v) if isinstance(v, (list, tuple)) else _number_dtype(type(v))
+            if d is None:
+                return values
+            dtypes.add(d)
+    dtype = _promoted(list(dtypes))
+    if dtype == np.int64:
+        _check_int64(values, path, context, sample_name)
+    try:
+        return [np.asarray(v, dtype) for v in values]
+    except ValueError:  # a ragged list: the stack refuses it, naming the sample
+        return values
 
 
 def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[[int], str]) -> np.ndarray:
