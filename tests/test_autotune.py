@@ -118,6 +118,23 @@ def test_auto_workers_grow_with_persistent_workers_and_in_order_false(free_cores
     ref.shutdown()
 
 
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_auto_workers_grow_under_every_start_method(free_cores, method):
+    """A worker added mid-epoch under spawn or forkserver (its config pickled, no fork of
+    the consumer) loads the same batches as a fixed count would."""
+    free_cores(2)
+    data = Burner(256, 0.004)
+    loader = DataLoader(data, batch_size=4, num_workers="auto", multiprocessing_context=method, seed=5)
+    got, wids = [], set()
+    for batch in loader:
+        got.append(_plain(batch))
+        wids.update(np.asarray(batch["wid"]).tolist())
+    assert loader.num_workers == 2, loader.stats()["autotune"]
+    assert wids == {0, 1}
+    fixed = DataLoader(data, batch_size=4, num_workers=2, seed=5)
+    assert got == [_plain(b) for b in fixed]
+
+
 def test_no_worker_is_added_without_a_free_core(monkeypatch):
     monkeypatch.setattr(autotune, "usable_cores", lambda: 4)
     monkeypatch.setattr(autotune, "FREE_CORE", 1e9)
