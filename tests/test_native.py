@@ -39,16 +39,20 @@ def test_states_are_shared_with_a_forked_process():
 
 def test_parent_death_signal_kills_the_child():
     code = (
-        "import os, signal, sys, time\n"
+        "import os, select, signal, sys, time\n"
+        "r, w = os.pipe()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    from shmloader import _slots\n"
         "    _slots.set_parent_death_signal(signal.SIGKILL)\n"
         "    print(os.getpid(), flush=True)\n"
+        "    os.write(w, b'1')\n"
         "    time.sleep(30)\n"
         "    os._exit(0)\n"
-        "time.sleep(1.0)\n"
-        "os._exit(0)\n"  # the parent dies; the kernel must SIGKILL the child
+        # The parent dies once the signal is armed (not after a fixed sleep, which a
+        # loaded machine can outrun); the kernel must then SIGKILL the child.
+        "select.select([r], [], [], 15)\n"
+        "os._exit(0)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
     child = int(out.stdout.split()[0])
