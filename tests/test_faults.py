@@ -455,7 +455,7 @@ def test_bad_input(method):
     data = assert_clean(run_case("bad_input", method=method))
     expect = {
         "ragged": ("BatchLayoutError", ["(4, 2)", "(3, 2)", "sample index 5"]),
-        "dtype": ("BatchLayoutError", ["float64", "float32", "sample index 6"]),
+        "dtype": ("BatchLayoutError", ["<U1", "float32", "sample index 6"]),
         # BatchTypeError: a BatchLayoutError that is also a TypeError, as torch raises here
         "object": ("BatchTypeError", ["dtype object"]),
         "none": ("BatchLayoutError", ["None", "sample index 2"]),
