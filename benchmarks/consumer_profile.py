@@ -35,7 +35,7 @@ STEPS = [
     ("wait for results", Exchange, "_wait", 1),
     ("poll (blocked)", WorkerPool, "wait", 2),
     ("take queued results", Exchange, "_collect", 1),
-    ("hand-out (views)", Handout, "batch", 1),
+    ("hand-out (views)", Handout, "from_slot", 1),
 ]
 
 

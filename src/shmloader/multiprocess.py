@@ -346,9 +346,12 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             self._end_epoch()
             raise StopIteration
         kind, task, payload = item
-        if kind == wire.RES_INIT_ERROR:
-            self.close()  # the worker exits: the epoch cannot go on
-        batch = self._handout.batch(kind, task, payload)
+        if kind == wire.RES_READY:
+            batch = self._handout.from_slot(task)  # (the common kind, without batch()'s tests)
+        else:
+            if kind == wire.RES_INIT_ERROR:
+                self.close()  # the worker exits: the epoch cannot go on
+            batch = self._handout.batch(kind, task, payload)
         self._yielded = yielded = self._yielded + 1
         if yielded > self._len_limit:
             warn_len_exceeded(self._loader, yielded)
