@@ -391,3 +391,29 @@ def test_a_ring_limit_when_a_persistent_epoch_starts_stops_the_workers():
     assert it.closed and not [pid for pid in pids if alive(pid)]
     assert len(kept) == 5
     del kept
+
+
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_a_batch_of_scalars_holds_its_slot_while_a_view_of_it_lives(output):
+    """A batch that is one 1-d array (scalars, batch_size 1: read by the reader's shortest
+    path) views its slot's root: a slice of it keeps the slot HELD, and its death frees it."""
+    if output == "torch":
+        pytest.importorskip("torch")
+    dl = DataLoader(np.arange(40, dtype=np.int64), batch_size=1, num_workers=1, output=output)
+    it = iter(dl)
+    batches = [next(it) for _ in range(4)]  # (the first came in its own segment)
+    part = batches[-1][0:1]  # a view of the last batch, not the batch itself
+    assert int(part[0]) == 3
+    ring = dl.ring
+    del batches
+    gc.collect()
+
+    def held() -> int:
+        return [ring.states.load(i) for i in range(ring.num_slots)].count(_slots.HELD)
+
+    assert held() == 1, "the view's slot is held"
+    del part
+    gc.collect()
+    assert held() == 0, "its death frees it"
+    for _ in it:
+        pass

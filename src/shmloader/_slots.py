@@ -7,6 +7,7 @@ functions here, which check every return code and turn failures into exceptions.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 from typing import Any
@@ -64,9 +65,22 @@ class Mapping:
 
 
 class StateArray:
-    """The slot-state words of one ring, viewed through the C helper's atomics."""
+    """The slot-state words of one ring, viewed through the C helper's atomics.
 
-    __slots__ = ("_count", "_mapping", "_ptr")
+    Its operations are the C functions themselves, bound to the words (no Python frame:
+    the consumer calls several per batch):
+
+    - ``load(index)``: the state of slot ``index`` (acquire order);
+    - ``store(index, value)``: set it (release order);
+    - ``cas(index, expected, desired)``: move it from ``expected`` to ``desired``; 0 (false)
+      if it was not ``expected``;
+    - ``claim(start, expected, desired)``: claim the first slot at or after ``start``
+      (wrapping) in state ``expected``; its index, or -1 if none is;
+    - ``count(value)``: how many slots are in state ``value`` now (a snapshot, for
+      statistics); ``count_ready()``: how many are READY.
+    """
+
+    __slots__ = ("_count", "_mapping", "_ptr", "cas", "claim", "count", "count_ready", "load", "store")
 
     def __init__(self, mapping: Mapping, offset: int, count: int) -> None:
         """View ``count`` 32-bit words at byte ``offset`` (4-aligned) of ``mapping``."""
@@ -74,28 +88,19 @@ class StateArray:
             raise ValueError(f"state words must be 4-byte aligned, offset {offset} is not")
         self._mapping = mapping  # keeps the memory mapped while the states are in use
         mapping.buffer(offset, 4 * count)  # checks the range
-        self._ptr = mapping.pointer(offset, "uint32_t *")
+        self._ptr = ptr = mapping.pointer(offset, "uint32_t *")
         self._count = count
+        partial = functools.partial
+        self.load = partial(lib.sl_load, ptr)
+        self.store = partial(lib.sl_store, ptr)
+        self.cas = partial(lib.sl_cas, ptr)
+        self.claim = partial(lib.sl_find_and_claim, ptr, count)
+        self.count = partial(lib.sl_count, ptr, count)
+        self.count_ready = partial(lib.sl_count, ptr, count, READY)
 
-    def load(self, index: int) -> int:
-        """Return the state of slot ``index`` (acquire order)."""
-        return lib.sl_load(self._ptr, index)
-
-    def store(self, index: int, value: int) -> None:
-        """Set the state of slot ``index`` (release order)."""
-        lib.sl_store(self._ptr, index, value)
-
-    def cas(self, index: int, expected: int, desired: int) -> bool:
-        """Move slot ``index`` from ``expected`` to ``desired``; False if it was not ``expected``."""
-        return bool(lib.sl_cas(self._ptr, index, expected, desired))
-
-    def claim(self, start: int, expected: int, desired: int) -> int:
-        """Claim the first slot at or after ``start`` in state ``expected``; -1 if none is."""
-        return lib.sl_find_and_claim(self._ptr, self._count, start, expected, desired)
-
-    def count(self, value: int) -> int:
-        """How many slots are in state ``value`` now (a snapshot, for statistics)."""
-        return lib.sl_count(self._ptr, self._count, value)
+    def setter(self, index: int, value: int) -> Any:
+        """A callable of no arguments that does ``store(index, value)``."""
+        return functools.partial(lib.sl_store, self._ptr, index, value)
 
 
 def send_with_fd(sock: int, data: bytes, fd: int) -> None:

@@ -104,6 +104,10 @@ def rank_share(
 def chunks(items: Sequence[Any] | Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
     """``items`` in lists of ``size``; a final shorter list unless ``drop_last``."""
     it = iter(items)
+    if size == 1:  # (batch_size 1: no slicing per batch)
+        for item in it:
+            yield [item]
+        return
     while True:
         chunk = list(islice(it, size))
         if not chunk or (len(chunk) < size and drop_last):

@@ -50,6 +50,7 @@ class Exchange:
     _workers: list
     _timing: Any
     _asleep: list
+    _results: dict
     _ring: Any
     _source_done: bool
     scheduler: Any
@@ -146,9 +147,10 @@ class Exchange:
         task = self._tasks.pop(seq, None)
         if task is None:
             return  # a result from before a reset; already discarded
-        self.scheduler.answered(worker.id)
+        # (Scheduler.answered and .put, without their calls: this runs once per batch.)
+        self.scheduler.outstanding[worker.id] -= 1
         self._timing.add_worker(worker.id, fetch_ns, collate_ns, idle_ns)
-        self.scheduler.put(seq, (wire.RES_READY, task, b""))
+        self._results[seq] = (wire.RES_READY, task, b"")
 
     def _receive(self, worker: WorkerHandle) -> bool:
         """Read what ``worker`` sent (one read: its socket is non-blocking) and handle

@@ -33,7 +33,8 @@ class Handout:
     def __init__(self, loader: Any, copy: bool) -> None:
         self._loader = loader
         self.copy = copy
-        self.readers: dict[bytes, Callable[[np.ndarray, Any, list[int]], Any]] = {}
+        # Per encoded skeleton: its reader, and the struct of its layout numbers.
+        self.readers: dict[bytes, tuple[Callable[[np.ndarray, Any, Any], Any], Any]] = {}
 
     def batch(self, kind: int, task: Any, payload: bytes) -> Any:
         """The batch of a result of ``kind`` for ``task`` (its ``ring``, ``slot`` and
@@ -67,7 +68,8 @@ class Handout:
         slot = task.slot
         loader = self._loader
         ring.states.store(slot, _slots.HELD)
-        root = np.frombuffer(ring.slot_buffer(slot), np.uint8)
+        buffer = ring.slot_buffer(slot)  # (a memoryview: struct and slicing read it fastest)
+        root = np.frombuffer(buffer, np.uint8)
         # Leased before anything can raise: the slot returns to FREE when the root dies,
         # i.e. when the last view of it does, or when this returns (copy=True: the batch
         # does not view the root) or raises. Every view keeps the mapping alive (its .base
@@ -76,16 +78,12 @@ class Handout:
         data_end, lo, llen, ooff, olen, seq, count = wire.read_header(ring, slot)
         if seq != task.seq:
             raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
-        key = root[lo : lo + llen].tobytes()
-        reader = self.readers.get(key)
-        if reader is None:
-            if len(self.readers) >= _LAYOUT_CACHE_SIZE:
-                self.readers.clear()  # stay bounded (one per batch structure)
-            skeleton = decode(key)
-            if loader.output == "torch":
-                skeleton = _pinning.torch_skeleton(skeleton)
-            reader = self.readers[key] = make_reader(skeleton)
-        numbers = np.frombuffer(root, np.int64, count, wire.numbers_offset(lo, llen)).tolist()
+        key = buffer[lo : lo + llen].tobytes()
+        found = self.readers.get(key)
+        if found is None:
+            found = self._reader(key, count)
+        reader, numbers_struct = found
+        numbers = numbers_struct.unpack_from(buffer, wire.numbers_offset(lo, llen))
         objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
         stats = loader._stats
         stats["batches"] += 1
@@ -98,3 +96,14 @@ class Handout:
             stats["batches_copied"] += not segment
             return batch
         return reader(root, objects, numbers)
+
+    def _reader(self, key: bytes, count: int) -> tuple[Callable[[np.ndarray, Any, Any], Any], Any]:
+        """The reader of the skeleton encoded in ``key`` and the struct of its ``count``
+        layout numbers (a skeleton fixes their count), made and cached."""
+        if len(self.readers) >= _LAYOUT_CACHE_SIZE:
+            self.readers.clear()  # stay bounded (one per batch structure)
+        skeleton = decode(key)
+        if self._loader.output == "torch":
+            skeleton = _pinning.torch_skeleton(skeleton)
+        found = self.readers[key] = (make_reader(skeleton), wire.numbers_struct(count))
+        return found

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from math import prod
 from typing import Any, NamedTuple
 
@@ -113,7 +113,7 @@ def decode(data: bytes) -> Skeleton:
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, list[int]], Any]:
+def _cached_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, Sequence[int]], Any]:
     return make_reader(skeleton)
 
 
@@ -123,7 +123,7 @@ def read_layout(layout: Layout, root: np.ndarray, objects: list[Any] | None) -> 
     return _cached_reader(skeleton)(root, objects, numbers)
 
 
-def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, list[int]], Any]:
+def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, Sequence[int]], Any]:
     """A function ``(root, objects, numbers) -> batch`` that rebuilds a batch of
     ``skeleton`` from a slot's root array, as views of it (no copy), the unpickled object
     leaves and the layout's numbers (see :func:`split`)."""
@@ -141,8 +141,15 @@ def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, l
             plans.append((_OBJECT, None, 0, leaf[1], None))
     build = builder(skeleton.treedef)
     frombuffer = np.frombuffer
+    if len(plans) == 1 and skeleton.treedef is LEAF and plans[0][0] == _ARRAY and plans[0][2] == 1:
+        # One 1-d array, the batch itself (a batch of scalars): frombuffer's count is its
+        # shape, no reshape and no tree to build (the most frequent small batch).
+        dtype, to_tensor = plans[0][1], plans[0][4]
+        if to_tensor is None:
+            return lambda root, objects, numbers: frombuffer(root, dtype, numbers[1], numbers[0])
+        return lambda root, objects, numbers: to_tensor(frombuffer(root, dtype, numbers[1], numbers[0]))
 
-    def read(root: np.ndarray, objects: list[Any] | None, numbers: list[int]) -> Any:
+    def read(root: np.ndarray, objects: list[Any] | None, numbers: Sequence[int]) -> Any:
         out = []
         p = 0
         for kind, dtype, ndim, count, to_tensor in plans:
@@ -152,11 +159,14 @@ def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, l
             views = []
             for _ in range(count):
                 offset = numbers[p]
-                shape = tuple(numbers[p + 1 : p + 1 + ndim])
-                p += 1 + ndim
                 # frombuffer on the root gives a view whose .base is the root, so the
                 # root (and the slot lease tied to it) lives as long as any view does.
-                view = frombuffer(root, dtype, prod(shape), offset).reshape(shape)
+                if ndim == 1:  # (its count is its shape)
+                    view = frombuffer(root, dtype, numbers[p + 1], offset)
+                else:
+                    shape = tuple(numbers[p + 1 : p + 1 + ndim])
+                    view = frombuffer(root, dtype, prod(shape), offset).reshape(shape)
+                p += 1 + ndim
                 views.append(to_tensor(view) if to_tensor is not None else view)
             out.append(views[0] if kind == _ARRAY else views)
         return build(out)

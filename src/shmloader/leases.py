@@ -57,11 +57,13 @@ class _SlotLeases:
 
         def make(slot: int) -> Any:
             # ``states`` keeps the ring's state words mapped for the callbacks.
+            free = states.setter(slot, _slots.FREE)
+
             def release(_ref: Any) -> None:
                 if _this_pid == pid:
                     pinner = pinners[slot]
                     if pinner is None:
-                        states.store(slot, _slots.FREE)
+                        free()
                     else:  # FREE once the device copies issued from the slot are done
                         pinner.release(states, slot)
 

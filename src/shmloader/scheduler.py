@@ -133,10 +133,13 @@ class Scheduler:
         never skips it (which worker loads which batch decides its seed)."""
         n = self.num_workers
         active, outstanding = self.active, self.outstanding
+        start = self.next_worker
+        if self.in_order and start < n and (started is None or start < started) and active[start]:
+            self.next_worker = (start + 1) % n  # (the loop's first turn, for the common case)
+            return start
         share = None
         if not self.in_order:
             share = cap // max(1, sum(active))
-        start = self.next_worker
         for k in range(n):
             w = (start + k) % n
             if started is not None and w >= started:

@@ -217,6 +217,11 @@ def numbers_offset(layout_off: int, layout_len: int) -> int:
     return (layout_off + layout_len + 7) & ~7
 
 
+def numbers_struct(count: int) -> struct.Struct:
+    """The struct of ``count`` layout numbers (int64, read in place from a slot)."""
+    return struct.Struct(f"={count}q")
+
+
 class SlotContent(NamedTuple):
     """What a batch puts in its slot after the arrays, in this order: the encoded
     skeleton of its layout, the layout's numbers (int64, 8-aligned), its object leaves."""
