@@ -244,3 +244,18 @@ def test_forked_workers_are_told_what_the_consumer_knows(monkeypatch):
     dl = DataLoader(Tagged(16, 4), batch_size=4, num_workers=2, multiprocessing_context="fork")
     for b, batch in enumerate(dl):
         _check(batch, 4 * b, 4)
+
+
+def test_a_new_ring_reads_the_memory_budget_once(monkeypatch):
+    """The leases' check of a new ring and the ring's own check before it reserves share
+    one reading of the budget (cgroup and /proc files: read while the first batch waits)."""
+    from shmloader import memory
+    from shmloader.leases import Leases
+
+    leases = Leases(8, None, None, {"rings_created": 0}, num_workers=2)
+    reads = []
+    real = memory.budget
+    monkeypatch.setattr(memory, "budget", lambda kind: reads.append(kind) or real(kind))
+    ring = leases.new_ring(8, 4096)
+    assert len(reads) == 1 and ring.num_slots == 8
+    ring.close_fd()
