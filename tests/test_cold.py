@@ -259,3 +259,24 @@ def test_a_new_ring_reads_the_memory_budget_once(monkeypatch):
     ring = leases.new_ring(8, 4096)
     assert len(reads) == 1 and ring.num_slots == 8
     ring.close_fd()
+
+
+@pytest.mark.timeout(60)
+def test_no_worker_holds_another_workers_socket():
+    """Every worker is made (socket pair, process, channel) before the first fork, yet no
+    worker inherits a later one's end of its socket: a killed worker's socket reads EOF
+    in the consumer at once."""
+    import select
+    import signal
+
+    dl = DataLoader(Tagged(64, 4), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    it = iter(dl)
+    next(it)
+    last = it._pool.workers[-1]
+    os.kill(last.proc.pid, signal.SIGKILL)
+    last.proc.join(10)
+    poller = select.poll()
+    poller.register(last.fd, select.POLLIN | select.POLLRDHUP)
+    events = dict(poller.poll(5000))
+    assert events.get(last.fd, 0) & (select.POLLHUP | select.POLLRDHUP), "its socket's other end is held open"
+    del it

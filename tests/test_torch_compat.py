@@ -554,7 +554,7 @@ def test_errors_torch_raises_as_runtime_error_are_runtime_errors(cls):
 
 def test_key_error_message_reads_as_lines():
     """errors.KeyErrorMessage: a KeyError made with it prints its text, newlines and all
-    (for pool.rebuild_error, as torch's KeyErrorMessage)."""
+    (for failures.rebuild_error, as torch's KeyErrorMessage)."""
     text = "Caught KeyError in DataLoader worker 0.\nOriginal Traceback (most recent call last):"
     assert str(KeyError(errors.KeyErrorMessage(text))) == text
     assert str(KeyError(text)) != text  # (what a plain str gives)
