@@ -73,6 +73,16 @@ class WorkerFailure:
         )
 
 
+def _plain_numpy(layout: Any) -> bool:
+    """Whether every array leaf of ``layout`` is handed out as a numpy array (torch tag
+    False): such a batch, pickled, comes out as its slot's reader would give it (with
+    output="torch", the consumer's ``to_torch`` makes the same tensors). Tensor leaves
+    keep the slot's reader (a pickled tensor goes through torch's own pickling, which
+    cannot rebuild some dtypes: float8), and so do default-collated leaves of a dtype
+    torch lacks (tag None: output="torch" refuses them where the slot is read)."""
+    return all(getattr(leaf, "torch", False) is False for leaf in layout.leaves)
+
+
 @dataclass
 class WorkerConfig:
     """Everything a worker needs; pickled under spawn/forkserver, inherited under fork."""
@@ -416,12 +426,13 @@ class _Worker:
     ) -> None:
         """Deliver a batch that has no slot in the ring (the first, which sizes the ring, or
         one that outgrew its slot): pickled in its frame when it is small
-        (``PICKLED_MAX_BYTES``), else in a one-off segment of its own whose descriptor
+        (``PICKLED_MAX_BYTES``) and plain numpy (:func:`_plain_numpy`), else in a one-off
+        segment of its own whose descriptor
         goes with the result, so it is not copied on the way; pickled too when no segment
         can be made (e.g. /dev/shm is full: the consumer's error then says so when it
         sizes the ring)."""
         total = content.total
-        if total <= PICKLED_MAX_BYTES:
+        if total <= PICKLED_MAX_BYTES and _plain_numpy(layout):
             self.deliver_pickled(slot, seq, layout, content, objects, fill)
             return
         try:
