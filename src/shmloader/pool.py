@@ -146,13 +146,12 @@ class WorkerPool:
         method = ctx.get_start_method()
         use_pdeathsig = uses_pdeathsig(method)
         with _sigint_blocked():
-            waiting = [
-                self._prepare(ctx, wid, make_config(wid, use_pdeathsig), target) for wid in range(num_workers)
-            ]
+            waiting: list[_Prepared] = []  # made, not started (a failed start discards its own)
             try:
+                for wid in range(num_workers):
+                    waiting.append(self._prepare(ctx, wid, make_config(wid, use_pdeathsig), target))
                 while waiting:
-                    self._add(self._launch(waiting[0], method))
-                    del waiting[0]
+                    self._add(self._launch(waiting.pop(0), method))
                     if started is not None:
                         started()
             finally:
