@@ -74,7 +74,8 @@ def run_python(code: str, *, env: dict | None = None, preexec=None, timeout: flo
 def test_memfd_is_the_default_and_leaves_no_dev_shm_entry_and_one_descriptor(monkeypatch):
     monkeypatch.delenv(segment.BACKEND_ENV, raising=False)
     before_names, before_fds = shm_names(), memfd_fds()
-    dl = DataLoader(D.Squares(64, side=32), batch_size=4, num_workers=2, **FORK)
+    # 256 KiB batches: past worker.PICKLED_MAX_BYTES, the first ones come in one-off segments.
+    dl = DataLoader(D.Squares(64, side=128), batch_size=4, num_workers=2, **FORK)
     it = iter(dl)
     held = [next(it) for _ in range(3)]  # batches from one-off segments and from the ring
     assert dl.ring.backend == "memfd"
@@ -215,12 +216,12 @@ def test_a_refused_memfd_falls_back_to_posix_once():
         from shmloader import DataLoader, ring, segment
         from shmloader.errors import ShmBackendError
         import numpy as np
-        class Data:
+        class Data:  # 128 KiB batches: the first ones come in one-off segments
             def __len__(self): return 40
-            def __getitem__(self, i): return np.full(64, i, np.int64)
+            def __getitem__(self, i): return np.full(4096, i, np.int64)
         dl = DataLoader(Data(), batch_size=4, num_workers=2, multiprocessing_context="fork")
         sums = [int(b.sum()) for b in dl]
-        assert sums == [64 * (16 * k + 6) for k in range(10)], sums
+        assert sums == [4096 * (16 * k + 6) for k in range(10)], sums
         print("backend", dl.ring.backend, "calls", len(calls), "refusal", segment.memfd_refusal().errno)
         try:
             ring.Ring.create(1, 4096, backend="memfd")

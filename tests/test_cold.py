@@ -1,7 +1,10 @@
 """A fresh loader's first epoch (issue 14, part 2): the behaviour its speed relies on.
 
-- Each worker's first batch comes apart (a one-off segment) and is correct; every later
-  batch is a view of the ring, under every start method.
+- Each worker's first batch comes apart (pickled when small, else a one-off segment: see
+  test_variable) and is correct; every later batch is a view of the ring, under every
+  start method.
+- A forked worker is handed what the consumer already knows at its start (whether torch
+  has devices to seed, whether the dataset is a DataPipe), instead of working it out.
 - Workers do not pre-fault the whole ring: a worker's pages of the ring are only those of
   the slots it wrote, and each worker writes into its own share of the slots; the ring
   is made sparse (where the kernel has MADV_POPULATE_WRITE): only the slots written are
@@ -218,3 +221,62 @@ def test_a_fork_waits_for_the_ring_being_made():
     assert maker.done(), "the fork waited for the maker (an at-fork hook)"
     assert os.waitpid(pid, 0)[1] == 0
     assert maker.result() == ("ring", 1000, None)
+
+
+def _only_in(pid: int, real):
+    """``real``, callable in process ``pid`` only: a worker that calls it exits with 3."""
+
+    def guarded(*args):
+        if os.getpid() != pid:
+            os._exit(3)
+        return real(*args)
+
+    return guarded
+
+
+@pytest.mark.timeout(60)
+def test_forked_workers_are_told_what_the_consumer_knows(monkeypatch):
+    pytest.importorskip("torch")
+    from shmloader import fetch, seeding
+
+    monkeypatch.setattr(seeding, "_cpu_only", _only_in(os.getpid(), seeding._cpu_only))
+    monkeypatch.setattr(fetch, "is_datapipe", _only_in(os.getpid(), fetch.is_datapipe))
+    dl = DataLoader(Tagged(16, 4), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    for b, batch in enumerate(dl):
+        _check(batch, 4 * b, 4)
+
+
+def test_a_new_ring_reads_the_memory_budget_once(monkeypatch):
+    """The leases' check of a new ring and the ring's own check before it reserves share
+    one reading of the budget (cgroup and /proc files: read while the first batch waits)."""
+    from shmloader import memory
+    from shmloader.leases import Leases
+
+    leases = Leases(8, None, None, {"rings_created": 0}, num_workers=2)
+    reads = []
+    real = memory.budget
+    monkeypatch.setattr(memory, "budget", lambda kind: reads.append(kind) or real(kind))
+    ring = leases.new_ring(8, 4096)
+    assert len(reads) == 1 and ring.num_slots == 8
+    ring.close_fd()
+
+
+@pytest.mark.timeout(60)
+def test_no_worker_holds_another_workers_socket():
+    """Every worker is made (socket pair, process, channel) before the first fork, yet no
+    worker inherits a later one's end of its socket: a killed worker's socket reads EOF
+    in the consumer at once."""
+    import select
+    import signal
+
+    dl = DataLoader(Tagged(64, 4), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    it = iter(dl)
+    next(it)
+    last = it._pool.workers[-1]
+    os.kill(last.proc.pid, signal.SIGKILL)
+    last.proc.join(10)
+    poller = select.poll()
+    poller.register(last.fd, select.POLLIN | select.POLLRDHUP)
+    events = dict(poller.poll(5000))
+    assert events.get(last.fd, 0) & (select.POLLHUP | select.POLLRDHUP), "its socket's other end is held open"
+    del it

@@ -428,7 +428,7 @@ def test_workers_seed_torch_as_manual_seed_does(ctx):
     """A worker's torch RNG is where ``torch.manual_seed(worker seed)`` puts it, as in
     torch's workers (the oracle), though shmloader seeds only the CPU generator on a
     build with no accelerator (which this CPU build is: the fast path is the one tested)."""
-    from shmloader.worker import _cpu_only
+    from shmloader.seeding import _cpu_only
 
     assert _cpu_only(torch) == (torch.version.cuda is None and torch.version.hip is None)
     kw = {"batch_size": 1, "num_workers": 2}
@@ -554,7 +554,7 @@ def test_errors_torch_raises_as_runtime_error_are_runtime_errors(cls):
 
 def test_key_error_message_reads_as_lines():
     """errors.KeyErrorMessage: a KeyError made with it prints its text, newlines and all
-    (for pool.rebuild_error, as torch's KeyErrorMessage)."""
+    (for failures.rebuild_error, as torch's KeyErrorMessage)."""
     text = "Caught KeyError in DataLoader worker 0.\nOriginal Traceback (most recent call last):"
     assert str(KeyError(errors.KeyErrorMessage(text))) == text
     assert str(KeyError(text)) != text  # (what a plain str gives)

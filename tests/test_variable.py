@@ -221,11 +221,13 @@ def _growing_batches() -> list[list[int]]:
 
 
 def test_batches_outside_the_ring_come_in_their_own_segments(method):
-    """Each worker's first batch (which sizes the ring) and a batch that outgrew its slot
-    are views of a one-off segment the worker made and passed by descriptor: mapped here,
-    not copied, and unmapped with their last view; no descriptor stays open for them."""
+    """Each worker's first batch (which sizes the ring) and a batch that outgrew its slot,
+    when bigger than PICKLED_MAX_BYTES, are views of a one-off segment the worker made and
+    passed by descriptor: mapped here, not copied, and unmapped with their last view; no
+    descriptor stays open for them."""
     batches = _growing_batches()
-    dataset = D.Squares(200, side=32)  # 4 KiB samples: a batch of 20 outgrows slots sized for 2
+    # 64 KiB samples: a first batch of 2 is past PICKLED_MAX_BYTES; one of 20 outgrows its slot.
+    dataset = D.Squares(200, side=128)
     dl = DataLoader(dataset, batch_sampler=batches, num_workers=2, multiprocessing_context=method)
     it = iter(dl)
     it.start()  # the workers and their sockets exist (iter() alone starts nothing)
@@ -259,13 +261,32 @@ def test_batches_come_pickled_when_no_segment_can_be_made(monkeypatch):
 
     monkeypatch.setattr(Ring, "create", classmethod(no_one_off_segments))
     batches = _growing_batches()
-    dataset = D.Squares(200, side=32)
+    dataset = D.Squares(200, side=128)  # past PICKLED_MAX_BYTES: these would go in segments
     dl = DataLoader(dataset, batch_sampler=batches, num_workers=2, multiprocessing_context="fork")
     out = list(dl)
     assert [b[1].tolist() for b in out] == batches
     assert all((x[:, 0, 0] == y).all() for x, y in out)
     assert not _in_shared_memory(out[0][0]) and not _in_shared_memory(out[4][0]), "unpickled"
     assert _in_shared_memory(out[-1][0]), "batches in the ring as usual"
+    assert dl.stats()["batches_copied"] >= 3
+
+
+def test_small_batches_outside_the_ring_come_pickled(method):
+    """A batch outside the ring of at most PICKLED_MAX_BYTES (a small first batch, which
+    sizes the ring) comes pickled in its frame, not in a one-off segment: the same values,
+    in process memory; a bigger one that outgrew its slot still comes in a segment."""
+    from shmloader.worker import PICKLED_MAX_BYTES
+
+    batches = _growing_batches()
+    dataset = D.Squares(200, side=32)  # 4 KiB samples: batches of 2 are small, of 20 are not
+    assert 2 * 4096 < PICKLED_MAX_BYTES < 20 * 4096
+    dl = DataLoader(dataset, batch_sampler=batches, num_workers=2, multiprocessing_context=method)
+    out = list(dl)
+    assert [b[1].tolist() for b in out] == batches
+    assert all((x[:, 0, 0] == y).all() for x, y in out)
+    assert not _in_shared_memory(out[0][0]) and not _in_shared_memory(out[1][0]), "pickled"
+    assert _in_shared_memory(out[4][0]) and not dl.ring.contains(out[4][0]), "in its own segment"
+    assert dl.ring.contains(out[-1][0])
     assert dl.stats()["batches_copied"] >= 3
 
 

@@ -168,24 +168,35 @@ class Recipe:
         return build_in_memory(layout, data_bytes, objects, batch.fill)
 
 
-def prepare_datapipe(dataset: Any, shared_seed: int, num_shards: int, shard_id: int) -> None:
+def is_datapipe(dataset: Any) -> bool:
+    """Whether ``dataset`` is a torch DataPipe (False without torch imported, or for a
+    torch without DataPipes)."""
+    if sys.modules.get("torch") is None:
+        return False
+    try:
+        from torch.utils.data import IterDataPipe, MapDataPipe
+    except ImportError:  # a torch without DataPipes
+        return False
+    return isinstance(dataset, (IterDataPipe, MapDataPipe))
+
+
+def prepare_datapipe(
+    dataset: Any, shared_seed: int, num_shards: int, shard_id: int, datapipe: bool | None = None
+) -> None:
     """For a torch DataPipe, what torch's loader does at the start of an epoch: seed the
     graph's random nodes (``shuffle()``...) from ``shared_seed``, one seed for every
     process that reads a shard of the epoch (so they all shuffle alike), and set its
     ``sharding_filter()`` nodes to shard ``shard_id`` of ``num_shards``, so each sample is
     read once. torch numbers a worker's shard ``worker_id * world_size + rank`` of
     ``world_size * num_workers``, and the main process's (``num_workers=0``) ``rank`` of
-    ``world_size``. Does nothing for other datasets, or without torch imported."""
-    torch = sys.modules.get("torch")
-    if torch is None:
+    ``world_size``. Does nothing for other datasets, or without torch imported.
+    ``datapipe``: :func:`is_datapipe` of ``dataset`` where already known (None: asked here)."""
+    if not (is_datapipe(dataset) if datapipe is None else datapipe):
         return
-    try:
-        from torch.utils.data import IterDataPipe, MapDataPipe
-        from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
-    except ImportError:  # a torch without DataPipes
-        return
-    if not isinstance(dataset, (IterDataPipe, MapDataPipe)):
-        return
+    import torch
+    from torch.utils.data import IterDataPipe
+    from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
+
     apply_sharding(dataset, num_shards, shard_id)
     if isinstance(dataset, IterDataPipe):
         apply_random_seed(dataset, torch.Generator().manual_seed(shared_seed))

@@ -196,7 +196,9 @@ class Leases:
             if pinned + need > self.max_shm_bytes or (room is not None and need > room):
                 raise self._limit_error(need, pinned, held, fresh, room)
             # A ring page-locked for a GPU locks every page at once: reserved whole.
-            ring = Ring.create(num_slots, slot_bytes, backend=self.backend, whole=self.pinner is not None)
+            ring = Ring.create(
+                num_slots, slot_bytes, backend=self.backend, whole=self.pinner is not None, budget=fresh
+            )
             self._stats["rings_created"] += 1
             if self.pinner is not None:
                 self.pinner.register(ring)  # page-locked once, for the ring's whole life

@@ -29,20 +29,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from shmloader import fdguard, wire
 from shmloader.channel import Channel
 from shmloader.errors import (
-    KeyErrorMessage,
     LoaderTimeoutError,
-    StrayStopIteration,
     WorkerDiedError,
-    WorkerError,
 )
+from shmloader.failures import describe_exit, short_indices
 from shmloader.leases import own_forks
-from shmloader.memory import cgroup_limit
-from shmloader.worker import WorkerFailure
 
 JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit before killing them
 KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
@@ -56,7 +52,8 @@ class WorkerHandle:
 
     __slots__ = ("channel", "conn", "fd", "frames_read", "id", "proc", "reader", "writer")
 
-    def __init__(self, wid: int, proc: Any, conn: Any) -> None:
+    def __init__(self, wid: int, proc: Any, conn: Any, channel: Channel | None = None) -> None:
+        """``channel``: made beforehand (:meth:`WorkerPool.start`), else made here."""
         self.id = wid
         self.proc = proc
         self.conn = conn
@@ -65,12 +62,31 @@ class WorkerHandle:
         self.frames_read = 0  # frames read from the worker (the stamps of its queued results count them)
         # Non-blocking from here on: no write to a worker may block the consumer's loop.
         self.writer = wire.FrameWriter(self.fd)
-        self.channel = Channel.create()
+        self.channel = Channel.create() if channel is None else channel
         try:
             frame = wire.channel_frame(self.channel.offset, self.channel.size)
             self.writer.send(frame, self.channel.fd)  # type: ignore[arg-type]
         finally:
             self.channel.close_fd()  # (the writer keeps a duplicate if the frame waits)
+
+
+class _Prepared(NamedTuple):
+    """A worker made and not started yet: see :meth:`WorkerPool.start`."""
+
+    wid: int
+    proc: Any
+    ours: Any  # the consumer's end of the socket pair
+    theirs: Any  # the worker's
+    channel: Channel | None
+
+
+def _discard(prepared: _Prepared) -> None:
+    """Close a prepared worker's descriptors (it was never started, or failed to start)."""
+    for conn in (prepared.ours, prepared.theirs):
+        fdguard.unregister(conn.fileno())
+        conn.close()
+    if prepared.channel is not None:
+        prepared.channel.close_fd()
 
 
 def uses_pdeathsig(method: str) -> bool:
@@ -90,12 +106,6 @@ def unpicklable_error(exc: BaseException, method: str) -> BaseException:
         "so define them at module level (no lambdas or local classes), or use "
         "multiprocessing_context='fork'."
     )
-
-
-def short_indices(indices: Any) -> str:
-    """The first few sample indices of a batch, for error messages."""
-    items = list(indices)
-    return f"{items[:8]}" + (f" (+{len(items) - 8} more)" if len(items) > 8 else "")
 
 
 class WorkerPool:
@@ -126,14 +136,27 @@ class WorkerPool:
         use_pdeathsig), conn)``, calling ``started()`` after each is in the pool (to give
         it work while the next one is forked). Raises TypeError (see
         :func:`unpicklable_error`) when the config cannot be sent to a worker; the workers
-        started so far stay in the pool (stop them with :meth:`stop`)."""
+        started so far stay in the pool (stop them with :meth:`stop`).
+
+        Every worker's config, socket pair, process object and channel are made before
+        the first fork: after a fork every page the consumer writes is copied, as the
+        child shares it (~5 us a page here), so work done between two forks costs twice
+        (measured, W4: ~380 of the consumer's ~1,200 page copies before its first batch
+        came from that work)."""
         method = ctx.get_start_method()
         use_pdeathsig = uses_pdeathsig(method)
         with _sigint_blocked():
-            for wid in range(num_workers):
-                self._add(self._start_one(ctx, wid, make_config(wid, use_pdeathsig), target, method))
-                if started is not None:
-                    started()
+            waiting: list[_Prepared] = []  # made, not started (a failed start discards its own)
+            try:
+                for wid in range(num_workers):
+                    waiting.append(self._prepare(ctx, wid, make_config(wid, use_pdeathsig), target))
+                while waiting:
+                    self._add(self._launch(waiting.pop(0), method))
+                    if started is not None:
+                        started()
+            finally:
+                for prepared in waiting:
+                    _discard(prepared)
 
     def add(
         self, ctx: Any, wid: int, make_config: Callable[[int, bool], Any], target: Callable
@@ -146,22 +169,43 @@ class WorkerPool:
         self._add(handle)
         return handle
 
-    @staticmethod
-    def _start_one(ctx: Any, wid: int, config: Any, target: Callable, method: str) -> WorkerHandle:
+    @classmethod
+    def _start_one(cls, ctx: Any, wid: int, config: Any, target: Callable, method: str) -> WorkerHandle:
         """Start worker ``wid`` (SIGINT blocked by the caller) and its socket pair."""
+        return cls._launch(cls._prepare(ctx, wid, config, target), method)
+
+    @staticmethod
+    def _prepare(ctx: Any, wid: int, config: Any, target: Callable) -> _Prepared:
+        """Worker ``wid``'s socket pair, process object and channel, not started. Both
+        socket ends are closed in any process forked meanwhile (an earlier worker: a copy
+        of this worker's end would keep the consumer from seeing its EOF)."""
         ours, theirs = ctx.Pipe(duplex=True)
         fdguard.register(ours, ours.fileno())
+        fdguard.register(theirs, theirs.fileno())
         proc = ctx.Process(target=target, args=(config, theirs), name=f"shmloader-worker-{wid}", daemon=True)
+        try:
+            channel = Channel.create()
+        except BaseException:
+            _discard(_Prepared(wid, proc, ours, theirs, None))
+            raise
+        return _Prepared(wid, proc, ours, theirs, channel)
+
+    @staticmethod
+    def _launch(prepared: _Prepared, method: str) -> WorkerHandle:
+        """Start a prepared worker (its end of the socket goes with it, and is closed here)."""
+        wid, proc, ours, theirs, channel = prepared
+        fdguard.unregister(theirs.fileno())  # (this fork keeps it)
         try:
             with own_forks():  # our workers never read the consumer's batches
                 proc.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            fdguard.unregister(ours.fileno())
-            ours.close()
-            theirs.close()
+            _discard(prepared)
             raise unpicklable_error(exc, method) from exc
+        except BaseException:
+            _discard(prepared)
+            raise
         theirs.close()
-        return WorkerHandle(wid, proc, ours)
+        return WorkerHandle(wid, proc, ours, channel)
 
     def replace(
         self, old: WorkerHandle, ctx: Any, make_config: Callable[[int, bool], Any], target: Callable
@@ -405,29 +449,6 @@ class WorkerPool:
         )
 
 
-def describe_exit(code: int | None) -> tuple[str, str]:
-    """How a worker with exit code ``code`` ended (torch's words: "is killed by signal:
-    ...", "exited unexpectedly with exit code N"), and advice for a SIGKILL (the OOM
-    killer), else an empty string."""
-    advice = ""
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        how = f"is killed by signal: {signal.strsignal(-code) or name} ({name})"
-        if -code == signal.SIGKILL:
-            advice = (
-                " SIGKILL usually comes from the kernel's out-of-memory killer: check "
-                "`dmesg`, and lower batch_size, num_workers or the dataset's memory use." + _cgroup_advice()
-            )
-    elif code is not None:
-        how = f"exited unexpectedly with exit code {code}"
-    else:
-        how = "exited unexpectedly (it closed its connection)"
-    return how, advice
-
-
 @contextlib.contextmanager
 def _sigint_blocked() -> Iterator[None]:
     """SIGINT blocked in this block where this is the main thread: workers started in it
@@ -447,46 +468,3 @@ def _unpoll(poller: Any, fd: int) -> None:
         poller.unregister(fd)
     except KeyError:
         pass
-
-
-def rebuild_error(failure: WorkerFailure, seq: int) -> BaseException:
-    """The worker's exception in the consumer: its own type where it can be rebuilt. A
-    ``StopIteration`` becomes :class:`StrayStopIteration`: raised from ``__next__`` it
-    would end the epoch silently."""
-    where = f" while {failure.where}" if failure.where else ""
-    batch = f" batch {seq}" if failure.where != "running worker_init_fn" else ""
-    indices = f" (sample indices {short_indices(failure.indices)})" if failure.indices is not None else ""
-    text = (
-        f"Caught {failure.type_name} in DataLoader worker {failure.worker_id}{where}{batch}"
-        f"{indices}.\nOriginal {failure.traceback}"
-    )
-    exc: BaseException | None = None
-    if failure.pickled is not None:
-        try:
-            original = pickle.loads(failure.pickled)
-            # A KeyError's str() is the repr of its argument: the message would print as
-            # one quoted line; KeyErrorMessage prints it as written (as torch's does).
-            exc = type(original)(KeyErrorMessage(text) if isinstance(original, KeyError) else text)
-        except Exception:
-            exc = None
-    if isinstance(exc, StopIteration):
-        exc = StrayStopIteration(text)
-    if exc is None:
-        exc = WorkerError(text)
-    exc.worker_id = failure.worker_id  # type: ignore[attr-defined]
-    exc.indices = failure.indices  # type: ignore[attr-defined]
-    exc.worker_traceback = failure.traceback  # type: ignore[attr-defined]
-    return exc
-
-
-def _cgroup_advice() -> str:
-    """For a SIGKILLed worker: the memory cgroup limit this process runs under, and the
-    OOM kills the kernel counted there (the likely killer), or nothing without a limit."""
-    limit = cgroup_limit()
-    if limit is None:
-        return ""
-    kills = f"; the kernel counts {limit.oom_kills} OOM kill(s) there" if limit.oom_kills else ""
-    return (
-        f" This process runs under a memory limit ({limit.describe()}{kills}): raise the "
-        "container's memory limit, or load with less memory."
-    )

@@ -207,6 +207,7 @@ class Ring:
         populate: bool = False,
         backend: str = "auto",
         whole: bool = False,
+        budget: memory.Budget | None = None,
     ) -> Ring:
         """Create and map a new ring (``backend``: ``"auto"``, ``"memfd"`` or ``"posix"``,
         see :func:`segment.resolve_backend`); ``populate`` reserves and maps every page now (for
@@ -216,7 +217,8 @@ class Ring:
         reserves every page now (a ring that is page-locked at once).
 
         Raises :class:`ShmSpaceError` when the memory is not there (the cgroup's limit,
-        the machine's memory, or /dev/shm for posix), before reserving anything.
+        the machine's memory, or /dev/shm for posix), before reserving anything: by
+        ``budget`` where given (the backend's, read just now by the caller).
         """
         if num_slots < 1:
             raise ValueError(f"a ring needs at least one slot, got num_slots={num_slots}")
@@ -224,7 +226,7 @@ class Ring:
             raise ValueError(f"slot_bytes must be positive, got {slot_bytes}")
         total = ring_bytes(num_slots, slot_bytes)
         kind = segment.resolve_backend(backend)
-        segment.check_room(kind, total, num_slots, slot_bytes)
+        segment.check_room(kind, total, num_slots, slot_bytes, budget)
         fd, kind = segment.create(kind, explicit=kind == backend)
         sparse = not whole and populate_supported()
         try:

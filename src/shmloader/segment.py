@@ -188,10 +188,14 @@ def _space_error(budget: memory.Budget, total: int, num_slots: int, slot_bytes: 
     )
 
 
-def check_room(kind: str, total: int, num_slots: int, slot_bytes: int) -> None:
+def check_room(
+    kind: str, total: int, num_slots: int, slot_bytes: int, budget: memory.Budget | None = None
+) -> None:
     """Refuse a ring the memory is not there for, before reserving it: past a cgroup's
-    limit, posix_fallocate does not fail, the OOM killer ends a process of the cgroup."""
-    budget = memory.budget(kind)
+    limit, posix_fallocate does not fail, the OOM killer ends a process of the cgroup.
+    ``budget``: ``memory.budget(kind)`` read just now by the caller (None: read here)."""
+    if budget is None:
+        budget = memory.budget(kind)
     if budget.bytes is not None and total > budget.bytes:
         raise _space_error(budget, total, num_slots, slot_bytes)
 

@@ -1,4 +1,4 @@
-"""The worker process: its main loop, its lifeline, seeding and worker info.
+"""The worker process: its main loop, its lifeline and worker info (its seeding: seeding.py).
 
 A worker takes tasks from its task queue (and, rarely, its socket: see channel.py),
 fetches the samples, collates them straight into the slot it was given, publishes the
@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import os
 import pickle
-import random
 import select
 import signal
-import sys
 import threading
 import time
 import traceback
 from array import array
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from shmloader import _slots, fetch, wire
+from shmloader import _slots, fetch, seeding, wire
 from shmloader.channel import Channel
 from shmloader.collate import array_views, build_in_memory, plan
 from shmloader.context import WorkerInfo, set_worker_info
@@ -37,6 +35,10 @@ from shmloader.ring import Ring, attach_fd
 
 _RESULT_WAKE = wire.result_wake_frame()
 _VIEW_CACHE_SIZE = 1024  # entries of the skeleton and view caches (ragged batches: a view set per shape)
+# A batch outside the ring up to this size goes pickled in its frame: a one-off segment
+# costs a worker's first batch ~2 ms (memfd, reserve, map, the memory budget's reads, the
+# descriptor's passing) and the consumer a mapping; pickling and unpickling 64 KiB: ~35 us.
+PICKLED_MAX_BYTES = 64 * 1024
 
 
 @dataclass
@@ -71,6 +73,16 @@ class WorkerFailure:
         )
 
 
+def _plain_numpy(layout: Any) -> bool:
+    """Whether every array leaf of ``layout`` is handed out as a numpy array (torch tag
+    False): such a batch, pickled, comes out as its slot's reader would give it (with
+    output="torch", the consumer's ``to_torch`` makes the same tensors). Tensor leaves
+    keep the slot's reader (a pickled tensor goes through torch's own pickling, which
+    cannot rebuild some dtypes: float8), and so do default-collated leaves of a dtype
+    torch lacks (tag None: output="torch" refuses them where the slot is read)."""
+    return all(getattr(leaf, "torch", False) is False for leaf in layout.leaves)
+
+
 @dataclass
 class WorkerConfig:
     """Everything a worker needs; pickled under spawn/forkserver, inherited under fork."""
@@ -90,41 +102,14 @@ class WorkerConfig:
     resume: dict | None = None  # iterable: this shard's saved record (see state.open_iterable)
     report_state: bool = False  # iterable with state_dict(): send it after every batch
     shm_backend: str = "auto"  # the loader's: one-off batch segments use the ring's backend
+    # Answered in the consumer as the config is made (a forked worker inherits the answer
+    # instead of working it out again in its first milliseconds, page by copied page):
+    torch_cpu_only: bool | None = field(default_factory=seeding.torch_cpu_only)  # see seed_all
+    datapipe: bool | None = None  # fetch.is_datapipe(dataset); None: asked when the config is made
 
-
-def seed_all(seed: int) -> None:
-    """Seed Python's ``random``, numpy's global RNG and torch (when imported), and give
-    torch one intra-op thread, as torch's own workers do: N workers each running a
-    core-count OpenMP pool oversubscribe the machine, and an OpenMP pool inherited
-    through fork can hang on first use."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        if _cpu_only(torch):
-            # What torch.manual_seed does on a build with no accelerator: the devices it
-            # also seeds (lazily, recording traceback.format_stack() for each: 3-15 ms
-            # of a worker's start, reading source files) can never be used here.
-            torch.default_generator.manual_seed(seed)
-        else:
-            torch.manual_seed(seed)
-        torch.set_num_threads(1)
-
-
-def _cpu_only(torch: Any) -> bool:
-    """Whether this torch build has no device that ``torch.manual_seed`` seeds besides the
-    CPU (no CUDA/ROCm, XPU, MTIA or MPS compiled in, no custom backend registered). Any
-    doubt (a torch whose private names moved) answers False: the full seeding then runs."""
-    try:
-        return not (
-            torch.cuda._is_compiled()
-            or torch.xpu._is_compiled()
-            or torch.mtia._is_compiled()
-            or torch.backends.mps.is_built()
-            or torch._C._get_privateuse1_backend_name() != "privateuseone"
-        )
-    except Exception:
-        return False
+    def __post_init__(self) -> None:
+        if self.datapipe is None:
+            self.datapipe = fetch.is_datapipe(self.dataset)
 
 
 def worker_main(config: WorkerConfig, conn: Any) -> None:
@@ -206,7 +191,7 @@ class _Worker:
     def start_epoch(self, seed: int) -> None:
         """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
         cfg = self.cfg
-        seed_all(seed)
+        seeding.seed_all(seed, cfg.torch_cpu_only)
         info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset, cfg.rank, cfg.world_size)
         set_worker_info(info)
         # The epoch's seed, the same in every worker (a worker's seed is it plus its id).
@@ -216,6 +201,7 @@ class _Worker:
             seed - cfg.worker_id,
             cfg.world_size * cfg.num_workers,
             cfg.worker_id * cfg.world_size + cfg.rank,
+            cfg.datapipe,
         )
         self.iterator = None
         self.exhausted = False
@@ -439,19 +425,20 @@ class _Worker:
         self, slot: int, seq: int, layout: Any, content: wire.SlotContent, objects: list, fill: Any
     ) -> None:
         """Deliver a batch that has no slot in the ring (the first, which sizes the ring, or
-        one that outgrew its slot): in a one-off segment of its own whose descriptor goes
-        with the result, so it is not copied on the way; pickled when no segment can be
-        made (e.g. /dev/shm is full: the consumer's error then says so when it sizes the
-        ring)."""
+        one that outgrew its slot): pickled in its frame when it is small
+        (``PICKLED_MAX_BYTES``) and plain numpy (:func:`_plain_numpy`), else in a one-off
+        segment of its own whose descriptor
+        goes with the result, so it is not copied on the way; pickled too when no segment
+        can be made (e.g. /dev/shm is full: the consumer's error then says so when it
+        sizes the ring)."""
         total = content.total
+        if total <= PICKLED_MAX_BYTES and _plain_numpy(layout):
+            self.deliver_pickled(slot, seq, layout, content, objects, fill)
+            return
         try:
             segment = Ring.create(1, total, populate=True, backend=self.cfg.shm_backend)
         except Exception:  # no room, no /dev/shm, a posix_ipc error: the batch still goes
-            batch = build_in_memory(layout, content.data_bytes, objects, fill)
-            payload = wire.size_payload(total, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
-            if self.stats_fn is not None:
-                self.report_stats()
-            self.send_message(wire.pack(wire.RES_PICKLED, slot, seq, payload))
+            self.deliver_pickled(slot, seq, layout, content, objects, fill)
             return
         try:
             fill(array_views(layout, segment.slot_array(0)))
@@ -463,6 +450,16 @@ class _Worker:
             wire.send_frame_with_fd(self.fd, wire.frame(message), segment.fd)
         finally:
             segment.close_fd()  # the consumer holds its own descriptor now; ours goes
+
+    def deliver_pickled(
+        self, slot: int, seq: int, layout: Any, content: wire.SlotContent, objects: list, fill: Any
+    ) -> None:
+        """Send the batch pickled in its frame, with the slot bytes it needs (to size the ring)."""
+        batch = build_in_memory(layout, content.data_bytes, objects, fill)
+        payload = wire.size_payload(content.total, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
+        if self.stats_fn is not None:
+            self.report_stats()
+        self.send_message(wire.pack(wire.RES_PICKLED, slot, seq, payload))
 
     @staticmethod
     def publish(ring: Ring, slot: int, seq: int, content: wire.SlotContent) -> None:
