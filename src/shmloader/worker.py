@@ -427,10 +427,9 @@ class _Worker:
         """Deliver a batch that has no slot in the ring (the first, which sizes the ring, or
         one that outgrew its slot): pickled in its frame when it is small
         (``PICKLED_MAX_BYTES``) and plain numpy (:func:`_plain_numpy`), else in a one-off
-        segment of its own whose descriptor
-        goes with the result, so it is not copied on the way; pickled too when no segment
-        can be made (e.g. /dev/shm is full: the consumer's error then says so when it
-        sizes the ring)."""
+        segment of its own whose descriptor goes with the result, so it is not copied on
+        the way; pickled too when no segment can be made (e.g. /dev/shm is full: the
+        consumer's error then says so when it sizes the ring)."""
         total = content.total
         if total <= PICKLED_MAX_BYTES and _plain_numpy(layout):
             self.deliver_pickled(slot, seq, layout, content, objects, fill)
