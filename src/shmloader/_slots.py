@@ -80,7 +80,7 @@ class StateArray:
       statistics); ``count_ready()``: how many are READY.
     """
 
-    __slots__ = ("_count", "_mapping", "_ptr", "cas", "claim", "count", "count_ready", "load", "store")
+    __slots__ = ("_mapping", "_ptr", "cas", "claim", "count", "count_ready", "load", "store")
 
     def __init__(self, mapping: Mapping, offset: int, count: int) -> None:
         """View ``count`` 32-bit words at byte ``offset`` (4-aligned) of ``mapping``."""
@@ -89,7 +89,6 @@ class StateArray:
         self._mapping = mapping  # keeps the memory mapped while the states are in use
         mapping.buffer(offset, 4 * count)  # checks the range
         self._ptr = ptr = mapping.pointer(offset, "uint32_t *")
-        self._count = count
         partial = functools.partial
         self.load = partial(lib.sl_load, ptr)
         self.store = partial(lib.sl_store, ptr)

@@ -24,7 +24,8 @@ from shmloader import _slots, wire
 from shmloader import leases as _leases
 from shmloader import state as _state
 from shmloader.errors import WorkerRestartWarning
-from shmloader.pool import WorkerHandle, describe_exit, short_indices
+from shmloader.failures import describe_exit, short_indices
+from shmloader.pool import WorkerHandle
 from shmloader.worker import worker_main
 
 
