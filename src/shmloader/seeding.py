@@ -22,7 +22,7 @@ def seed_all(seed: int, cpu_only: bool | None = None) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         if cpu_only is None:
-            cpu_only = _cpu_only(torch)
+            cpu_only = torch_cpu_only()
         if cpu_only:
             # What torch.manual_seed does on a build with no accelerator: the devices it
             # also seeds (lazily, recording traceback.format_stack() for each: 3-15 ms
