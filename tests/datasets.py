@@ -148,6 +148,21 @@ class Pid(Dataset):
         return os.getpid()
 
 
+class SchedPolicy(Dataset):
+    """Sample i: the Linux scheduling policy of the process that loads it."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return os.sched_getscheduler(0)
+
+
+def normal_policy(worker_id: int) -> None:
+    """worker_init_fn: back to the default policy (SCHED_OTHER)."""
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
 def record_init(worker_id: int) -> None:
     """worker_init_fn: write the numpy draw it sees into the environment for the dataset."""
     os.environ["SHMLOADER_TEST_INIT"] = f"{worker_id}:{np.random.random()}"

@@ -9,7 +9,7 @@ child waits on stdin until the parent moved it, before it imports numpy or the l
 Each ``can_*`` probe says why the machine refuses a mechanism, for ``pytest.skip``.
 
 **Child side** (:func:`main`): optionally lowers ``RLIMIT_NOFILE`` and installs a seccomp
-filter (prctl(PR_SET_PDEATHSIG) or memfd_create refused with EPERM, inherited by every
+filter (prctl(PR_SET_PDEATHSIG), memfd_create or sched_setscheduler refused with EPERM, inherited by every
 worker), then runs a 2-worker loader (shmloader's or torch's) over an in-memory numpy
 dataset for one epoch, checks every batch against the dataset, and prints one line
 ``RESULT {json}``: batches, mismatches, the error (type, base classes, message), the
@@ -278,7 +278,7 @@ def run_child(
 # --------------------------------------------------------------------------- seccomp
 
 _AUDIT_ARCH_X86_64 = 0xC000003E
-_NR = {"prctl": 157, "memfd_create": 319}  # x86_64
+_NR = {"prctl": 157, "memfd_create": 319, "sched_setscheduler": 144}  # x86_64
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
@@ -306,7 +306,8 @@ def _ret(k: int) -> bytes:
 
 def seccomp_program(refuse: str) -> bytes:
     """A BPF program for seccomp: ``refuse='pdeathsig'`` fails prctl(PR_SET_PDEATHSIG, ..)
-    with EPERM, ``'memfd'`` fails memfd_create with EPERM; everything else is allowed.
+    with EPERM, ``'memfd'`` fails memfd_create with EPERM, ``'sched'`` fails
+    sched_setscheduler with EPERM; everything else is allowed.
     struct seccomp_data: nr at 0, arch at 4, args[0] at 16 (low word) and 20 (high)."""
     deny = _ret(_SECCOMP_RET_ERRNO | _EPERM)
     allow = _ret(_SECCOMP_RET_ALLOW)
@@ -323,10 +324,11 @@ def seccomp_program(refuse: str) -> bytes:
             deny,
             allow,
         ]
-    elif refuse == "memfd":
-        body = [_ld(4), _jeq(_AUDIT_ARCH_X86_64, 3), _ld(0), _jeq(_NR["memfd_create"], 1), deny, allow]
+    elif refuse in ("memfd", "sched"):
+        nr = _NR["memfd_create" if refuse == "memfd" else "sched_setscheduler"]
+        body = [_ld(4), _jeq(_AUDIT_ARCH_X86_64, 3), _ld(0), _jeq(nr, 1), deny, allow]
     else:
-        raise ValueError(f"unknown seccomp refusal {refuse!r}: use 'pdeathsig' or 'memfd'")
+        raise ValueError(f"unknown seccomp refusal {refuse!r}: use 'pdeathsig', 'memfd' or 'sched'")
     return b"".join(body)
 
 
@@ -579,6 +581,7 @@ TABLE_ROWS: list[tuple[str, list[str] | None, int | None, dict[str, Any]]] = [
     ("ulimit -n 64, forkserver", None, None, {"method": "forkserver", "nofile": 64}),
     ("prctl(PR_SET_PDEATHSIG) refused, fork", None, None, {"method": "fork", "seccomp": "pdeathsig"}),
     ("memfd_create refused", None, None, {"seccomp": "memfd"}),
+    ("sched_setscheduler refused, spawn", None, None, {"method": "spawn", "seccomp": "sched"}),
     ("cgroup memory limit 320 MiB, 38 MB batches, fork", None, 320 * 2**20, {"dtype": "float32"}),
     (
         "cgroup memory limit 320 MiB, 38 MB batches, spawn",

@@ -244,6 +244,20 @@ def test_worker_seeds_are_base_plus_id_and_fresh_each_epoch(method):
     assert b1 == b2, "same seed, same random draws in the workers"
 
 
+def test_workers_run_as_batch_work_that_never_preempts_the_consumer(method):
+    """Workers run under SCHED_BATCH (a worker woken for a task does not preempt the
+    consumer on its CPU), the consumer keeps its own policy, and a worker_init_fn that
+    sets another policy has the last word."""
+    before = os.sched_getscheduler(0)
+    policies = [int(p[0]) for p in DataLoader(D.SchedPolicy(), num_workers=2, multiprocessing_context=method)]
+    assert policies == [os.SCHED_BATCH] * 6
+    assert os.sched_getscheduler(0) == before
+    dl = DataLoader(
+        D.SchedPolicy(), num_workers=2, multiprocessing_context=method, worker_init_fn=D.normal_policy
+    )
+    assert [int(p[0]) for p in dl] == [os.SCHED_OTHER] * 6
+
+
 def test_worker_init_fn_runs_after_seeding(method):
     dl = DataLoader(
         D.InitEcho(),

