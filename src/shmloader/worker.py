@@ -479,16 +479,16 @@ class _Worker:
     def publish(ring: Ring, slot: int, seq: int, content: wire.SlotContent) -> None:
         """Write the layout, its numbers, the object leaves and the header after the
         arrays that are already in ``slot``, then mark it READY."""
-        dst = ring.slot_array(slot, content.total)  # (its object leaves may outgrow the cached views')
+        ring.slot_array(slot, content.total)  # the bytes written below are reserved (sparse rings)
+        # (Written through the slot's memoryview: a slice assignment of bytes there costs
+        # a fraction of numpy's, three times a batch.)
+        dst = ring.slot_buffer(slot)
         header = content.header(seq)
         lo = header.layout_off
-        dst[lo : lo + header.layout_len] = np.frombuffer(content.skeleton, np.uint8)
-        start = wire.numbers_offset(lo, header.layout_len)
-        dst[start : header.objects_off] = np.frombuffer(content.numbers, np.uint8)
+        dst[lo : lo + header.layout_len] = content.skeleton
+        dst[wire.numbers_offset(lo, header.layout_len) : header.objects_off] = content.numbers
         if header.objects_len:
-            dst[header.objects_off : header.objects_off + header.objects_len] = np.frombuffer(
-                content.objects, np.uint8
-            )
+            dst[header.objects_off : header.objects_off + header.objects_len] = content.objects
         wire.write_header(ring, slot, header)
         # Release: the batch bytes and the header above are visible to the consumer
         # before it can observe READY.
