@@ -474,3 +474,24 @@ def test_mixed_dtypes_are_promoted_as_torch_does(name: str, num_workers: int) ->
         pytest.fail(str(exc))  # (the message only: a traceback would keep the batches)
     finally:
         ours.batches.clear()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_batches_that_differ_only_in_dtype_shape_kind_or_objects_stay_apart(output):
+    """A worker places a batch structure once and reuses the placement (and its slot
+    views) for every batch of that structure: batches that share a structure but not a
+    leaf's dtype (of one itemsize), shape, kind (array or tensor) or object values, in
+    turn through one worker's slots, each come out as torch makes them."""
+    kinds = [
+        lambda i: {"x": np.full(3, i, np.float32), "s": f"a{i}"},
+        lambda i: {"x": np.full(3, i, np.int32), "s": f"b{i}"},
+        lambda i: {"x": np.full(4, i, np.float32), "s": "c"},
+        lambda i: {"x": np.full((3, 1), i, np.float32), "s": "d"},
+        lambda i: {"x": torch.full((3,), float(i)), "s": "e"},
+        lambda i: {"x": np.full(3, i % 2, np.bool_), "s": "f"},
+        lambda i: {"x": np.full(3, i, np.uint8), "s": "g"},
+    ]
+    samples = [kinds[(i // 2) % len(kinds)](i) for i in range(4 * 2 * len(kinds))]
+    failure = parity.parity_failure(samples, num_workers=1, output=output, batch_size=2)
+    assert failure is None, failure

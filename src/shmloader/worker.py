@@ -27,14 +27,14 @@ import numpy as np
 
 from shmloader import _slots, fetch, seeding, wire
 from shmloader.channel import Channel
-from shmloader.collate import array_views, build_in_memory, plan
+from shmloader.collate import array_views, build_in_memory, plan, signature
 from shmloader.context import WorkerInfo, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
 from shmloader.layout import encode, split
 from shmloader.ring import Ring, attach_fd
 
 _RESULT_WAKE = wire.result_wake_frame()
-_VIEW_CACHE_SIZE = 1024  # entries of the skeleton and view caches (ragged batches: a view set per shape)
+_VIEW_CACHE_SIZE = 1024  # entries of the placement, skeleton and view caches (ragged batches: one per shape)
 # A batch outside the ring up to this size goes pickled in its frame: a one-off segment
 # costs a worker's first batch ~2 ms (memfd, reserve, map, the memory budget's reads, the
 # descriptor's passing) and the consumer a mapping; pickling and unpickling 64 KiB: ~35 us.
@@ -179,6 +179,21 @@ class _Stop(Exception):
     """The consumer sent TASK_STOP: the worker returns."""
 
 
+class _Placement:
+    """Where a batch structure's leaves go in a slot (:func:`collate.plan`), its encoded
+    skeleton and layout numbers, and (without object leaves) the whole slot content: the
+    same for every batch of that structure, made once."""
+
+    __slots__ = ("content", "data_bytes", "encoded", "layout", "numbers")
+
+    def __init__(self, layout: Any, data_bytes: int, encoded: bytes, numbers: bytes, objects: bool) -> None:
+        self.layout = layout
+        self.data_bytes = data_bytes
+        self.encoded = encoded
+        self.numbers = numbers
+        self.content = None if objects else wire.SlotContent(data_bytes, encoded, numbers, b"")
+
+
 class _Worker:
     def __init__(self, config: WorkerConfig, conn: Any) -> None:
         self.cfg = config
@@ -186,8 +201,9 @@ class _Worker:
         self.fd = conn.fileno()
         self.reader = wire.FrameReader(self.fd)
         self.ring = config.ring
-        self.layout_cache: dict[Any, bytes] = {}
-        self.views: dict[tuple[int, Any], list] = {}  # (slot, layout) -> views of the slot
+        self.placements: dict[tuple, _Placement] = {}  # collate.signature -> its placement
+        self.encoded: dict[Any, bytes] = {}  # skeleton -> its encoding
+        self.views: dict[tuple[int, _Placement], list] = {}  # (slot, placement) -> views of the slot
         # A dataset's own counters (e.g. ImageFolder's skipped files), reported as they change.
         stats = getattr(config.dataset, "stats", None)
         self.stats_fn = stats if callable(stats) else None
@@ -396,15 +412,14 @@ class _Worker:
 
     def deliver(self, slot: int, seq: int, treedef: Any, leaves: list, fill: Any) -> None:
         """Lay the batch out, let ``fill`` write its arrays into the slot, publish it."""
-        layout, data_bytes, objects = plan(treedef, leaves)
-        skeleton, numbers = split(layout)
-        encoded = self.layout_cache.get(skeleton)
-        if encoded is None:
-            if len(self.layout_cache) >= _VIEW_CACHE_SIZE:
-                self.layout_cache.clear()  # stay bounded (a skeleton per batch structure)
-            encoded = self.layout_cache[skeleton] = encode(skeleton)
-        objects_bytes = pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL) if objects else b""
-        content = wire.SlotContent(data_bytes, encoded, array("q", numbers).tobytes(), objects_bytes)
+        placed = self.placement(treedef, leaves)
+        if placed.content is not None:
+            content, objects = placed.content, []
+        else:  # (the object leaves' values differ batch to batch)
+            objects = [leaf.values for leaf in leaves if leaf.dtype is None]
+            objects_bytes = pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL)
+            content = wire.SlotContent(placed.data_bytes, placed.encoded, placed.numbers, objects_bytes)
+        layout = placed.layout
         ring = self.ring
         total = content.total
         if slot == wire.NO_SLOT or ring is None or total > ring.slot_bytes:
@@ -416,9 +431,9 @@ class _Worker:
                 )
             self.deliver_apart(slot, seq, layout, content, objects, fill)
             return
-        # Views of a slot for a layout are made once: the steady state (same layout, the
-        # ring's few slots) allocates no arrays here.
-        key = (slot, layout)
+        # Views of a slot for a placement are made once: the steady state (same layout,
+        # the ring's few slots) allocates no arrays here.
+        key = (slot, placed)  # (hashed by identity: the layout itself is not hashed again)
         views = self.views.get(key)
         if views is None:
             if len(self.views) > _VIEW_CACHE_SIZE:
@@ -435,6 +450,27 @@ class _Worker:
         self.send_result(slot, seq, collate_ns)
         self.fetch_ns = self.collate_ns = self.idle_ns = 0
         self.collate_from = None
+
+    def placement(self, treedef: Any, leaves: list) -> _Placement:
+        """The placement of a batch of this structure (:func:`collate.signature`), made
+        once per structure (a ragged batch's each time)."""
+        key = signature(treedef, leaves)
+        placed = self.placements.get(key) if key is not None else None
+        if placed is None:
+            layout, data_bytes, objects = plan(treedef, leaves)
+            skeleton, numbers = split(layout)
+            # (Skeletons are fewer than placements: padded batches of new lengths share one.)
+            encoded = self.encoded.get(skeleton)
+            if encoded is None:
+                if len(self.encoded) >= _VIEW_CACHE_SIZE:
+                    self.encoded.clear()
+                encoded = self.encoded[skeleton] = encode(skeleton)
+            placed = _Placement(layout, data_bytes, encoded, array("q", numbers).tobytes(), bool(objects))
+            if key is not None:
+                if len(self.placements) >= _VIEW_CACHE_SIZE:
+                    self.placements.clear()  # stay bounded (one per batch structure)
+                self.placements[key] = placed
+        return placed
 
     def deliver_apart(
         self, slot: int, seq: int, layout: Any, content: wire.SlotContent, objects: list, fill: Any
