@@ -148,6 +148,21 @@ class Pid(Dataset):
         return os.getpid()
 
 
+class Sleepy(Dataset):
+    """Sample i: i, after ``delay`` seconds of sleep (a batch that takes a while)."""
+
+    def __init__(self, n: int, delay: float):
+        self.n = n
+        self.delay = delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return i
+
+
 class SchedPolicy(Dataset):
     """Sample i: the Linux scheduling policy of the process that loads it."""
 

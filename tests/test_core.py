@@ -20,6 +20,7 @@ from shmloader import (
     WorkerDiedError,
     get_worker_info,
 )
+from shmloader.exchange import Exchange
 
 from . import datasets as D
 from .datasets import NumpyLoader as DataLoader  # numpy output: these tests check numpy views
@@ -256,6 +257,37 @@ def test_workers_run_as_batch_work_that_never_preempts_the_consumer(method):
         D.SchedPolicy(), num_workers=2, multiprocessing_context=method, worker_init_fn=D.normal_policy
     )
     assert [int(p[0]) for p in dl] == [os.SCHED_OTHER] * 6
+
+
+@pytest.mark.timeout(60)
+def test_a_consumer_waiting_for_slow_batches_blocks_instead_of_spinning(monkeypatch):
+    """Before it blocks for a result the consumer yields its CPU for up to
+    exchange.SPIN_MAX_S, a budget halved by every long block: waiting for 5 ms batches
+    it soon blocks at once. Over two epochs of 120 such batches it yields for a few ms
+    in all, not the 48 ms of a fixed 200 us per wait."""
+    yielding = [0.0, 0]
+    original = Exchange._yield_for
+
+    def timed(self, seconds):
+        t0 = time.perf_counter()
+        try:
+            return original(self, seconds)
+        finally:
+            yielding[0] += time.perf_counter() - t0
+            yielding[1] += 1
+
+    monkeypatch.setattr(Exchange, "_yield_for", timed)
+    dl = DataLoader(
+        D.Sleepy(120, 0.005), num_workers=1, persistent_workers=True, multiprocessing_context="fork"
+    )
+    try:
+        assert sum(1 for _ in dl) == 120
+        assert sum(1 for _ in dl) == 120
+    finally:
+        dl.shutdown()
+        del dl
+    spent, calls = yielding
+    assert spent < 0.006, f"the consumer yielded for {spent * 1e3:.1f} ms over {calls} waits"
 
 
 def test_worker_init_fn_runs_after_seeding(method):
