@@ -328,18 +328,6 @@ def plan(treedef: Any, leaves: list[Leaf]) -> tuple[Layout, int, list[Any]]:
     return Layout(treedef, tuple(specs)), offset, objects
 
 
-def signature(treedef: Any, leaves: list[Leaf]) -> tuple | None:
-    """All that :func:`plan` reads of a batch (its structure; each leaf's kind, shape,
-    dtype and torch tag) as a key, for a placement made once per batch structure; None
-    for a batch with a ``"list"`` leaf (its per-sample shapes differ batch to batch)."""
-    key = [treedef]
-    for leaf in leaves:
-        if leaf.kind == "list":
-            return None
-        key.append((leaf.kind, leaf.shape, leaf.dtype, leaf.torch))
-    return tuple(key)
-
-
 def write_leaf(leaf: Leaf, dst: Any) -> None:
     """Copy ``leaf``'s values into ``dst``: an array of the leaf's shape and dtype, or
     for a ``"list"`` leaf, the list of per-sample arrays."""

@@ -17,7 +17,6 @@ import signal
 import threading
 import time
 import traceback
-from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,10 +26,10 @@ import numpy as np
 
 from shmloader import _slots, fetch, seeding, wire
 from shmloader.channel import Channel
-from shmloader.collate import array_views, build_in_memory, plan, signature
+from shmloader.collate import array_views, build_in_memory
 from shmloader.context import WorkerInfo, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
-from shmloader.layout import encode, split
+from shmloader.placement import Placement, Placements
 from shmloader.ring import Ring, attach_fd
 
 _RESULT_WAKE = wire.result_wake_frame()
@@ -179,21 +178,6 @@ class _Stop(Exception):
     """The consumer sent TASK_STOP: the worker returns."""
 
 
-class _Placement:
-    """Where a batch structure's leaves go in a slot (:func:`collate.plan`), its encoded
-    skeleton and layout numbers, and (without object leaves) the whole slot content: the
-    same for every batch of that structure, made once."""
-
-    __slots__ = ("content", "data_bytes", "encoded", "layout", "numbers")
-
-    def __init__(self, layout: Any, data_bytes: int, encoded: bytes, numbers: bytes, objects: bool) -> None:
-        self.layout = layout
-        self.data_bytes = data_bytes
-        self.encoded = encoded
-        self.numbers = numbers
-        self.content = None if objects else wire.SlotContent(data_bytes, encoded, numbers, b"")
-
-
 class _Worker:
     def __init__(self, config: WorkerConfig, conn: Any) -> None:
         self.cfg = config
@@ -201,9 +185,8 @@ class _Worker:
         self.fd = conn.fileno()
         self.reader = wire.FrameReader(self.fd)
         self.ring = config.ring
-        self.placements: dict[tuple, _Placement] = {}  # collate.signature -> its placement
-        self.encoded: dict[Any, bytes] = {}  # skeleton -> its encoding
-        self.views: dict[tuple[int, _Placement], list] = {}  # (slot, placement) -> views of the slot
+        self.placements = Placements(_VIEW_CACHE_SIZE)
+        self.views: dict[tuple[int, Placement], list] = {}  # (slot, placement) -> views of the slot
         # A dataset's own counters (e.g. ImageFolder's skipped files), reported as they change.
         stats = getattr(config.dataset, "stats", None)
         self.stats_fn = stats if callable(stats) else None
@@ -412,7 +395,7 @@ class _Worker:
 
     def deliver(self, slot: int, seq: int, treedef: Any, leaves: list, fill: Any) -> None:
         """Lay the batch out, let ``fill`` write its arrays into the slot, publish it."""
-        placed = self.placement(treedef, leaves)
+        placed = self.placements.of(treedef, leaves)
         if placed.content is not None:
             content, objects = placed.content, []
         else:  # (the object leaves' values differ batch to batch)
@@ -450,27 +433,6 @@ class _Worker:
         self.send_result(slot, seq, collate_ns)
         self.fetch_ns = self.collate_ns = self.idle_ns = 0
         self.collate_from = None
-
-    def placement(self, treedef: Any, leaves: list) -> _Placement:
-        """The placement of a batch of this structure (:func:`collate.signature`), made
-        once per structure (a ragged batch's each time)."""
-        key = signature(treedef, leaves)
-        placed = self.placements.get(key) if key is not None else None
-        if placed is None:
-            layout, data_bytes, objects = plan(treedef, leaves)
-            skeleton, numbers = split(layout)
-            # (Skeletons are fewer than placements: padded batches of new lengths share one.)
-            encoded = self.encoded.get(skeleton)
-            if encoded is None:
-                if len(self.encoded) >= _VIEW_CACHE_SIZE:
-                    self.encoded.clear()
-                encoded = self.encoded[skeleton] = encode(skeleton)
-            placed = _Placement(layout, data_bytes, encoded, array("q", numbers).tobytes(), bool(objects))
-            if key is not None:
-                if len(self.placements) >= _VIEW_CACHE_SIZE:
-                    self.placements.clear()  # stay bounded (one per batch structure)
-                self.placements[key] = placed
-        return placed
 
     def deliver_apart(
         self, slot: int, seq: int, layout: Any, content: wire.SlotContent, objects: list, fill: Any
