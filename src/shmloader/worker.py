@@ -152,8 +152,9 @@ def _yield_to_the_consumer() -> None:
     came) no longer preempts the process running on that CPU, most often the consumer,
     which then finishes its step first. The consumer's wake-up write stops costing it a
     worker's whole batch of wall time (W4, 2 workers: 0.15 -> 0 preemptions of the
-    consumer a batch, ~20% more batches/s). A worker_init_fn may set another policy: it
-    runs after this. Where the policy is refused (a sandbox) or absent, nothing changes."""
+    consumer a batch; 12.7k vs 9.8k batches/s, medians of 5 alternating rounds). A
+    worker_init_fn may set another policy: it runs after this. Where the policy is
+    refused (a sandbox) or absent, nothing changes."""
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError):
