@@ -482,7 +482,9 @@ def test_cgroup_v1_limit_is_read_for_real():
     assert proc.returncode == 0, proc.stderr
     version, got_path, limit, headroom, binding, size, detail = json.loads(proc.stdout)
     assert (version, got_path, limit) == (1, path, 256 * 2**20)
-    assert 0 < headroom < limit and (binding, size) == ("cgroup", headroom)
+    assert 0 < headroom < limit and binding == "cgroup"
+    # the budget reads the cgroup's usage again: the child's own pages may move it a little between
+    assert abs(size - headroom) < 4 * 2**20, (size, headroom)
     assert f"cgroup limit: cgroup v1 {path}: memory.limit_in_bytes 256.0 MiB" in detail
 
 
