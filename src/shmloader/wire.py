@@ -222,27 +222,37 @@ def numbers_struct(count: int) -> struct.Struct:
     return struct.Struct(f"={count}q")
 
 
-class SlotContent(NamedTuple):
+class SlotContent:
     """What a batch puts in its slot after the arrays, in this order: the encoded
-    skeleton of its layout, the layout's numbers (int64, 8-aligned), its object leaves."""
+    skeleton of its layout, the layout's numbers (int64, 8-aligned), its object leaves.
+    Everything but the batch number is worked out once, when it is made (a worker reuses
+    one per batch structure: see placement.py): its bytes as one :attr:`trailer` written
+    at :attr:`data_bytes`, and its header's words."""
 
-    data_bytes: int
-    skeleton: bytes
-    numbers: bytes
-    objects: bytes
+    __slots__ = ("_count", "_words", "data_bytes", "numbers", "objects", "skeleton", "total", "trailer")
 
-    @property
-    def total(self) -> int:
-        """Bytes the batch needs in a slot."""
-        return numbers_offset(self.data_bytes, len(self.skeleton)) + len(self.numbers) + len(self.objects)
+    def __init__(self, data_bytes: int, skeleton: bytes, numbers: bytes, objects: bytes) -> None:
+        self.data_bytes = data_bytes
+        self.skeleton = skeleton
+        self.numbers = numbers
+        self.objects = objects
+        at = numbers_offset(data_bytes, len(skeleton))
+        end = at + len(numbers)
+        self.total = end + len(objects)  # bytes the batch needs in a slot
+        self.trailer = b"".join((skeleton, bytes(at - data_bytes - len(skeleton)), numbers, objects))
+        self._words = (data_bytes, data_bytes, len(skeleton), end, len(objects))
+        self._count = len(numbers) >> 3
 
     def header(self, seq: int) -> SlotHeader:
         """The header that describes this content for batch ``seq``."""
-        lo = self.data_bytes
-        skeleton = len(self.skeleton)
-        end = numbers_offset(lo, skeleton) + len(self.numbers)
-        words = (lo, lo, skeleton, end, len(self.objects), seq, len(self.numbers) >> 3)
-        return _new_header(SlotHeader, words)
+        return _new_header(SlotHeader, (*self._words, seq, self._count))
+
+    def write(self, ring: Any, slot: int, seq: int) -> None:
+        """Write this content after the arrays of ``slot`` in ``ring``, and its header for
+        batch ``seq`` (before the slot is published READY)."""
+        # (One slice assignment of bytes to the slot's memoryview: a fraction of numpy's.)
+        ring.slot_buffer(slot)[self.data_bytes : self.total] = self.trailer
+        _HEADER_STRUCT.pack_into(ring.headers, slot * _ROW_BYTES, *self._words, seq, self._count)
 
 
 def write_header(ring: Any, slot: int, header: SlotHeader) -> None:

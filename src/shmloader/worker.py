@@ -22,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from shmloader import _slots, fetch, seeding, wire
 from shmloader.channel import Channel
 from shmloader.collate import array_views, build_in_memory
@@ -319,10 +317,10 @@ class _Worker:
                     self.send_message(wire.pack(wire.RES_SHARD_STATE, slot, seq, state))
             else:
                 if kind == wire.TASK_INDICES:
-                    indices = np.frombuffer(payload, np.int64).tolist()
+                    indices = memoryview(payload).cast("q").tolist()  # (int64, native order)
                 else:
                     indices = pickle.loads(payload)
-                samples = self.fetch(indices, seq)
+                samples = self.recipe.fetch(indices, seq)
             self.collate_from = now = clock()
             self.fetch_ns += now - began
             where = "collating"
@@ -364,10 +362,6 @@ class _Worker:
         if gained:
             self.stats_sent = dict(now)
             self.send_message(wire.pack(wire.RES_STATS, payload=pickle.dumps(gained)))
-
-    def fetch(self, indices: list[Any], seq: int | None = None) -> list[Any] | None:
-        """The samples of ``indices`` (None under the write-into protocol): see fetch.Recipe."""
-        return self.recipe.fetch(indices, seq)
 
     def next_samples(self) -> list[Any] | None:
         """Up to batch_size samples from this worker's iterator; None when exhausted."""
@@ -479,16 +473,7 @@ class _Worker:
         """Write the layout, its numbers, the object leaves and the header after the
         arrays that are already in ``slot``, then mark it READY."""
         ring.slot_array(slot, content.total)  # the bytes written below are reserved (sparse rings)
-        # (Written through the slot's memoryview: a slice assignment of bytes there costs
-        # a fraction of numpy's, three times a batch.)
-        dst = ring.slot_buffer(slot)
-        header = content.header(seq)
-        lo = header.layout_off
-        dst[lo : lo + header.layout_len] = content.skeleton
-        dst[wire.numbers_offset(lo, header.layout_len) : header.objects_off] = content.numbers
-        if header.objects_len:
-            dst[header.objects_off : header.objects_off + header.objects_len] = content.objects
-        wire.write_header(ring, slot, header)
+        content.write(ring, slot, seq)
         # Release: the batch bytes and the header above are visible to the consumer
         # before it can observe READY.
         ring.states.store(slot, _slots.READY)
