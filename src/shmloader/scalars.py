@@ -193,7 +193,10 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
     types = set(map(type, values))
     if fits is None and len(types) == 1 and issubclass(first, (np.bool_, np.number)):
         # numpy scalars of one type: torch.as_tensor keeps their dtype, as numpy does.
-        return np.array(values, np.dtype(first))
+        dtype = _SCALAR_DTYPES.get(first)
+        if dtype is None:  # (np.dtype of a type costs as much as the array below)
+            dtype = _SCALAR_DTYPES[first] = np.dtype(first)
+        return np.array(values, dtype)
     # Mixed types, or a value that does not fit: torch's rule, checked value by value.
     dtype = _scalar_dtype(values, types)
     if dtype is None:
@@ -212,6 +215,7 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
 
 
 _PY_INT_BOOL = frozenset({bool, int})
+_SCALAR_DTYPES: dict[type, np.dtype] = {}  # numpy scalar type -> its dtype (a few dozen at most)
 _FAST_DTYPES = {
     int: (np.dtype(np.int64),),
     bool: (np.dtype(np.bool_), np.dtype(np.int64)),
