@@ -114,14 +114,9 @@ def gather(
     """
     tensor_type = torch_tensor_type()
     leaves: list[Leaf] = []
-    context = _LazyContext(batch_no, indices)
-
-    def sample_name(i: int) -> str:
-        if indices is not None and i < len(indices):
-            return f"sample index {indices[i]!r}"
-        return f"sample #{i} of the batch"
-
-    sample_name.context = context  # type: ignore[attr-defined]
+    # The batch's name for an error message, and the names of its samples (one object: its
+    # text is made only for an error).
+    context = sample_name = _LazyContext(batch_no, indices)
 
     def walk(values: list | tuple, path: tuple) -> Any:
         first = values[0]
@@ -426,13 +421,25 @@ def build_in_memory(
 
 class _LazyContext:
     """ "cannot collate batch N (sample indices ...)", formatted only for an error message
-    (gather runs once per batch; the text is needed once per bad batch)."""
+    (gather runs once per batch; the text is needed once per bad batch); called with a
+    sample's position in the batch, that sample's name (a leaf's ``namer``)."""
 
     __slots__ = ("batch_no", "indices")
 
     def __init__(self, batch_no: int | None, indices: Sequence[Any] | None) -> None:
         self.batch_no = batch_no
         self.indices = indices
+
+    @property
+    def context(self) -> _LazyContext:
+        """The batch's name (itself: a namer carries its batch's context)."""
+        return self
+
+    def __call__(self, i: int) -> str:
+        indices = self.indices
+        if indices is not None and i < len(indices):
+            return f"sample index {indices[i]!r}"
+        return f"sample #{i} of the batch"
 
     def __str__(self) -> str:
         where = f"batch {self.batch_no}" if self.batch_no is not None else "a batch"
