@@ -112,6 +112,21 @@ def test_slot_header_round_trips_through_a_ring():
     got = wire.read_header(ring, 1)
     assert got == header and isinstance(got, wire.SlotHeader) and got.seq == 7
     assert wire.read_header(ring, 0) == (0,) * wire.HEADER_USED  # other slots untouched
+    # What a worker writes (the content after the arrays, and the header) is where the
+    # consumer reads each part; the arrays before it, and the other slots, stay untouched.
+    numbers = bytes(range(24))
+    content = wire.SlotContent(100, b"sk", numbers, b"objs")
+    slot = ring.slot_buffer(2)
+    slot[:100] = b"\xaa" * 100
+    content.write(ring, 2, 9)
+    header = wire.read_header(ring, 2)
+    assert header == content.header(9) and header.seq == 9
+    assert bytes(slot[:100]) == b"\xaa" * 100
+    assert bytes(slot[header.layout_off : header.layout_off + header.layout_len]) == b"sk"
+    at = wire.numbers_offset(header.layout_off, header.layout_len)
+    assert bytes(slot[at : at + 8 * header.numbers]) == numbers
+    assert bytes(slot[header.objects_off : header.objects_off + header.objects_len]) == b"objs"
+    assert wire.read_header(ring, 1).seq == 7 and not any(ring.slot_buffer(0)[:256])
     ring.close_fd()
 
 
