@@ -205,9 +205,10 @@ def gather(
         if kind == _tree.DICT:
             keys = tuple(first.keys())
             ftype = type(first)
-            for i, v in enumerate(values):
-                if type(v) is not ftype and not isinstance(v, Mapping):
-                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+            if set(map(type, values)) != {ftype}:  # (one C pass; the loop names the culprit)
+                for i, v in enumerate(values):
+                    if type(v) is not ftype and not isinstance(v, Mapping):
+                        raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
             try:
                 children = tuple(walk([v[k] for v in values], (*path, k)) for k in keys)
             except KeyError as exc:
@@ -221,12 +222,14 @@ def gather(
             # torch's collate checks only that the others have the first's length, then
             # zips them: an array or tensor row by row (ndim >= 1) goes as a list does.
             sized = (tuple, list, np.ndarray, *(() if tensor_type is None else (tensor_type,)))
-            for i, v in enumerate(values):
-                # (type(v) is ftype first: no isinstance call per sample in the common case)
-                if type(v) is not ftype and (not isinstance(v, sized) or getattr(v, "ndim", 1) == 0):
-                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
-                if len(v) != n:
-                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+            # (One C pass each, the common case; the loop names the culprit.)
+            if set(map(type, values)) != {ftype} or set(map(len, values)) != {n}:
+                for i, v in enumerate(values):
+                    # (type(v) is ftype first: no isinstance call per sample in the common case)
+                    if type(v) is not ftype and (not isinstance(v, sized) or getattr(v, "ndim", 1) == 0):
+                        raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+                    if len(v) != n:
+                        raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
             children = tuple(walk(col, (*path, j)) for j, col in enumerate(zip(*values)))
             if kind == _tree.NAMEDTUPLE:
                 return (_tree.NAMEDTUPLE, type(first), children)
