@@ -102,31 +102,29 @@ def test_slot_header_round_trips_through_a_ring():
     from shmloader.ring import Ring
 
     ring = Ring.create(3, 4096)
-    content = wire.SlotContent(100, b"sk", b"\0" * 24, b"objs")
+    numbers = bytes(range(24))
+    content = wire.SlotContent(100, b"sk", numbers, b"objs")
     header = content.header(seq=7)
     assert header.layout_off == 100 and header.layout_len == 2
     assert wire.numbers_offset(100, 2) == 104 and header.objects_off == 104 + 24
     assert header.objects_len == 4 and header.numbers == 3 and header.seq == 7
     assert content.total == header.objects_off + 4
-    wire.write_header(ring, 1, header)
-    got = wire.read_header(ring, 1)
-    assert got == header and isinstance(got, wire.SlotHeader) and got.seq == 7
-    assert wire.read_header(ring, 0) == (0,) * wire.HEADER_USED  # other slots untouched
     # What a worker writes (the content after the arrays, and the header) is where the
     # consumer reads each part; the arrays before it, and the other slots, stay untouched.
-    numbers = bytes(range(24))
-    content = wire.SlotContent(100, b"sk", numbers, b"objs")
-    slot = ring.slot_buffer(2)
+    slot = ring.slot_buffer(1)
     slot[:100] = b"\xaa" * 100
-    content.write(ring, 2, 9)
-    header = wire.read_header(ring, 2)
-    assert header == content.header(9) and header.seq == 9
+    content.write(ring, 1, 7)
+    got = wire.read_header(ring, 1)
+    assert got == header and isinstance(got, wire.SlotHeader) and got.seq == 7
     assert bytes(slot[:100]) == b"\xaa" * 100
-    assert bytes(slot[header.layout_off : header.layout_off + header.layout_len]) == b"sk"
-    at = wire.numbers_offset(header.layout_off, header.layout_len)
-    assert bytes(slot[at : at + 8 * header.numbers]) == numbers
-    assert bytes(slot[header.objects_off : header.objects_off + header.objects_len]) == b"objs"
-    assert wire.read_header(ring, 1).seq == 7 and not any(ring.slot_buffer(0)[:256])
+    assert bytes(slot[got.layout_off : got.layout_off + got.layout_len]) == b"sk"
+    at = wire.numbers_offset(got.layout_off, got.layout_len)
+    assert bytes(slot[at : at + 8 * got.numbers]) == numbers
+    assert bytes(slot[got.objects_off : got.objects_off + got.objects_len]) == b"objs"
+    content.write(ring, 2, 9)  # the same content for another batch: only its number differs
+    assert wire.read_header(ring, 2) == header._replace(seq=9)
+    assert wire.read_header(ring, 0) == (0,) * wire.HEADER_USED  # other slots untouched
+    assert not any(ring.slot_buffer(0)[:256])
     ring.close_fd()
 
 

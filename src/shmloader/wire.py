@@ -12,10 +12,9 @@ the module-level constants are their plain int values, for the per-batch path. T
 socket is the worker's lifeline: when the consumer dies the kernel closes its end, and
 the worker's read returns EOF.
 
-The per-batch messages bypass ``Connection``'s Python framing: :func:`send_frame` writes a
-framed message with one system call, and :class:`FrameReader` reads whatever has arrived in
-one call and splits it into messages (two results that arrived together cost one read).
-The consumer writes through a :class:`FrameWriter` (non-blocking, queued): no write of any
+Frames bypass ``Connection``'s Python framing: :func:`send_frame` writes one with one
+system call, and :class:`FrameReader` reads whatever has arrived in one call and splits it
+into messages. The consumer writes through a :class:`FrameWriter` (non-blocking, queued): no write of any
 size blocks its loop. A descriptor (a new ring for a worker, a one-off segment for the
 consumer) travels attached to its frame's first byte; both sides read with ``recvmsg``,
 so none is lost.
@@ -23,7 +22,7 @@ so none is lost.
 **The slot header.** The worker writes a batch's arrays into a slot, then after them its
 encoded layout skeleton, the layout's int64 numbers (8-aligned) and its pickled object
 leaves (:class:`SlotContent`); then the slot's header words (:class:`SlotHeader`, written
-by :func:`write_header`, read by :func:`read_header`), then publishes the slot READY.
+by :meth:`SlotContent.write`, read by :func:`read_header`), then publishes the slot READY.
 """
 
 from __future__ import annotations
@@ -223,19 +222,15 @@ def numbers_struct(count: int) -> struct.Struct:
 
 
 class SlotContent:
-    """What a batch puts in its slot after the arrays, in this order: the encoded
-    skeleton of its layout, the layout's numbers (int64, 8-aligned), its object leaves.
-    Everything but the batch number is worked out once, when it is made (a worker reuses
-    one per batch structure: see placement.py): its bytes as one :attr:`trailer` written
-    at :attr:`data_bytes`, and its header's words."""
+    """What a batch puts in its slot after the arrays: the encoded skeleton of its layout,
+    the layout's numbers (int64, 8-aligned), its object leaves. Worked out once (a worker
+    keeps one per batch structure, see placement.py): one :attr:`trailer` of bytes written
+    at :attr:`data_bytes`, and the header's words but the batch number."""
 
-    __slots__ = ("_count", "_words", "data_bytes", "numbers", "objects", "skeleton", "total", "trailer")
+    __slots__ = ("_count", "_words", "data_bytes", "total", "trailer")
 
     def __init__(self, data_bytes: int, skeleton: bytes, numbers: bytes, objects: bytes) -> None:
         self.data_bytes = data_bytes
-        self.skeleton = skeleton
-        self.numbers = numbers
-        self.objects = objects
         at = numbers_offset(data_bytes, len(skeleton))
         end = at + len(numbers)
         self.total = end + len(objects)  # bytes the batch needs in a slot
@@ -255,13 +250,8 @@ class SlotContent:
         _HEADER_STRUCT.pack_into(ring.headers, slot * _ROW_BYTES, *self._words, seq, self._count)
 
 
-def write_header(ring: Any, slot: int, header: SlotHeader) -> None:
-    """Write ``slot``'s header words in ``ring`` (before publishing it READY)."""
-    _HEADER_STRUCT.pack_into(ring.headers, slot * _ROW_BYTES, *header)
-
-
 def read_header(ring: Any, slot: int) -> SlotHeader:
-    """``slot``'s header in ``ring``, as :func:`write_header` wrote it (after READY was
+    """``slot``'s header in ``ring``, as :meth:`SlotContent.write` wrote it (after READY was
     acquire-loaded)."""
     return _new_header(SlotHeader, _HEADER_STRUCT.unpack_from(ring.headers, slot * _ROW_BYTES))
 
