@@ -104,11 +104,9 @@ def test_slot_header_round_trips_through_a_ring():
     ring = Ring.create(3, 4096)
     numbers = bytes(range(24))
     content = wire.SlotContent(100, b"sk", numbers, b"objs")
-    header = content.header(seq=7)
-    assert header.layout_off == 100 and header.layout_len == 2
-    assert wire.numbers_offset(100, 2) == 104 and header.objects_off == 104 + 24
-    assert header.objects_len == 4 and header.numbers == 3 and header.seq == 7
-    assert content.total == header.objects_off + 4
+    assert wire.numbers_offset(100, 2) == 104 and content.total == 104 + 24 + 4
+    # (data_end, layout_off, layout_len, objects_off, objects_len, seq, numbers)
+    header = wire.SlotHeader(100, 100, 2, 104 + 24, 4, 7, 3)
     # What a worker writes (the content after the arrays, and the header) is where the
     # consumer reads each part; the arrays before it, and the other slots, stay untouched.
     slot = ring.slot_buffer(1)
@@ -123,8 +121,9 @@ def test_slot_header_round_trips_through_a_ring():
     assert bytes(slot[got.objects_off : got.objects_off + got.objects_len]) == b"objs"
     content.write(ring, 2, 9)  # the same content for another batch: only its number differs
     assert wire.read_header(ring, 2) == header._replace(seq=9)
-    assert wire.read_header(ring, 0) == (0,) * wire.HEADER_USED  # other slots untouched
-    assert not any(ring.slot_buffer(0)[:256])
+    wire.SlotContent(100, b"sk", numbers, b"").write(ring, 0, 1)  # no objects: none written
+    assert wire.read_header(ring, 0) == (100, 100, 2, 128, 0, 1, 3)
+    assert not any(ring.slot_buffer(0)[:100]) and not any(ring.slot_buffer(0)[128:256])
     ring.close_fd()
 
 

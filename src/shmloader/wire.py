@@ -14,10 +14,10 @@ the worker's read returns EOF.
 
 Frames bypass ``Connection``'s Python framing: :func:`send_frame` writes one with one
 system call, and :class:`FrameReader` reads whatever has arrived in one call and splits it
-into messages. The consumer writes through a :class:`FrameWriter` (non-blocking, queued): no write of any
-size blocks its loop. A descriptor (a new ring for a worker, a one-off segment for the
-consumer) travels attached to its frame's first byte; both sides read with ``recvmsg``,
-so none is lost.
+into messages. The consumer writes through a :class:`FrameWriter` (non-blocking, queued):
+no write of any size blocks its loop. A descriptor (a new ring for a worker, a one-off
+segment for the consumer) travels attached to its frame's first byte; both sides read
+with ``recvmsg``, so none is lost.
 
 **The slot header.** The worker writes a batch's arrays into a slot, then after them its
 encoded layout skeleton, the layout's int64 numbers (8-aligned) and its pickled object
@@ -223,30 +223,30 @@ def numbers_struct(count: int) -> struct.Struct:
 
 class SlotContent:
     """What a batch puts in its slot after the arrays: the encoded skeleton of its layout,
-    the layout's numbers (int64, 8-aligned), its object leaves. Worked out once (a worker
-    keeps one per batch structure, see placement.py): one :attr:`trailer` of bytes written
-    at :attr:`data_bytes`, and the header's words but the batch number."""
+    the layout's numbers (int64, 8-aligned), its object leaves; worked out once per batch
+    structure by a worker (see placement.py), all but the batch's number."""
 
-    __slots__ = ("_count", "_words", "data_bytes", "total", "trailer")
+    __slots__ = ("_count", "_words", "data_bytes", "objects", "total", "trailer")
 
     def __init__(self, data_bytes: int, skeleton: bytes, numbers: bytes, objects: bytes) -> None:
         self.data_bytes = data_bytes
         at = numbers_offset(data_bytes, len(skeleton))
         end = at + len(numbers)
         self.total = end + len(objects)  # bytes the batch needs in a slot
-        self.trailer = b"".join((skeleton, bytes(at - data_bytes - len(skeleton)), numbers, objects))
+        self.trailer = b"".join((skeleton, bytes(at - data_bytes - len(skeleton)), numbers))
+        self.objects = objects  # (written apart: no copy of a batch's pickled objects)
         self._words = (data_bytes, data_bytes, len(skeleton), end, len(objects))
         self._count = len(numbers) >> 3
-
-    def header(self, seq: int) -> SlotHeader:
-        """The header that describes this content for batch ``seq``."""
-        return _new_header(SlotHeader, (*self._words, seq, self._count))
 
     def write(self, ring: Any, slot: int, seq: int) -> None:
         """Write this content after the arrays of ``slot`` in ``ring``, and its header for
         batch ``seq`` (before the slot is published READY)."""
-        # (One slice assignment of bytes to the slot's memoryview: a fraction of numpy's.)
-        ring.slot_buffer(slot)[self.data_bytes : self.total] = self.trailer
+        # (Slice assignments of bytes to the slot's memoryview: a fraction of numpy's.)
+        dst = ring.slot_buffer(slot)
+        end = self._words[3]
+        dst[self.data_bytes : end] = self.trailer
+        if self.objects:
+            dst[end : self.total] = self.objects
         _HEADER_STRUCT.pack_into(ring.headers, slot * _ROW_BYTES, *self._words, seq, self._count)
 
 
