@@ -375,7 +375,8 @@ def explain_stack_failure(leaf: Leaf, exc: Exception) -> BatchLayoutError:
     first = leaf.values[0]
     for i, v in enumerate(leaf.values):
         if not isinstance(v, np.ndarray) or v.shape != first.shape or v.dtype != first.dtype:
-            return _mismatch(sample_name.context, leaf.path, sample_name(0), first, sample_name(i), v)
+            # (The namer is the batch's context too: its str() names the batch.)
+            return _mismatch(sample_name, leaf.path, sample_name(0), first, sample_name(i), v)
     return BatchLayoutError(f"cannot collate field {_path_text(leaf.path)}: {exc}")
 
 
@@ -432,11 +433,6 @@ class _LazyContext:
     def __init__(self, batch_no: int | None, indices: Sequence[Any] | None) -> None:
         self.batch_no = batch_no
         self.indices = indices
-
-    @property
-    def context(self) -> _LazyContext:
-        """The batch's name (itself: a namer carries its batch's context)."""
-        return self
 
     def __call__(self, i: int) -> str:
         indices = self.indices
