@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import select
+import time
 
 import numpy as np
 import pytest
 
 from shmloader import DataLoader
+from shmloader import worker as worker_module
 from shmloader.channel import MAX_TASK_PAYLOAD, TASK_WORDS, Channel
 
 pytestmark = pytest.mark.timeout(120)
@@ -221,3 +223,41 @@ def test_persistent_workers_take_queued_tasks_across_epochs():
     dl = DataLoader(_Echo(30), batch_size=3, num_workers=2, persistent_workers=True)
     for _ in range(3):
         assert [int(b[0, 0]) for b in dl] == list(range(0, 30, 3))
+
+
+def _workers_cpu_over_slow_steps(steps: int) -> float:
+    """Seconds of CPU the two workers of a warm loader use over ``steps`` steps of 2 ms."""
+    psutil = pytest.importorskip("psutil")
+    dl = DataLoader(
+        _Echo(steps), batch_size=1, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
+    )
+    try:
+        for _ in dl:  # the workers start, and learn the loop is fast
+            pass
+        workers = [psutil.Process(w.proc.pid) for w in dl._persistent_iter._workers]
+        assert len(workers) == 2
+        before = sum(sum(w.cpu_times()[:2]) for w in workers)
+        count = 0
+        for _ in dl:
+            time.sleep(0.002)
+            count += 1
+        spent = sum(sum(w.cpu_times()[:2]) for w in workers) - before
+    finally:
+        dl.shutdown()  # (a failed assertion's traceback would keep the workers alive)
+    assert count == steps
+    return spent
+
+
+def test_idle_workers_stop_yielding_the_cpu_when_the_loop_is_slow(monkeypatch):
+    """Out of tasks, a worker yields its CPU, looking for a task, before it sleeps (the
+    consumer then owes it no wake-up); a loop whose steps last milliseconds must not pay
+    that on every batch: each long sleep halves the window, down to none. Side by side
+    with workers that never yield (forked: they see the patched window): 600 steps
+    yielding 200 us each would cost the two workers ~120 ms more."""
+    adaptive = _workers_cpu_over_slow_steps(600)
+    monkeypatch.setattr(worker_module, "SPIN_MAX_NS", 0)
+    never = _workers_cpu_over_slow_steps(600)
+    assert adaptive < never + 0.06, (
+        f"idle workers used {adaptive * 1e3:.0f} ms of CPU over 600 slow steps, "
+        f"{never * 1e3:.0f} ms when they never yield"
+    )
