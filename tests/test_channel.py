@@ -261,3 +261,36 @@ def test_idle_workers_stop_yielding_the_cpu_when_the_loop_is_slow(monkeypatch):
         f"idle workers used {adaptive * 1e3:.0f} ms of CPU over 600 slow steps, "
         f"{never * 1e3:.0f} ms when they never yield"
     )
+
+
+def _epoch_seconds_of_key_tasks(epochs: int) -> float:
+    """The median wall time of an epoch of 1,000 one-key batches whose keys are strs: each
+    task goes by frame, none by the queue."""
+    dl = DataLoader(
+        _KeyDataset(), batch_sampler=[[str(i)] for i in range(1000)], num_workers=2,
+        persistent_workers=True, multiprocessing_context="fork",
+    )  # fmt: skip
+    try:
+        for _ in dl:
+            pass
+        times = []
+        for _ in range(epochs):
+            began = time.perf_counter()
+            for _ in dl:
+                pass
+            times.append(time.perf_counter() - began)
+    finally:
+        dl.shutdown()
+    return sorted(times)[len(times) // 2]
+
+
+def test_a_task_by_frame_ends_a_workers_yield_at_once(monkeypatch):
+    """A worker yielding for a task also looks at its socket: a task that comes by frame
+    (keys that are not ints) is taken at once, not after the yield's window (200 us: a
+    batch this small would take ~3x as long)."""
+    yielding = _epoch_seconds_of_key_tasks(3)
+    monkeypatch.setattr(worker_module, "SPIN_MAX_NS", 0)
+    sleeping = _epoch_seconds_of_key_tasks(3)
+    assert yielding < 2 * sleeping, (
+        f"an epoch took {yielding:.3f} s, {sleeping:.3f} s with workers that never yield"
+    )

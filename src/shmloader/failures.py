@@ -1,15 +1,49 @@
-"""A worker's failure in the consumer's words: the exception a worker raised, rebuilt
-(:func:`rebuild_error`), and how a worker that died ended (:func:`describe_exit`)."""
+"""A worker's failure: the exception a worker raised, in a form that crosses processes
+(:class:`WorkerFailure`), rebuilt in the consumer's words (:func:`rebuild_error`), and
+how a worker that died ended (:func:`describe_exit`)."""
 
 from __future__ import annotations
 
 import pickle
 import signal
+import traceback
+from dataclasses import dataclass
 from typing import Any
 
 from shmloader.errors import KeyErrorMessage, StrayStopIteration, WorkerError
 from shmloader.memory import cgroup_limit
-from shmloader.worker import WorkerFailure
+
+
+@dataclass
+class WorkerFailure:
+    """An exception raised in a worker, in a form that always crosses processes."""
+
+    worker_id: int
+    where: str  # what the worker was doing: "fetching", "collating", "worker_init_fn", ...
+    type_module: str
+    type_name: str
+    message: str
+    traceback: str
+    indices: list[Any] | None = None
+    pickled: bytes | None = None  # the exception itself, when it pickles
+
+    @classmethod
+    def capture(cls, exc: BaseException, worker_id: int, where: str, indices: Any) -> WorkerFailure:
+        try:
+            pickled = pickle.dumps(exc)
+            pickle.loads(pickled)  # some exceptions pickle but cannot be rebuilt
+        except Exception:
+            pickled = None
+        return cls(
+            worker_id=worker_id,
+            where=where,
+            type_module=type(exc).__module__,
+            type_name=type(exc).__qualname__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            indices=None if indices is None else list(indices),
+            pickled=pickled,
+        )
 
 
 def short_indices(indices: Any) -> str:

@@ -17,9 +17,8 @@ import numpy as np
 from shmloader import _slots, wire
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
-from shmloader.failures import rebuild_error
+from shmloader.failures import WorkerFailure, rebuild_error
 from shmloader.layout import decode, make_reader
-from shmloader.worker import WorkerFailure
 
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 

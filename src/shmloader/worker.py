@@ -16,7 +16,6 @@ import select
 import signal
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from shmloader.channel import Channel
 from shmloader.collate import array_views, build_in_memory
 from shmloader.context import WorkerInfo, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
+from shmloader.failures import WorkerFailure
 from shmloader.placement import Placement, Placements
 from shmloader.ring import Ring, attach_fd
 
@@ -37,41 +37,9 @@ _VIEW_CACHE_SIZE = 1024  # entries of the placement, skeleton and view caches (r
 # descriptor's passing) and the consumer a mapping; pickling and unpickling 64 KiB: ~35 us.
 PICKLED_MAX_BYTES = 64 * 1024
 # Out of tasks, a worker yields its CPU for up to this long before it sleeps (see
-# _Worker.yield_for_tasks), adapted to its sleeps: none below SPIN_MIN_NS.
+# _Worker.yield_for_work), adapted to its sleeps: none below SPIN_MIN_NS.
 SPIN_MAX_NS = 200_000
 SPIN_MIN_NS = 2_000
-
-
-@dataclass
-class WorkerFailure:
-    """An exception raised in a worker, in a form that always crosses processes."""
-
-    worker_id: int
-    where: str  # what the worker was doing: "fetching", "collating", "worker_init_fn", ...
-    type_module: str
-    type_name: str
-    message: str
-    traceback: str
-    indices: list[Any] | None = None
-    pickled: bytes | None = None  # the exception itself, when it pickles
-
-    @classmethod
-    def capture(cls, exc: BaseException, worker_id: int, where: str, indices: Any) -> WorkerFailure:
-        try:
-            pickled = pickle.dumps(exc)
-            pickle.loads(pickled)  # some exceptions pickle but cannot be rebuilt
-        except Exception:
-            pickled = None
-        return cls(
-            worker_id=worker_id,
-            where=where,
-            type_module=type(exc).__module__,
-            type_name=type(exc).__qualname__,
-            message=str(exc),
-            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-            indices=None if indices is None else list(indices),
-            pickled=pickled,
-        )
 
 
 def _plain_numpy(layout: Any) -> bool:
@@ -205,6 +173,8 @@ class _Worker:
         self.channel: Channel | None = None  # the task and result queues (the first frame)
         self.frames_sent = 0  # frames sent to the consumer: the stamp of each queued result
         self.spin_ns = SPIN_MAX_NS  # ns to yield for a task before sleeping (serve)
+        self.socket_poller = select.poll()  # (yield_for_work: has a frame come?)
+        self.socket_poller.register(self.fd, select.POLLIN)
 
     def start_epoch(self, seed: int) -> None:
         """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
@@ -263,7 +233,7 @@ class _Worker:
                 self.on_frame(frames.popleft())
             elif tasks:
                 self.read_frames(frames)  # a frame sent before the next task: on its way
-            elif self.spin_ns and self.yield_for_tasks(take, tasks):
+            elif self.spin_ns and self.yield_for_work(take, tasks, frames):
                 pass
             elif channel.arm_tasks():
                 # Asleep: the consumer writes a wake-up with its next task (or a frame).
@@ -278,15 +248,18 @@ class _Worker:
                 short = slept <= SPIN_MAX_NS
                 self.spin_ns = SPIN_MAX_NS if short else (spin // 2 if spin >= SPIN_MIN_NS else 0)
 
-    def yield_for_tasks(self, take: Callable[[], list], tasks: deque) -> bool:
+    def yield_for_work(self, take: Callable[[], list], tasks: deque, frames: deque[bytes]) -> bool:
         """Out of tasks: give this CPU to whatever else is runnable on it (the other
-        worker, the consumer), looking for tasks between yields, for up to ``spin_ns``
-        ns; True when one came. The consumer's next task is often that close (a small
-        batch): a worker that fell asleep costs the consumer a wake-up write, as much CPU
-        as the rest of a small batch's path (W4: 0.35 wake-ups a batch)."""
+        worker, the consumer), looking for tasks (into ``tasks``) and frames (read into
+        ``frames``: a task too large for the queue or not int64, a new ring, an epoch)
+        between yields, for up to ``spin_ns`` ns; True when either came. The consumer's
+        next task is often that close (a small batch): a worker that fell asleep costs
+        the consumer a wake-up write, as much CPU as the rest of a small batch's path
+        (W4: 0.35 wake-ups a batch)."""
         clock = time.perf_counter_ns
         start = clock()
         end = start + self.spin_ns
+        readable = self.socket_poller.poll
         while True:
             os.sched_yield()
             got = take()
@@ -294,6 +267,10 @@ class _Worker:
             if got:
                 tasks.extend(got)
                 self.idle_ns += now - start
+                return True
+            if readable(0):
+                self.idle_ns += now - start
+                self.read_frames(frames)  # (its bytes are there: no wait)
                 return True
             if now >= end:
                 self.idle_ns += now - start
