@@ -263,18 +263,15 @@ class _Worker:
         while True:
             os.sched_yield()
             got = take()
+            framed = not got and bool(readable(0))
             now = clock()
-            if got:
-                tasks.extend(got)
-                self.idle_ns += now - start
-                return True
-            if readable(0):
-                self.idle_ns += now - start
-                self.read_frames(frames)  # (its bytes are there: no wait)
-                return True
-            if now >= end:
-                self.idle_ns += now - start
-                return False
+            if got or framed or now >= end:
+                break
+        self.idle_ns += now - start
+        if framed:
+            self.read_frames(frames)  # (its bytes are there: no wait)
+        tasks.extend(got)
+        return bool(got) or framed
 
     def read_frames(self, frames: deque[bytes]) -> int:
         """One (blocking) read of the socket: frames to act on go to ``frames``; wake-ups
