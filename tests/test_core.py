@@ -262,16 +262,16 @@ def test_workers_run_as_batch_work_that_never_preempts_the_consumer(method):
 @pytest.mark.timeout(60)
 def test_a_consumer_waiting_for_slow_batches_blocks_instead_of_spinning(monkeypatch):
     """Before it blocks for a result the consumer yields its CPU for up to
-    exchange.SPIN_MAX_S, a budget halved by every long block: waiting for 5 ms batches
+    channel.YIELD_MAX_NS, a budget halved by every long block: waiting for 5 ms batches
     it soon blocks at once. Over two epochs of 120 such batches it yields for a few ms
     in all, not the 48 ms of a fixed 200 us per wait."""
     yielding = [0.0, 0]
     original = Exchange._yield_for
 
-    def timed(self, seconds):
+    def timed(self, window_ns):
         t0 = time.perf_counter()
         try:
-            return original(self, seconds)
+            return original(self, window_ns)
         finally:
             yielding[0] += time.perf_counter() - t0
             yielding[1] += 1

@@ -57,6 +57,23 @@ _RESULT_BYTES = _RESULT.size
 # Results popped by the consumer at once (more wait for the next pop).
 _POP_RESULTS = 64
 
+# Before either side sleeps on its socket it yields its CPU, looking at its queue between
+# yields, for up to a window (exchange.Exchange._yield_for, worker._Worker.yield_for_work):
+# the other side's next record is often that close, and a side asleep costs the other a
+# wake-up write. The window adapts to the sleeps that follow (next_yield_window).
+YIELD_MAX_NS = 200_000
+YIELD_MIN_NS = 2_000
+
+
+def next_yield_window(window_ns: int, slept_ns: int, maximum_ns: int = YIELD_MAX_NS) -> int:
+    """The window to yield for before the next sleep, after a sleep of ``slept_ns``: the
+    whole ``maximum_ns`` again when yielding that long would have caught what woke it,
+    else half of ``window_ns``, none below YIELD_MIN_NS (a loop whose waits last
+    milliseconds soon sleeps at once: no CPU spent yielding)."""
+    if slept_ns <= maximum_ns:
+        return maximum_ns
+    return window_ns // 2 if window_ns >= YIELD_MIN_NS else 0
+
 
 class Channel:
     """One worker's queues (see the module's doc). The consumer makes it

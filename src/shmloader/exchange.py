@@ -21,14 +21,9 @@ from typing import Any
 
 from shmloader import leases as _leases
 from shmloader import wire
-from shmloader.channel import MAX_TASK_PAYLOAD
+from shmloader.channel import MAX_TASK_PAYLOAD, YIELD_MAX_NS, next_yield_window
 from shmloader.pool import WorkerHandle
 from shmloader.ring import Ring, attach_fd
-
-# Before the consumer blocks for a result, it yields its CPU for up to this long (see
-# Exchange._wait): a worker's small batch is often that close.
-SPIN_MAX_S = 200e-6
-SPIN_MIN_S = 2e-6
 
 
 class Task:
@@ -48,9 +43,9 @@ class Task:
 class Exchange:
     """The exchange half of the epoch iterator (see the module's docstring)."""
 
-    # How long the consumer yields its CPU before it blocks for a result (:meth:`_wait`),
-    # adapted to the waits seen: up to SPIN_MAX_S, none below SPIN_MIN_S.
-    _spin_s = SPIN_MAX_S
+    # How long (ns) the consumer yields its CPU before it blocks for a result
+    # (:meth:`_wait`), adapted to the waits seen (channel.next_yield_window).
+    _spin_ns = YIELD_MAX_NS
 
     # (Attributes and methods of MultiProcessIter, used here.)
     _loader: Any
@@ -101,20 +96,18 @@ class Exchange:
             return
         if self._asleep:
             self._wake_workers()  # before this process blocks: it waits for their work
-        spin = self._spin_s
+        spin = self._spin_ns
         if spin and self._yield_for(spin):
             return
         timeout = self._loader.timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
         pool = self._pool
         due = self._tasks.get(self._rcvd_seq) if self._loader.in_order else None
-        blocked = time.perf_counter()
+        blocked = time.perf_counter_ns()
         events = pool.wait(due.worker if due is not None else None, deadline)
-        # Yield next time as long as it would have caught this result: a short block
-        # restores the whole budget, a long one halves it (a data-bound loop, whose
-        # waits last milliseconds, soon blocks at once again).
-        blocked = time.perf_counter() - blocked
-        self._spin_s = SPIN_MAX_S if blocked <= SPIN_MAX_S else (spin / 2 if spin >= SPIN_MIN_S else 0.0)
+        # Yield next time as long as it would have caught this result (a data-bound
+        # loop, whose waits last milliseconds, soon blocks at once again).
+        self._spin_ns = next_yield_window(spin, time.perf_counter_ns() - blocked)
         if events is None:
             # (A result queued right at the deadline counts; others, not due, do not.)
             if self._collect() and (due is None or due.seq not in self._tasks):
@@ -143,18 +136,19 @@ class Exchange:
             else:
                 pool.forget(worker)
 
-    def _yield_for(self, seconds: float) -> bool:
+    def _yield_for(self, window_ns: int) -> bool:
         """Give this CPU to whatever else is runnable on it (often the worker loading the
-        batch due), looking for results between yields, for up to ``seconds``; True when
+        batch due), looking for results between yields, for up to ``window_ns``; True when
         a result came. Cheaper than blocking when the result is that close: no wake-up
         for the worker to write, no sleep and wake of this process (W4: ~25% more
         batches/s, the consumer's CPU per batch unchanged)."""
-        end = time.perf_counter() + seconds
+        clock = time.perf_counter_ns
+        end = clock() + window_ns
         while True:
             os.sched_yield()  # (releases the GIL: the consumer's other threads run too)
             if self._collect():
                 return True
-            if time.perf_counter() >= end:
+            if clock() >= end:
                 return False
 
     def _collect(self) -> bool:

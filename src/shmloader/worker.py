@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmloader import _slots, fetch, seeding, wire
-from shmloader.channel import Channel
+from shmloader.channel import YIELD_MAX_NS, Channel, next_yield_window
 from shmloader.collate import array_views, build_in_memory
 from shmloader.context import WorkerInfo, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
@@ -37,9 +37,8 @@ _VIEW_CACHE_SIZE = 1024  # entries of the placement, skeleton and view caches (r
 # descriptor's passing) and the consumer a mapping; pickling and unpickling 64 KiB: ~35 us.
 PICKLED_MAX_BYTES = 64 * 1024
 # Out of tasks, a worker yields its CPU for up to this long before it sleeps (see
-# _Worker.yield_for_work), adapted to its sleeps: none below SPIN_MIN_NS.
-SPIN_MAX_NS = 200_000
-SPIN_MIN_NS = 2_000
+# _Worker.yield_for_work and channel.next_yield_window).
+SPIN_MAX_NS = YIELD_MAX_NS
 
 
 def _plain_numpy(layout: Any) -> bool:
@@ -241,12 +240,9 @@ class _Worker:
                     slept = self.read_frames(frames)
                 finally:
                     channel.disarm_tasks()
-                # Yield next time while it would have caught this task: a short sleep
-                # restores the whole window, a long one halves it (a loop whose steps
-                # last milliseconds soon sleeps at once again: no CPU spent yielding).
-                spin = self.spin_ns
-                short = slept <= SPIN_MAX_NS
-                self.spin_ns = SPIN_MAX_NS if short else (spin // 2 if spin >= SPIN_MIN_NS else 0)
+                # Yield next time while it would have caught this task (a loop whose
+                # steps last milliseconds soon sleeps at once again).
+                self.spin_ns = next_yield_window(self.spin_ns, slept, SPIN_MAX_NS)
 
     def yield_for_work(self, take: Callable[[], list], tasks: deque, frames: deque[bytes]) -> bool:
         """Out of tasks: give this CPU to whatever else is runnable on it (the other
