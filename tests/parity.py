@@ -113,13 +113,29 @@ class Mismatch(AssertionError):
     pass
 
 
+def is_sequence(v: Any) -> bool:
+    """Whether torch's collate walks ``v`` as a sequence (lists, tuples, a deque, a
+    UserList...; not str or bytes)."""
+    return isinstance(v, collections.abc.Sequence) and not isinstance(v, (str, bytes))
+
+
+def attributes(v: Any) -> dict:
+    """A container's own attributes (torch's collate copies the first sample's): its
+    ``__dict__`` without a UserList's or UserDict's ``data`` (their items), and a deque's
+    ``maxlen``."""
+    out = {k: x for k, x in getattr(v, "__dict__", {}).items() if k != "data"}
+    if isinstance(v, collections.deque):
+        out["maxlen"] = v.maxlen
+    return out
+
+
 def tensor_paths(sample: Any, path: tuple = ()) -> set[tuple]:
     """Paths of the leaves of ``sample`` that are torch tensors (Rule 3)."""
     if isinstance(sample, torch.Tensor):
         return {path}
     if isinstance(sample, collections.abc.Mapping):
         return set().union(*(tensor_paths(v, (*path, k)) for k, v in sample.items()))
-    if isinstance(sample, (tuple, list)):
+    if is_sequence(sample):
         return set().union(*(tensor_paths(v, (*path, i)) for i, v in enumerate(sample)))
     return set()
 
@@ -191,13 +207,19 @@ def compare_batch(
         raise Mismatch(
             f"{where}: torch gives a {_type(theirs)} ({theirs!r:.80}), ours a {_type(ours)} ({ours!r:.80})"
         )
+    if (isinstance(theirs, collections.abc.Mapping) or is_sequence(theirs)) and not isinstance(theirs, tuple):
+        mine, want = attributes(ours), attributes(theirs)
+        if list(mine) != list(want):
+            raise Mismatch(f"{where}: attributes differ: torch {list(want)}, ours {list(mine)}")
+        for k in want:  # (as torch's collate copies them from the first sample: unchanged)
+            compare_batch(mine[k], want[k], as_torch=False, tensors=set(), path=(*path, f".{k}"))
     if isinstance(theirs, collections.abc.Mapping):
         if list(ours.keys()) != list(theirs.keys()):
             raise Mismatch(f"{where}: keys differ: torch {list(theirs)}, ours {list(ours)}")
         for k in theirs:
             compare_batch(ours[k], theirs[k], as_torch=as_torch, tensors=tensors, path=(*path, k))
         return
-    if isinstance(theirs, (tuple, list)):
+    if is_sequence(theirs):
         if len(ours) != len(theirs):
             raise Mismatch(f"{where}: torch gives {len(theirs)} items, ours {len(ours)}")
         for i, (o, t) in enumerate(zip(ours, theirs)):
@@ -253,7 +275,7 @@ def has_none(samples: list[Any]) -> bool:
             return {path}
         if isinstance(v, collections.abc.Mapping):
             return set().union(*(nones(x, (*path, k)) for k, x in v.items()))
-        if isinstance(v, (tuple, list)):
+        if is_sequence(v):
             return set().union(*(nones(x, (*path, i)) for i, x in enumerate(v)))
         return set()
 
@@ -272,7 +294,7 @@ def dtype_differs(samples: list[Any]) -> bool:
         if isinstance(v, collections.abc.Mapping):
             for k, x in v.items():
                 out.update(dtypes(x, (*path, k)))
-        elif isinstance(v, (tuple, list)):
+        elif is_sequence(v):
             for i, x in enumerate(v):
                 out.update(dtypes(x, (*path, i)))
         return out
@@ -378,13 +400,18 @@ def torch_input(samples: list[Any], *, as_torch: bool) -> list[Any]:
             # copy(), not ascontiguousarray: an array of one element counts as contiguous
             # whatever its stride, and torch still refuses a negative one.
             return v.copy() if any(s < 0 for s in v.strides) else v
-        if isinstance(v, dict):
-            out = copy.copy(v)  # the same type (OrderedDict, defaultdict, subclasses)
+        if isinstance(v, collections.abc.MutableMapping):
+            out = copy.copy(v)  # the same type and attributes (OrderedDict, subclasses...)
             out.update({k: fix(x) for k, x in v.items()})
             return out
         if isinstance(v, tuple) and hasattr(v, "_fields"):
             return type(v)(*map(fix, v))
-        if isinstance(v, (tuple, list)):
+        if isinstance(v, collections.abc.MutableSequence):
+            out = copy.copy(v)  # (a deque's maxlen, a list subclass's attributes)
+            for i, x in enumerate(v):
+                out[i] = fix(x)
+            return out
+        if isinstance(v, tuple):
             return type(v)(map(fix, v))
         return v
 
@@ -404,14 +431,22 @@ def compare_exact(a: Any, b: Any, path: str = "batch") -> None:
     elif isinstance(a, collections.abc.Mapping):
         if list(a) != list(b):
             raise Mismatch(f"{path}: keys {list(a)} vs {list(b)}")
+        if attributes(a).keys() != attributes(b).keys():
+            raise Mismatch(f"{path}: attributes {list(attributes(a))} vs {list(attributes(b))}")
+        for k, x in attributes(a).items():
+            compare_exact(x, attributes(b)[k], f"{path}.{k}")
         for k in a:
             compare_exact(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, (tuple, list)):
+    elif is_sequence(a):
+        if attributes(a).keys() != attributes(b).keys():
+            raise Mismatch(f"{path}: attributes {list(attributes(a))} vs {list(attributes(b))}")
+        for k, x in attributes(a).items():
+            compare_exact(x, attributes(b)[k], f"{path}.{k}")
         if len(a) != len(b):
             raise Mismatch(f"{path}: {len(a)} vs {len(b)} items")
         for i, (x, y) in enumerate(zip(a, b)):
             compare_exact(x, y, f"{path}[{i}]")
-    elif not (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))):
+    elif not (a == b or (isinstance(a, (float, np.floating)) and math.isnan(a) and math.isnan(b))):
         raise Mismatch(f"{path}: {a!r} vs {b!r}")
 
 
@@ -443,7 +478,9 @@ def parity_failure(
     (Rule 9). Returns a message, not an exception, so that a failing test keeps no
     reference to a batch (a held batch keeps its shared memory, which the leak check
     would report as a second failure)."""
-    as_torch = output == "torch"
+    # output="auto" (torch is imported here): tensors where torch's default collate makes
+    # them; a user collate_fn's output as it returns it (Rule 4).
+    as_torch = output == "torch" or (output == "auto" and kwargs.get("collate_fn") is None)
     kw = dict(kwargs)
     if batch_sampler is not None:
         kw["batch_sampler"] = batch_sampler

@@ -11,7 +11,7 @@ cases use (module level, so that workers can import them).
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, defaultdict, namedtuple
+from collections import OrderedDict, UserList, defaultdict, deque, namedtuple
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,32 @@ NAMEDTUPLES = (Single, Pair, Triple)
 
 class Record(dict):
     """A dict subclass a dataset might return (module level, for the same reason)."""
+
+
+class Noted(dict):
+    """A dict subclass whose instances have an attribute (torch's collate keeps the first
+    sample's: it copies that sample's dict)."""
+
+
+class Tagged(UserList):
+    """A UserList subclass whose instances have an attribute."""
+
+
+class Row(list):
+    """A list subclass whose instances have an attribute."""
+
+
+class Listing(defaultdict):
+    """A defaultdict subclass (copied by torch's collate with its default_factory)."""
+
+
+class Keyed(dict):
+    """A dict subclass whose constructor takes another argument, kept as an attribute
+    (torch's collate never calls the constructor: it copies the first sample's)."""
+
+    def __init__(self, key: str, items: Any = ()) -> None:
+        super().__init__(items)
+        self.key = key
 
 
 # numpy dtypes torch holds, native and big-endian (torch refuses a non-native byte order:
@@ -65,7 +91,9 @@ class Leaf:
 @dataclass(frozen=True)
 class Node:
     """A container of a schema: ``kind`` is dict, odict (OrderedDict), ddict (a
-    defaultdict), record (a dict subclass), tuple, list or namedtuple."""
+    defaultdict), record (a dict subclass), noted (a dict subclass with an attribute),
+    tuple, list, namedtuple, deque (with a maxlen), userlist (a UserList subclass with an
+    attribute) or row (a list subclass with an attribute)."""
 
     kind: str
     children: tuple[Any, ...]
@@ -118,6 +146,14 @@ def make_samples(schema: Any, n: int, seed: int, mutation: Mutation | None = Non
                 return tuple(values)
             if node.kind == "list":
                 return values
+            if node.kind == "deque":
+                return deque(values, maxlen=len(values) + 1)
+            if node.kind in ("noted", "userlist", "row"):
+                out = {"noted": Noted, "userlist": Tagged, "row": Row}[node.kind](
+                    zip(node.keys, values) if node.kind == "noted" else values
+                )
+                out.note = f"sample {s}"  # (torch's batch has the first sample's)
+                return out
             return NAMEDTUPLES[len(values) - 1](*values)
 
         samples.append(build(schema))
@@ -254,7 +290,7 @@ def has_big_endian(tree: Any) -> bool:
         return not tree.dtype.isnative
     if isinstance(tree, dict):
         return any(has_big_endian(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
+    if isinstance(tree, (list, tuple, deque, UserList)):
         return any(has_big_endian(v) for v in tree)
     return False
 

@@ -375,3 +375,210 @@ def test_a_generator_loader_resumes_mid_epoch_exactly(nw):
     b.load_state_dict(state)
     assert [x.tolist() for x in b] == rest
     assert sorted(i for batch in head + rest for i in batch) == list(range(24))
+
+
+# --- issue 27 ------------------------------------------------------------------------------
+
+# (the differential helpers of tests/test_torch_parity.py: torch's loader is the oracle)
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests import parity  # noqa: E402
+from tests import parity_samples as ps  # noqa: E402
+
+_HYPOTHESIS = {"deadline": None, "derandomize": True, "database": None}
+
+
+@st.composite
+def _rows_that_add_up(draw: st.DrawFn) -> dict:
+    """A well-formed batch, then one whose samples' first dimensions differ but add up to
+    the batch's rows (2, 1, 3 rows in a batch of 3 samples of 2): numpy or tensors, bare,
+    in a dict or in a tuple."""
+    batch = draw(st.integers(2, 4))
+    rows = draw(st.integers(1, 3))
+    trailing = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    counts = [rows] * batch
+    i, j = draw(st.permutations(range(batch)))[:2]
+    moved = draw(st.integers(1, rows))
+    counts[i] += moved
+    counts[j] -= moved
+    tensors = draw(st.booleans())
+    where = draw(st.sampled_from(("bare", "dict", "tuple")))
+    samples = []
+    for k, count in enumerate([rows] * batch + counts):
+        array = np.arange(count * int(np.prod(trailing)), dtype=np.float32).reshape(count, *trailing) + k
+        value = torch.from_numpy(array) if tensors else array
+        samples.append({"bare": value, "dict": {"x": value, "i": k}, "tuple": (value, k)}[where])
+    return {"samples": samples, "batch_size": batch, "output": draw(st.sampled_from(("numpy", "torch")))}
+
+
+def _check_rows_refused(case: dict, nw: int) -> None:
+    case = dict(case)
+    samples = case.pop("samples")
+    failure = parity.parity_failure(samples, num_workers=nw, check_main_process=nw > 0, **case)
+    assert failure is None, failure
+    (ours,) = parity.run_ours(samples, num_workers=nw, **case)
+    assert len(ours.batches) == 1 and isinstance(ours.error, BatchLayoutError)
+    assert "differs between samples" in str(ours.error) and "shape" in str(ours.error)
+
+
+@settings(max_examples=40, **_HYPOTHESIS)
+@given(case=_rows_that_add_up())
+def test_ragged_rows_that_add_up_are_refused_as_torch_does(case):
+    """Issue 27 item 1: samples of 2, 1 and 3 rows of D make 6 rows, as 3 samples of 2
+    do; each sample's shape is checked, and the batch is refused as torch refuses it
+    (RuntimeError; ours a BatchLayoutError naming the two shapes), never merged."""
+    _check_rows_refused(case, 0)
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=12, **_HYPOTHESIS)
+@given(case=_rows_that_add_up())
+def test_ragged_rows_that_add_up_are_refused_in_workers(case):
+    """Issue 27 item 1, with 2 workers (the slot's concatenate is the same code)."""
+    _check_rows_refused(case, 2)
+
+
+def numpy_collate(samples):
+    """A user collate_fn returning numpy arrays (big-endian, float16, bool, 0-d), a
+    numpy scalar, a tensor and containers: torch hands all of it out as it is."""
+    samples = samples if isinstance(samples, list) else [samples]  # (batch_size=None: one)
+    x = np.stack([np.full(3, s, np.float32) for s in samples])
+    return {
+        "x": x,
+        "be": x.astype(">f4"),
+        "half": x.astype(np.float16),
+        "flags": x > 1,
+        "zero_d": np.array(len(samples)),
+        "scalar": np.int64(7),
+        "tensor": torch.from_numpy(x.copy()),
+        "list": [x.astype(np.int16), "s"],
+        "deque": collections.deque([x.astype(">i4")], maxlen=3),
+    }
+
+
+@WORKERS
+@pytest.mark.parametrize("batch_size", [2, None])
+def test_output_auto_hands_out_a_collate_fns_numpy_arrays_as_torch_does(nw, batch_size):
+    """Issue 27 item 4: with torch imported, the default output ("auto") hands out tensors
+    exactly where torch does: a collate_fn's numpy arrays stay numpy arrays, big-endian
+    ones included (they were refused: torch cannot view them as tensors)."""
+    failure = parity.parity_failure(
+        list(range(4)), num_workers=nw, output="auto", batch_size=batch_size,
+        collate_fn=numpy_collate, check_main_process=nw > 0,
+    )  # fmt: skip
+    assert failure is None, failure
+    loader = DataLoader(
+        Items(list(range(4))), batch_size=batch_size, num_workers=nw, collate_fn=numpy_collate
+    )
+    assert loader.output == "numpy"  # nothing is converted: what a rebuilt loader keeps
+    first = next(iter(loader))
+    assert type(first["x"]) is np.ndarray and first["be"].dtype == np.dtype(">f4")
+    assert isinstance(first["tensor"], torch.Tensor) and type(first["deque"][0]) is np.ndarray
+    del first
+    assert DataLoader(Items([0])).output == "torch"  # the default collate: torch's tensors
+
+
+_CONTAINERS = {
+    "deque": lambda i: collections.deque([np.ones(2) * i, i], maxlen=4),
+    "UserList": lambda i: collections.UserList([np.ones(2) * i, float(i)]),
+    "UserDict": lambda i: collections.UserDict(a=i, b=np.ones(1) * i),
+    "range": lambda i: range(3),
+    "dict subclass": lambda i: ps.Record(a=i),
+    "dict subclass with an attribute": lambda i: _noted(ps.Noted(a=np.ones(2) * i, b=i), i),
+    "UserList subclass with an attribute": lambda i: _noted(ps.Tagged([np.ones(2) * i, i]), i),
+    "list subclass with an attribute": lambda i: _noted(ps.Row([np.ones(2) * i, i]), i),
+    "defaultdict subclass": lambda i: ps.Listing(list, a=i),
+    "dict subclass with a constructor argument": lambda i: ps.Keyed(f"k{i}", {"a": i}),
+    "nested": lambda i: {"q": collections.deque([i, {"z": collections.UserList([np.ones(1) * i])}])},
+}
+
+
+def _noted(node, i):
+    node.note = f"sample {i}"
+    return node
+
+
+@WORKERS
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+@pytest.mark.parametrize("batch_size", [2, None])
+@pytest.mark.parametrize("name", list(_CONTAINERS))
+def test_containers_are_collated_as_torch_collates_them(nw, output, batch_size, name):
+    """Issue 27 item 15a: torch's collate (and convert) rebuilds a mapping or mutable
+    sequence as a copy of the first sample's (its type, its attributes, a deque's
+    maxlen), another sequence as ``type(items)`` or a list: so must we (they were
+    refused, or lost their attributes)."""
+    samples = [_CONTAINERS[name](i) for i in range(4)]
+    failure = parity.parity_failure(
+        samples, num_workers=nw, output=output, batch_size=batch_size, check_main_process=nw > 0
+    )
+    assert failure is None, failure
+
+
+def _grad_samples():
+    return [torch.full((2,), float(i), requires_grad=True) for i in range(4)]
+
+
+@pytest.mark.parametrize("batch_size", [2, None])
+def test_requires_grad_is_kept_in_the_main_process_as_torch_keeps_it(batch_size):
+    """Issue 27 item 15b: torch's collate stacks tensors that require grad with
+    ``torch.stack``: the batch requires grad and gradients flow back to the samples."""
+    grads = []
+    for make in (TorchLoader, DataLoader):
+        samples = _grad_samples()
+        batch = next(iter(make(samples, batch_size=batch_size)))
+        assert batch.requires_grad, make
+        (batch * torch.arange(1.0, 3.0)).sum().backward()
+        grads.append([None if s.grad is None else s.grad.tolist() for s in samples])
+    assert grads[1] == grads[0]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("batch_size", [2, None])
+def test_requires_grad_in_workers_as_torch(batch_size):
+    """Issue 27 item 15b, with workers: torch's worker refuses to stack tensors that
+    require grad (RuntimeError), and sends one that is a batch (batch_size=None) with its
+    requires_grad; so do we (the batch was silently detached)."""
+    samples = _grad_samples()
+    kw = {"batch_size": batch_size, "num_workers": 2, "multiprocessing_context": "fork"}
+    theirs, t_exc = run(TorchLoader(samples, **kw))
+    ours, exc = run(DataLoader(samples, **kw))
+    if batch_size is None:
+        assert t_exc is None and exc is None
+        assert [(b.requires_grad, b.tolist()) for b in ours] == [
+            (b.requires_grad, b.tolist()) for b in theirs
+        ]
+    else:
+        assert theirs == ours == [] and isinstance(t_exc, RuntimeError)
+        assert isinstance(exc, RuntimeError) and isinstance(exc, BatchLayoutError)
+        assert "require grad" in str(exc) and "detach" in str(exc)
+
+
+_ML_DTYPES = ["bfloat16", "float8_e4m3fn", "float8_e5m2", "int4"]
+
+
+@WORKERS
+@pytest.mark.parametrize("batch_size", [2, None])
+@pytest.mark.parametrize("name", _ML_DTYPES)
+def test_ml_dtypes_arrays_round_trip_or_fail_naming_the_dtype(nw, batch_size, name):
+    """Issue 27 item 15c: numpy arrays of ml_dtypes' dtypes (as JAX uses) come back with
+    their dtype and bytes (they failed with "cannot cast ... to V2"); where torch must make
+    a tensor of one (its default collate, output="torch") it cannot, and raises
+    TypeError: so do we, naming the dtype and the remedy."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dtype = np.dtype(getattr(ml_dtypes, name))
+    items = [{"v": (np.arange(6).reshape(2, 3) % 4 + i % 2).astype(dtype), "i": i} for i in range(4)]
+    ours, exc = run(DataLoader(Items(items), batch_size=batch_size, num_workers=nw, output="numpy"))
+    assert exc is None
+    want = items if batch_size is None else [[items[0], items[1]], [items[2], items[3]]]
+    for got, samples in zip(ours, want):
+        expected = samples["v"] if batch_size is None else np.stack([s["v"] for s in samples])
+        assert got["v"].dtype == dtype and got["v"].shape == expected.shape
+        assert got["v"].tobytes() == expected.tobytes()
+    del ours, got
+    if batch_size is None:
+        return  # (torch's default_convert: a TypeError; ours keeps the array, as for datetime64)
+    _, t_exc = run(TorchLoader(Items(items), batch_size=batch_size))
+    _, exc = run(DataLoader(Items(items), batch_size=batch_size, num_workers=nw, output="torch"))
+    assert isinstance(t_exc, TypeError) and isinstance(exc, BatchTypeError)
+    assert name in str(exc) and "ml_dtypes" in str(exc) and "output='numpy'" in str(exc)

@@ -1,14 +1,16 @@
 """Differential tests: shmloader.DataLoader against torch.utils.data.DataLoader.
 
-Hypothesis draws a sample structure (dicts, OrderedDicts, tuples, lists, namedtuples,
-nested) whose leaves are numpy arrays of every dtype torch holds (bool, float16, complex,
-big-endian, 0-d, zero-size, Fortran-ordered, strided, negative strides), numpy scalars,
-Python ints (huge ones too: >= 2**63, >= 2**64, < -2**63), floats (nan, inf, -0.0,
-subnormal), bools, complex numbers, strings, bytes, None, and torch tensors (bfloat16 and float8 included);
-then a tiny dataset of 4-7 samples of it (sometimes with one sample that differs at one
-leaf: a None, another shape, another dtype, another kind of value, the value in a list), a
-batch_size (None, 1, 3), drop_last and output, and loads
-one epoch with both loaders. Sampling is sequential, so batch k is the same samples in both.
+Hypothesis draws a sample structure (dicts, OrderedDicts, dict subclasses with and
+without attributes, tuples, lists, list and UserList subclasses with attributes, deques
+with a maxlen, namedtuples, nested) whose leaves are numpy arrays of every dtype torch
+holds (bool, float16, complex, big-endian, 0-d, zero-size, Fortran-ordered, strided,
+negative strides), numpy scalars, Python ints (huge ones too: >= 2**63, >= 2**64,
+< -2**63), floats (nan, inf, -0.0, subnormal), bools, complex numbers, strings, bytes,
+None, and torch tensors (bfloat16 and float8 included); then a tiny dataset of 4-7
+samples of it (sometimes with one sample that differs at one leaf: a None, another shape,
+another dtype, another kind of value, the value in a list), a batch_size (None, 1, 3),
+drop_last and output ("numpy", "torch", "auto"), and loads one epoch with both loaders.
+Sampling is sequential, so batch k is the same samples in both.
 
 Comparison rules (each check says which rule it applies):
 
@@ -24,10 +26,13 @@ Comparison rules (each check says which rule it applies):
    and bytes; the batch's first sample decides, as in both collates (README, same row;
    docs/training.md, "Torch tensors": "Samples that are torch tensors ... come back as
    tensors, whatever output says").
-4. ``output="torch"``: every leaf torch hands out as a tensor is a tensor here, same dtype,
-   shape and bytes (docs/training.md, "Torch tensors"). In both outputs, every other node is
-   what torch gives, of the same type: dict / OrderedDict / defaultdict / dict subclasses
-   (same key order), list (tuples are collated to lists, README "Migration"), namedtuple;
+4. ``output="torch"``, and ``output="auto"`` without a user collate_fn: every leaf torch
+   hands out as a tensor is a tensor here, same dtype, shape and bytes (docs/training.md,
+   "Torch tensors"); ``output="auto"`` with a user collate_fn hands out what it returned,
+   numpy arrays as numpy arrays, as torch does. In every output, every other node is
+   what torch gives, of the same type and attributes: dict / OrderedDict / defaultdict /
+   dict subclasses (same key order), list (tuples are collated to lists, README
+   "Migration"), namedtuple, deque (its maxlen), list and UserList subclasses;
    strings and bytes as lists of them (torch's collate_str_fn returns the column it gets:
    a list below a dict, a tuple below a sequence; we always give a list: parity finding P11);
    Python ints, floats, bools, None where torch leaves them as they are
@@ -137,6 +142,10 @@ def _node(children: st.SearchStrategy) -> st.SearchStrategy:
         kids.map(lambda c: Node("tuple", c)),
         kids.map(lambda c: Node("list", c)),
         kids.map(lambda c: Node("namedtuple", c)),
+        kids.map(lambda c: Node("deque", c)),
+        kids.map(lambda c: Node("noted", c, _KEYS[: len(c)])),
+        kids.map(lambda c: Node("userlist", c)),
+        kids.map(lambda c: Node("row", c)),
     )
 
 
@@ -158,7 +167,7 @@ def _case(draw: st.DrawFn, num_workers: int) -> dict:
     loader = {
         "batch_size": draw(st.sampled_from((None, 1, 3))),
         "drop_last": draw(st.booleans()),
-        "output": draw(st.sampled_from(("numpy", "torch"))),
+        "output": draw(st.sampled_from(("numpy", "torch", "auto"))),
         "ours_kw": {"copy": draw(st.booleans())},  # copy=True must not change a batch either
     }
     how = draw(st.sampled_from(("sequential",) * 6 + ("sampler", "batch_sampler", "iterable")))
@@ -172,7 +181,8 @@ def _case(draw: st.DrawFn, num_workers: int) -> dict:
     elif how == "iterable" and num_workers == 0:  # with workers, every worker yields every sample
         loader["iterable"] = True
     # A user collate_fn: torch hands out its result unchanged (rule 4). Not with big-endian
-    # arrays and output="torch": torch has no tensor for them (rule 5).
+    # arrays and output="torch": torch has no tensor for them (rule 5); output="auto"
+    # hands them out as the collate_fn returns them, as torch does.
     big_endian_tensors = loader["output"] == "torch" and any(map(ps.has_big_endian, samples))
     if draw(st.integers(0, 4)) == 0 and not big_endian_tensors:
         loader["collate_fn"] = ps.identity_collate
@@ -223,12 +233,13 @@ def _user_collate(samples: list) -> dict:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("output", ["numpy", "torch"])
+@pytest.mark.parametrize("output", ["numpy", "torch", "auto"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_user_collate_fn_output_is_kept(num_workers: int, output: str) -> None:
     """A collate_fn's result is handed out as torch hands it out: Python scalars, tuples,
     strings and None unchanged (rule 4); a numpy array stays an array with output="numpy"
-    and becomes a tensor with output="torch" (docs/training.md, "Torch tensors")."""
+    and "auto" (as in torch) and becomes a tensor with output="torch" (docs/training.md,
+    "Torch tensors")."""
     samples = [1, 2, 3, 4, 5]
     kw = {"batch_size": 2, "collate_fn": _user_collate}
     failure = parity.parity_failure(samples, num_workers=num_workers, output=output, **kw)

@@ -16,13 +16,16 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from math import prod
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from shmloader import tree as _tree
+from shmloader.context import get_worker_info
 from shmloader.errors import BatchKeyError, BatchLayoutError, BatchTypeError
-from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, RaggedLeaf, align, read_layout
+from shmloader.layout import LEAF, ArrayLeaf, Layout, ObjectLeaf, RaggedLeaf, align, dtype_key, read_layout
+from shmloader.pinning import torch_can_hold
 from shmloader.scalars import (
     NUMBER_TYPES,
     TEXT_TYPES,
@@ -79,6 +82,7 @@ class Padded(NamedTuple):
 
 
 COLLATE_MODES = ("stack", "pad", "list")
+_DTYPE_OF = attrgetter("dtype")
 
 
 _path_text = _tree.path_text
@@ -125,18 +129,29 @@ def gather(
                 raise _object_array_error(path, context)
             shape, dtype = first.shape, first.dtype
             if mode == "stack" or first.ndim == 0:
-                # Shapes are not checked here: the strict copy in write_leaf refuses any
-                # other shape, and explain_stack_failure names the culprit. Dtypes are
-                # (16 us for 256 samples, a third of their copy): where they differ, or
-                # a number sits among the arrays, torch promotes, and so does this.
+                # Dtypes are checked here: where they differ, or a number sits among the
+                # arrays, torch promotes, and so does this. Then each sample's first
+                # dimension: write_leaf concatenates the samples into the batch's rows,
+                # which checks their other dimensions and ndim but only the total of
+                # their first ones, so (2, D), (1, D), (3, D) would fill 3 rows of 2.
+                # (Each check is one C pass counting matches: 8 and 6 us for 256
+                # samples, where a set of them costs more and a loop several times it.)
+                count = len(values)
                 try:
-                    same = {v.dtype for v in values} == {dtype}
+                    same = list(map(_DTYPE_OF, values)).count(dtype) == count
                 except AttributeError:  # a Python number
                     same = False
                 if not same:
                     values = stack_values(values, path, context, sample_name)
                     first = values[0]
                     dtype = first.dtype
+                if shape:
+                    try:
+                        rows = list(map(len, values)).count(shape[0]) == count
+                    except TypeError:  # a number (a 0-d value) among the arrays
+                        rows = False
+                    if not rows:
+                        raise _stack_mismatch(context, path, sample_name, values)
                 leaves.append(
                     Leaf(
                         path,
@@ -189,12 +204,19 @@ def gather(
         if tensor_type is not None and isinstance(first, tensor_type):
             tag: bool | str | None = None
             arrays = []
+            grad = False
             for i, v in enumerate(values):
                 if not isinstance(v, tensor_type):  # torch.stack refuses it too (TypeError)
                     raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+                grad = grad or v.requires_grad
                 v, v_tag = tensor_array(v)
                 tag = v_tag if tag is None else tag
                 arrays.append(v)
+            if grad and mode == "stack":
+                stacked = _stack_with_grad(values, path, context)
+                if stacked is not None:
+                    leaves.append(Leaf(path, stacked, "object", (), None))
+                    return LEAF
             start = len(leaves)
             node = walk(arrays, path)
             for leaf in leaves[start:]:
@@ -202,7 +224,16 @@ def gather(
                 leaf.torch = True if leaf.kind == "copy" else tag
             return node
         kind = _tree.node_kind(first)
-        if kind == _tree.DICT:
+        if kind is None:
+            raise unsupported(context, path, sample_name(0), first)
+        # A "c" node (a deque, a UserList, a dict subclass with attributes) is rebuilt
+        # from a copy of the first sample's (its shell, a leaf before its items), as
+        # torch's collate rebuilds it; where it cannot be copied, torch makes a plain
+        # dict or list, and so does this.
+        shell = _tree.Shell.of(first) if kind == _tree.CLONE else None
+        if shell is not None:
+            leaves.append(Leaf(path, shell, "object", (), None))
+        if kind == _tree.DICT or (kind == _tree.CLONE and isinstance(first, Mapping)):
             keys = tuple(first.keys())
             ftype = type(first)
             if set(map(type, values)) != {ftype}:  # (one C pass; the loop names the culprit)
@@ -216,25 +247,32 @@ def gather(
                     f"{context}: the samples' dicts at {_path_text(path)} have different keys "
                     f"({exc.args[0]!r} is missing from one). Give every sample the same keys."
                 ) from None
-            return (_tree.DICT, _tree.mapping_type(first), keys, children)
-        if kind is not None:  # a list, tuple or namedtuple
-            ftype, n = type(first), len(first)
-            # torch's collate checks only that the others have the first's length, then
-            # zips them: an array or tensor row by row (ndim >= 1) goes as a list does.
-            sized = (tuple, list, np.ndarray, *(() if tensor_type is None else (tensor_type,)))
-            # (One C pass each, the common case; the loop names the culprit.)
-            if set(map(type, values)) != {ftype} or set(map(len, values)) != {n}:
-                for i, v in enumerate(values):
-                    # (type(v) is ftype first: no isinstance call per sample in the common case)
-                    if type(v) is not ftype and (not isinstance(v, sized) or getattr(v, "ndim", 1) == 0):
-                        raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
-                    if len(v) != n:
-                        raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
-            children = tuple(walk(col, (*path, j)) for j, col in enumerate(zip(*values)))
-            if kind == _tree.NAMEDTUPLE:
-                return (_tree.NAMEDTUPLE, type(first), children)
-            return (_tree.LIST, children)  # tuples become lists, as torch's default_collate does
-        raise unsupported(context, path, sample_name(0), first)
+            if shell is not None:
+                return (_tree.CLONE, keys, children)
+            return (_tree.DICT, dict if kind == _tree.CLONE else _tree.mapping_type(first), keys, children)
+        # A sequence (list, tuple, namedtuple, deque...). torch's collate checks only that
+        # the others have the first's length, then zips them: an array or tensor row by
+        # row (ndim >= 1) goes as a list does.
+        ftype, n = type(first), len(first)
+        sized = (Sequence, np.ndarray, *(() if tensor_type is None else (tensor_type,)))
+        # (One C pass each, the common case; the loop names the culprit.)
+        if set(map(type, values)) != {ftype} or set(map(len, values)) != {n}:
+            for i, v in enumerate(values):
+                # (type(v) is ftype first: no isinstance call per sample in the common case)
+                if type(v) is not ftype and (
+                    not isinstance(v, sized) or isinstance(v, TEXT_TYPES) or getattr(v, "ndim", 1) == 0
+                ):
+                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+                if len(v) != n:
+                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+        children = tuple(walk(col, (*path, j)) for j, col in enumerate(zip(*values)))
+        if kind == _tree.NAMEDTUPLE:
+            return (_tree.NAMEDTUPLE, type(first), children)
+        if shell is not None:
+            return (_tree.CLONE, None, children)
+        if kind == _tree.SEQUENCE:
+            return (_tree.SEQUENCE, ftype, children)
+        return (_tree.LIST, children)  # tuples become lists, as torch's default_collate does
 
     if mode not in COLLATE_MODES:
         raise ValueError(f"collate must be one of {COLLATE_MODES}, got {mode!r}")
@@ -244,11 +282,33 @@ def gather(
     return treedef, leaves
 
 
+def _stack_with_grad(values: list, path: tuple, context: Any) -> Any:
+    """Tensors of which one requires grad, stacked as torch's collate stacks them: in the
+    main process ``torch.stack``, whose batch requires grad and keeps the samples'
+    autograd graph (None where it refuses them: the caller's checks then name the
+    culprit); in a worker an error, as torch's (whose stack into shared memory refuses
+    them), unless grad is off there."""
+    torch = sys.modules["torch"]
+    if get_worker_info() is not None:
+        if not torch.is_grad_enabled():
+            return None  # (torch's worker stacks them without grad then: as the slot does)
+        raise BatchLayoutError(
+            f"{context}: the tensors of field {_path_text(path)} require grad, and a worker "
+            "cannot send a batch that keeps their autograd graph (torch's DataLoader raises "
+            "RuntimeError for them in a worker too). Detach them in the dataset "
+            "(tensor.detach()), or load with num_workers=0, where the batch keeps the graph."
+        )
+    try:
+        return torch.stack(list(values), 0)
+    except (RuntimeError, TypeError):
+        return None
+
+
 def _numpy_only(dtype: np.dtype) -> bool | None:
     """A default-collated array leaf's torch tag: False, or None for a dtype torch has no
     tensor for (str, bytes, datetime...): output="torch" then refuses the batch with a
     TypeError, as torch's collate does (a collate_fn's arrays pass through instead)."""
-    return False if dtype.kind in "biufc" else None
+    return False if torch_can_hold(dtype) else None
 
 
 def converted(value: Any) -> Any:
@@ -319,9 +379,9 @@ def plan(treedef: Any, leaves: list[Leaf]) -> tuple[Layout, int, list[Any]]:
             for shape in leaf.shapes:
                 offsets.append(offset)
                 offset = align(offset + prod(shape) * leaf.dtype.itemsize)
-            specs.append(RaggedLeaf(tuple(offsets), tuple(leaf.shapes), leaf.dtype.str, leaf.torch))
+            specs.append(RaggedLeaf(tuple(offsets), tuple(leaf.shapes), dtype_key(leaf.dtype), leaf.torch))
         else:
-            specs.append(ArrayLeaf(offset, leaf.shape, leaf.dtype.str, leaf.torch))
+            specs.append(ArrayLeaf(offset, leaf.shape, dtype_key(leaf.dtype), leaf.torch))
             offset = align(offset + leaf.nbytes)
     return Layout(treedef, tuple(specs)), offset, objects
 
@@ -371,13 +431,21 @@ def write_leaf(leaf: Leaf, dst: Any) -> None:
 
 def explain_stack_failure(leaf: Leaf, exc: Exception) -> BatchLayoutError:
     """The error for a stacked leaf whose samples disagree: which two, and how."""
-    sample_name = leaf.namer
-    first = leaf.values[0]
-    for i, v in enumerate(leaf.values):
+    # (The namer is the batch's context too: its str() names the batch.)
+    error = _stack_mismatch(leaf.namer, leaf.path, leaf.namer, leaf.values)
+    return error or BatchLayoutError(f"cannot collate field {_path_text(leaf.path)}: {exc}")
+
+
+def _stack_mismatch(
+    context: Any, path: tuple, sample_name: Callable[[int], str], values: list
+) -> BatchLayoutError | None:
+    """The error naming the first sample of ``values`` that is not an array of the first
+    one's shape and dtype (None if they all are)."""
+    first = values[0]
+    for i, v in enumerate(values):
         if not isinstance(v, np.ndarray) or v.shape != first.shape or v.dtype != first.dtype:
-            # (The namer is the batch's context too: its str() names the batch.)
-            return _mismatch(sample_name, leaf.path, sample_name(0), first, sample_name(i), v)
-    return BatchLayoutError(f"cannot collate field {_path_text(leaf.path)}: {exc}")
+            return _mismatch(context, path, sample_name(0), first, sample_name(i), v)
+    return None
 
 
 def array_views(layout: Layout, buf: np.ndarray) -> list[Any]:

@@ -216,6 +216,12 @@ def is_torch_default(collate_fn: Any, auto_collation: bool) -> bool:
     return collate_fn is default
 
 
+def user_collate_fn(collate_fn: Any, auto_collation: bool) -> bool:
+    """Whether ``collate_fn`` is the user's own: given, and not torch's default for
+    ``auto_collation`` (:func:`is_torch_default`). Its output is handed out as it is."""
+    return collate_fn is not None and not is_torch_default(collate_fn, auto_collation)
+
+
 def _guarded(fill: Callable[[list[Any]], None], where: str, seq: int | None, indices: Any) -> Callable:
     def guarded(views: list[Any]) -> None:
         try:

@@ -36,7 +36,7 @@ class ArrayLeaf(NamedTuple):
 
     offset: int
     shape: tuple[int, ...]
-    dtype: str  # numpy dtype.str, e.g. '|u1', '<f4'
+    dtype: str | np.dtype  # see dtype_key: numpy's dtype.str, e.g. '|u1', '<f4', or the dtype
     # The samples were torch tensors: hand out a tensor sharing the memory. A string
     # names a torch dtype numpy lacks (e.g. "bfloat16"): ``dtype`` is then a same-size
     # integer holding its bytes, and the tensor is rebuilt with ``.view(torch.<name>)``.
@@ -49,7 +49,7 @@ class RaggedLeaf(NamedTuple):
 
     offsets: tuple[int, ...]
     shapes: tuple[tuple[int, ...], ...]
-    dtype: str
+    dtype: str | np.dtype  # as ArrayLeaf.dtype
     torch: bool | str | None  # as ArrayLeaf.torch
 
 
@@ -64,6 +64,19 @@ class Layout(NamedTuple):
 
     treedef: Any
     leaves: tuple[ArrayLeaf | RaggedLeaf | ObjectLeaf, ...]
+
+
+def dtype_key(dtype: np.dtype) -> str | np.dtype:
+    """How a layout names ``dtype`` (``np.dtype(key)`` gives it back): its ``.str`` (short,
+    and quick to compare) for numpy's own dtypes; the dtype itself where ``.str`` does not
+    name it: structured dtypes (``'|V12'``) and dtypes other packages define, such as
+    ml_dtypes' bfloat16 and float8 (``'<V2'``, ``'<f1'``), which a layout carries pickled."""
+    if dtype.num < _USER_DTYPES and dtype.names is None:
+        return dtype.str
+    return dtype
+
+
+_USER_DTYPES = 256  # NPY_USERDEF: numpy numbers its own dtypes below this
 
 
 def align(n: int) -> int:

@@ -62,8 +62,10 @@ class DataLoader(Generic[T_co]):
 
     ``output``: ``"auto"`` (default) hands out torch tensors exactly where torch's
     ``default_collate`` would (sharing the slot's memory) when torch is imported in the
-    process when the loader is made, numpy arrays otherwise; ``"torch"`` or ``"numpy"``
-    choose. Where torch is imported the loader is also an instance of
+    process when the loader is made, numpy arrays otherwise, and a ``collate_fn``'s output
+    as it returns it (its numpy arrays stay numpy arrays, as in torch; ``output`` then
+    reads ``"numpy"``); ``"torch"`` or ``"numpy"`` choose (``"torch"`` also makes a
+    collate_fn's numeric arrays tensors). Where torch is imported the loader is also an instance of
     ``torch.utils.data.DataLoader`` and its samplers of torch's samplers (see
     :mod:`shmloader.torchcompat`), so training frameworks treat it as one.
 
@@ -142,7 +144,12 @@ class DataLoader(Generic[T_co]):
             max_shm_bytes, shm_backend, output, max_worker_restarts,
         )  # fmt: skip
         dataset, shuffle, batch_size, drop_last = args.dataset, args.shuffle, args.batch_size, args.drop_last
-        num_workers, prefetch_factor, output = args.num_workers, args.prefetch_factor, args.output
+        num_workers, prefetch_factor, output_arg, output = (
+            args.num_workers,
+            args.prefetch_factor,
+            output,
+            args.output,
+        )
         self.iterable = args.iterable
         # num_workers or prefetch_factor "auto": the counts in use now, tuned as epochs run.
         self._tuner = autotune.Tuner.of(args.tuner) if args.tuner is not None else None
@@ -191,7 +198,10 @@ class DataLoader(Generic[T_co]):
             own_shuffle=not self.iterable and sampler is None and shuffle,
             own_batching=not self.iterable and batch_sampler is None,
         )
-        self.output = output
+        # "auto": tensors exactly where torch makes them (its default collate and convert);
+        # a collate_fn's output is torch's as it is returned, its numpy arrays included.
+        user_collate = fetch.user_collate_fn(collate_fn, auto_collation)
+        self.output = "numpy" if output_arg == "auto" and user_collate else output
         # Rank and world size are read at each epoch (and len()), not frozen here: a loader
         # made before torch.distributed is initialized shards once it is. Checked now, so a
         # bad argument is an error at construction.

@@ -56,6 +56,15 @@ def torch_skeleton(skeleton: Skeleton) -> Skeleton:
 
 def numpy_only_error(dtype: np.dtype) -> BatchTypeError:
     """The error for a default-collated field of a dtype no tensor holds, with output="torch"."""
+    package = dtype.type.__module__.partition(".")[0]
+    if package != "numpy":  # ml_dtypes' bfloat16, float8...: torch converts no such array
+        return BatchTypeError(
+            f"output='torch' cannot hand out a batch field of numpy dtype {dtype} (from "
+            f"{package}): torch cannot make a tensor of such an array (its default_collate "
+            "raises TypeError too). Use output='numpy' (the batch keeps the dtype), return "
+            f"torch tensors from the dataset (e.g. of torch.{dtype}, where torch has it), or "
+            "pass a collate_fn (its output passes through as it is)."
+        )
     return BatchTypeError(
         f"output='torch' cannot hand out a batch field of numpy dtype {dtype}: torch has no "
         "such dtype (its default_collate raises TypeError too). Use output='numpy', convert "
@@ -65,10 +74,14 @@ def numpy_only_error(dtype: np.dtype) -> BatchTypeError:
 
 
 def torch_can_hold(dtype: np.dtype) -> bool:
-    """Whether ``dtype`` is one torch has (numbers and bools): such arrays become tensors.
-    (A non-native byte order is one too: ``torch.from_numpy`` then raises ValueError, as
-    torch's own collate does.)"""
-    return dtype.kind in "biufc"
+    """Whether ``dtype`` is one torch has (numpy's numbers and bools): such arrays become
+    tensors. Not a dtype another package defines (ml_dtypes' float8_e5m2 says it is a
+    float), which ``torch.from_numpy`` refuses. (A non-native byte order is one: there
+    ``torch.from_numpy`` raises ValueError, as torch's own collate does.)"""
+    return dtype.kind in "biufc" and dtype.num < _USER_DTYPES
+
+
+_USER_DTYPES = 256  # NPY_USERDEF: numpy numbers its own dtypes below this
 
 
 def to_torch(batch: Any) -> Any:

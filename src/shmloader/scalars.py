@@ -135,6 +135,7 @@ def _list_dtype(v: list | tuple) -> np.dtype | None:
 
 
 _CATEGORY = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
+_USER_DTYPES = 256  # NPY_USERDEF: dtypes numbered from here are other packages' (ml_dtypes)
 
 
 def _promoted(dtypes: list[np.dtype]) -> np.dtype:
@@ -155,8 +156,8 @@ def stack_values(values: list, path: tuple, context: Any, sample_name: Callable[
     dtypes = set()
     for v in values:
         if isinstance(v, (np.ndarray, np.generic)):
-            if v.dtype.kind not in _CATEGORY:
-                return values  # str, bytes, datetime...: torch refuses these
+            if v.dtype.kind not in _CATEGORY or v.dtype.num >= _USER_DTYPES:
+                return values  # str, bytes, datetime, ml_dtypes' bfloat16...: torch refuses these
             dtypes.add(v.dtype)
         else:
             d = _list_dtype(v) if isinstance(v, (list, tuple)) else _number_dtype(type(v))

@@ -57,7 +57,8 @@ def prepare(
     when the accelerator splits or dispatches batches (``split_batches=True``,
     ``dispatch_batches=True``: the loader shards by sample instead; give it
     ``batch_size // num_processes``), or when batches would be numpy arrays that cannot be
-    placed on the device (``output="numpy"``)."""
+    placed on the device (``output="numpy"`` with the default collate)."""
+    from shmloader.fetch import user_collate_fn
     from shmloader.loader import DataLoader
 
     if not isinstance(loader, DataLoader):
@@ -75,7 +76,10 @@ def prepare(
         device_placement = bool(getattr(accelerator, "device_placement", True))
     if non_blocking is None:
         non_blocking = bool(getattr(accelerator, "non_blocking", False))
-    if device_placement and getattr(loader, "output", "torch") == "numpy":
+    # (A collate_fn's output is handed out as it returns it, whatever output says: its
+    # tensors are placed, and its numpy arrays stay on the host, as under torch's loader.)
+    default_collate = not user_collate_fn(loader.collate_fn, loader._auto_collation)
+    if device_placement and default_collate and getattr(loader, "output", "torch") == "numpy":
         raise ValueError(
             "the loader hands out numpy arrays (output='numpy'), which cannot be placed on "
             f"{accelerator.device}: build it with output='torch' (the default where torch is "
