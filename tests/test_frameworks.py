@@ -22,6 +22,7 @@ import subprocess
 import sys
 from importlib.util import find_spec
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -297,6 +298,11 @@ def test_accelerate_torchrun_two_processes(tmp_path):
 
 
 @pytest.mark.timeout(30)
+def _first_fields(samples: list) -> tuple:
+    """A user collate_fn: a tensor of the features, the labels as numpy."""
+    return torch.from_numpy(np.stack([s[0] for s in samples])), np.stack([s[1] for s in samples])
+
+
 def test_accelerate_adapter_refuses_what_it_cannot_honour():
     """prepare() fails loudly, naming the remedy, where the wrapped loader would not load
     this process's share as Accelerate expects (no Accelerate needed: a stand-in)."""
@@ -327,5 +333,9 @@ def test_accelerate_adapter_refuses_what_it_cannot_honour():
         prepare(accelerator(), shmloader.DataLoader(C.NumpySamples(8), batch_size=4, output="numpy"))
     with pytest.raises(TypeError, match=r"accelerator\.prepare"):
         prepare(accelerator(), torch.utils.data.DataLoader(C.NumpySamples(8)))
+    # A collate_fn's output is handed out as it returns it (output="auto" reads "numpy"):
+    # its tensors are placed, its numpy arrays stay on the host, as under torch's loader.
+    own = shmloader.DataLoader(C.NumpySamples(8), batch_size=4, collate_fn=_first_fields)
+    assert own.output == "numpy" and len(prepare(accelerator(), own)) == 2
     wrapped = prepare(accelerator(), loader)
     assert len(wrapped) == 2 and wrapped.dataset is loader.dataset and wrapped.total_batch_size == 4
