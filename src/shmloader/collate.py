@@ -134,8 +134,7 @@ def gather(
                 # dimension: write_leaf concatenates the samples into the batch's rows,
                 # which checks their other dimensions and ndim but only the total of
                 # their first ones, so (2, D), (1, D), (3, D) would fill 3 rows of 2.
-                # (Each check is one C pass counting matches: 8 and 6 us for 256
-                # samples, where a set of them costs more and a loop several times it.)
+                # (Each check is one C pass over the samples, counting matches.)
                 count = len(values)
                 try:
                     same = list(map(_DTYPE_OF, values)).count(dtype) == count
