@@ -235,7 +235,8 @@ def gather(
         if kind == _tree.DICT or (kind == _tree.CLONE and isinstance(first, Mapping)):
             keys = tuple(first.keys())
             ftype = type(first)
-            if set(map(type, values)) != {ftype}:  # (one C pass; the loop names the culprit)
+            # (One C pass counting matches; the loop names the culprit.)
+            if list(map(type, values)).count(ftype) != len(values):
                 for i, v in enumerate(values):
                     if type(v) is not ftype and not isinstance(v, Mapping):
                         raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
@@ -254,8 +255,9 @@ def gather(
         # row (ndim >= 1) goes as a list does.
         ftype, n = type(first), len(first)
         sized = (Sequence, np.ndarray, *(() if tensor_type is None else (tensor_type,)))
-        # (One C pass each, the common case; the loop names the culprit.)
-        if set(map(type, values)) != {ftype} or set(map(len, values)) != {n}:
+        # (One C pass each counting matches, the common case; the loop names the culprit.)
+        count = len(values)
+        if list(map(type, values)).count(ftype) != count or list(map(len, values)).count(n) != count:
             for i, v in enumerate(values):
                 # (type(v) is ftype first: no isinstance call per sample in the common case)
                 if type(v) is not ftype and (

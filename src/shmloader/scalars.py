@@ -191,13 +191,18 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
             arr = None
         if arr is not None and arr.dtype in fits and arr.ndim == 1:
             return arr
-    types = set(map(type, values))
-    if fits is None and len(types) == 1 and issubclass(first, (np.bool_, np.number)):
+    count = len(values)
+    if (
+        fits is None
+        and issubclass(first, _NUMPY_NUMBERS)
+        and (count == 1 or list(map(type, values)).count(first) == count)
+    ):
         # numpy scalars of one type: torch.as_tensor keeps their dtype, as numpy does.
         dtype = _SCALAR_DTYPES.get(first)
         if dtype is None:  # (np.dtype of a type costs as much as the array below)
             dtype = _SCALAR_DTYPES[first] = np.dtype(first)
-        return np.array(values, dtype)
+        return np.fromiter(values, dtype, count)
+    types = set(map(type, values))
     # Mixed types, or a value that does not fit: torch's rule, checked value by value.
     dtype = _scalar_dtype(values, types)
     if dtype is None:
@@ -216,6 +221,7 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
 
 
 _PY_INT_BOOL = frozenset({bool, int})
+_NUMPY_NUMBERS = (np.bool_, np.number)
 _SCALAR_DTYPES: dict[type, np.dtype] = {}  # numpy scalar type -> its dtype (a few dozen at most)
 _FAST_DTYPES = {
     int: (np.dtype(np.int64),),
