@@ -201,7 +201,10 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
         dtype = _SCALAR_DTYPES.get(first)
         if dtype is None:  # (np.dtype of a type costs as much as the array below)
             dtype = _SCALAR_DTYPES[first] = np.dtype(first)
-        return np.fromiter(values, dtype, count)
+        try:
+            return np.fromiter(values, dtype, count)
+        except TypeError:  # timedelta64: its type's dtype has no unit (np.array finds it)
+            return np.array(values, dtype)
     types = set(map(type, values))
     # Mixed types, or a value that does not fit: torch's rule, checked value by value.
     dtype = _scalar_dtype(values, types)
