@@ -582,3 +582,14 @@ def test_ml_dtypes_arrays_round_trip_or_fail_naming_the_dtype(nw, batch_size, na
     _, exc = run(DataLoader(Items(items), batch_size=batch_size, num_workers=nw, output="torch"))
     assert isinstance(t_exc, TypeError) and isinstance(exc, BatchTypeError)
     assert name in str(exc) and "ml_dtypes" in str(exc) and "output='numpy'" in str(exc)
+
+
+@WORKERS
+def test_numpy_scalars_of_a_unit_dtype_keep_it(nw):
+    """numpy timedelta64 scalars (torch has no such dtype: a superset) batch into an array
+    of their unit, as numpy scalars of one type batch into their dtype."""
+    items = [np.timedelta64(i, "ms") for i in range(4)]
+    ours = [b.tolist() for b in DataLoader(Items(items), batch_size=2, num_workers=nw, output="numpy")]
+    assert ours == [items[:2], items[2:]]
+    (one,) = DataLoader(Items(items[:1]), batch_size=1, num_workers=nw, output="numpy")
+    assert one.dtype == np.dtype("m8[ms]")
