@@ -65,8 +65,8 @@ class DataLoader(Generic[T_co]):
     process when the loader is made, numpy arrays otherwise, and a ``collate_fn``'s output
     as it returns it (its numpy arrays stay numpy arrays, as in torch; ``output`` then
     reads ``"numpy"``); ``"torch"`` or ``"numpy"`` choose (``"torch"`` also makes a
-    collate_fn's numeric arrays tensors). Where torch is imported the loader is also an instance of
-    ``torch.utils.data.DataLoader`` and its samplers of torch's samplers (see
+    collate_fn's numeric arrays tensors). Where torch is imported the loader is also an
+    instance of ``torch.utils.data.DataLoader`` and its samplers of torch's samplers (see
     :mod:`shmloader.torchcompat`), so training frameworks treat it as one.
 
     Training (docs/training.md): ``pin_memory=True`` page-locks the ring once (CUDA only);
@@ -144,12 +144,8 @@ class DataLoader(Generic[T_co]):
             max_shm_bytes, shm_backend, output, max_worker_restarts,
         )  # fmt: skip
         dataset, shuffle, batch_size, drop_last = args.dataset, args.shuffle, args.batch_size, args.drop_last
-        num_workers, prefetch_factor, output_arg, output = (
-            args.num_workers,
-            args.prefetch_factor,
-            output,
-            args.output,
-        )
+        output_arg = output  # as given: "auto" depends on the collate_fn too (below)
+        num_workers, prefetch_factor, output = args.num_workers, args.prefetch_factor, args.output
         self.iterable = args.iterable
         # num_workers or prefetch_factor "auto": the counts in use now, tuned as epochs run.
         self._tuner = autotune.Tuner.of(args.tuner) if args.tuner is not None else None
