@@ -593,3 +593,17 @@ def test_numpy_scalars_of_a_unit_dtype_keep_it(nw):
     assert ours == [items[:2], items[2:]]
     (one,) = DataLoader(Items(items[:1]), batch_size=1, num_workers=nw, output="numpy")
     assert one.dtype == np.dtype("m8[ms]")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "name", ["nested", "dict subclass with an attribute", "UserList subclass with an attribute"]
+)
+def test_containers_cross_every_start_method(method, name):
+    """Issue 27 item 15a: a "c" node's shell (the copy of the first sample's container)
+    travels pickled beside the slot's arrays, from workers of every start method."""
+    samples = [_CONTAINERS[name](i) for i in range(4)]
+    failure = parity.parity_failure(
+        samples, num_workers=2, output="torch", batch_size=2, ours_kw={"multiprocessing_context": method}
+    )
+    assert failure is None, failure
