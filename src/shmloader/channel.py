@@ -42,7 +42,7 @@ from shmloader.segment import memfd_usable
 TASK_WORDS = 16384  # the submission queue: 128 KiB of int64 words
 RESULT_WORDS = 4096  # the completion queue: 512 results of 8 words
 RECORD_WORDS = 5  # n, kind, slot, seq, stamp; then the payload
-# The largest task payload (int64 indices) that goes by the queue; larger ones go by frame
+# The largest task payload (wire.task_payload's words) that goes by the queue; larger ones go by frame
 # (a quarter of the queue: a few of them fit at once).
 MAX_TASK_PAYLOAD = TASK_WORDS // 4 * 8
 _CTL_BYTES = 3 * 64  # head, tail, sleeping flag: a cache line each
@@ -160,7 +160,7 @@ class Channel:
     # --- the consumer's half -------------------------------------------------------------
 
     def push_task(self, kind: int, slot: int, seq: int, payload: bytes) -> int:
-        """Queue a task (``payload``: int64 bytes, at most MAX_TASK_PAYLOAD), stamped with
+        """Queue a task (``payload``: whole 8-byte words, at most MAX_TASK_PAYLOAD), stamped with
         :attr:`frames_sent`. 0: no room now (send it by frame); 1: queued; 2: queued and
         the worker sleeps: it stays asleep until :meth:`take_sleeper` says to wake it (the
         consumer may queue more first: one wake-up for several tasks)."""
@@ -208,7 +208,7 @@ class Channel:
 
     def take_tasks(self) -> list[tuple[int, int, int, int, Any]]:
         """Tasks queued for this worker, oldest first: (kind, slot, seq, stamp, payload)
-        each, the payload a memoryview of int64 bytes (valid until the next call)."""
+        each, the payload a memoryview of its words (valid until the next call)."""
         words = lib.sl_q_pop(self._task_ctl, self._task_data, TASK_WORDS, self._out_ptr, TASK_WORDS)
         if not words:
             return []

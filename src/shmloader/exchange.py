@@ -69,8 +69,8 @@ class Exchange:
 
     def _send_task(self, worker: WorkerHandle, kind: int, slot: int, seq: int, payload: bytes) -> None:
         """Give ``worker`` a task: in its task queue (no system call unless it sleeps),
-        or by frame when the queue has no room or the task is not int64 indices."""
-        if kind != wire.TASK_KEYS and len(payload) <= MAX_TASK_PAYLOAD:
+        or by frame when the queue has no room or the payload is too large for it."""
+        if len(payload) <= MAX_TASK_PAYLOAD:
             queued = worker.channel.push_task(kind, slot, seq, payload)
             if queued:
                 if queued == 2 and worker not in self._asleep:  # woken by _wake_workers
