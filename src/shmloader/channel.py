@@ -46,6 +46,7 @@ RECORD_WORDS = 5  # n, kind, slot, seq, stamp; then the payload
 # (a quarter of the queue: a few of them fit at once).
 MAX_TASK_PAYLOAD = TASK_WORDS // 4 * 8
 _CTL_BYTES = 3 * 64  # head, tail, sleeping flag: a cache line each
+_HEAD_WORD, _TAIL_WORD = 0, 8  # their uint64 words (native/slots.c: SL_Q_HEAD, SL_Q_TAIL)
 _TASK_CTL = 0
 _RESULT_CTL = _CTL_BYTES
 _TASK_DATA = 2 * _CTL_BYTES
@@ -244,6 +245,21 @@ class Channel:
     def pending_tasks(self) -> int:
         """Task words queued and not yet taken (a snapshot, for tests)."""
         return lib.sl_q_used(self._task_ctl)
+
+    def queued_seqs(self) -> list[int]:
+        """The batch numbers of the tasks queued and not yet taken by the worker, oldest
+        first: after the worker died, the batches it never started (off the per-batch
+        path; a record that does not parse ends the list)."""
+        ctl, data = self._task_ctl, self._task_data
+        pos, tail = ctl[_HEAD_WORD], ctl[_TAIL_WORD]
+        seqs = []
+        while pos < tail:
+            n = data[pos % TASK_WORDS]
+            if n < RECORD_WORDS or pos + n > tail:
+                break
+            seqs.append(data[(pos + 3) % TASK_WORDS])
+            pos += n
+        return seqs
 
 
 _HEAD = struct.Struct("<5q")
