@@ -108,9 +108,8 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         self._results = self.scheduler.results
         self._tasks: dict[int, _Task] = {}
         self._asleep: list[_WorkerHandle] = []  # workers asleep with tasks queued (_send_task)
-        self._retired: set[_WorkerHandle] = (
-            set()
-        )  # workers whose worker_init_fn failed: their exit is expected
+        # Workers whose worker_init_fn failed: their exit is expected (exchange._exited).
+        self._retired: set[_WorkerHandle] = set()
         self._source: Any = None
         self._source_done = True
 
