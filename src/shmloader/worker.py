@@ -306,7 +306,8 @@ class _Worker:
 
     def do_task(self, kind: int, slot: int, seq: int, payload: Any) -> None:
         """Load batch ``seq`` into ``slot``: ``payload`` holds its int64 sample indices
-        (TASK_INDICES) or its keys pickled as the sampler gave them (TASK_KEYS)."""
+        (TASK_INDICES) or its keys as the sampler gave them (TASK_SCALARS, TASK_KEYS: see
+        wire.task_payload)."""
         cfg = self.cfg
         indices = None
         where = "fetching"
@@ -325,7 +326,7 @@ class _Worker:
                 if kind == wire.TASK_INDICES:
                     indices = memoryview(payload).cast("q").tolist()  # (int64, native order)
                 else:
-                    indices = pickle.loads(payload)
+                    indices = wire.task_keys(kind, payload)
                 samples = self.recipe.fetch(indices, seq)
             self.collate_from = now = clock()
             self.fetch_ns += now - began
