@@ -497,9 +497,10 @@ def task_payload(indices: Any) -> tuple[int, bytes]:
 
     A list of one plain ``int`` (``batch_size=1``, ``batch_size=None``: the path whose
     cost is per batch) goes as that int64 (TASK_INDICES); a list of numpy scalars of one
-    integer or bool type as their bytes and the type's char (TASK_SCALARS: pickling
-    numpy scalars costs ~1.6 us each); anything else pickled as it is (TASK_KEYS,
-    zero-padded: unpickling ignores bytes past the pickle)."""
+    integer or bool type as their bytes and the type's char (TASK_SCALARS: each numpy
+    scalar pickles with its dtype, slowly); anything else is pickled as it is (TASK_KEYS,
+    zero-padded: unpickling ignores bytes past the pickle), a list of plain ints too
+    (pickling them costs less than checking each key's type to send int64)."""
     if type(indices) is list and indices:
         first = type(indices[0])
         if first is int:
