@@ -16,6 +16,7 @@ import gc
 import hashlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -1238,3 +1239,112 @@ def case_restart_faults(method: str, tmp: str) -> dict[str, Any]:
 
 
 CASES.update(restart_kill=case_restart_kill, restart_faults=case_restart_faults)
+
+
+# --------------------------------------------------------------------------- idle deaths (issue 27)
+
+
+class InOrder(Sampler):
+    """``0 .. n-1`` in order: a user's sampler (the loader prefetches nothing of the next
+    epoch for it, so a worker between epochs is idle)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+# Where in an epoch a worker is SIGKILLed while it has no batch to load (map-style unless
+# said): after epoch 0, before epoch 1 (persistent workers; map and iterable); after batch
+# 1 of 4 with 3 workers (worker 1 has no batch left this epoch); after the epoch's last
+# batch, before the next() that ends it.
+IDLE_POINTS = ("between_epochs", "between_epochs_iter", "idle_mid_epoch", "after_last")
+
+
+def _idle_death_run(
+    method: str, point: str, persistent: bool, restarts: int, timeout: float
+) -> dict[str, Any]:
+    """Two epochs of 8 samples in batches of 2; one idle worker SIGKILLed at ``point`` of
+    epoch 0 (waited for until it is gone, so the death precedes the next ``next()``)."""
+    iterable = point == "between_epochs_iter"
+    ds = Stream(n=8) if iterable else Arange(n=8)
+    kw: dict[str, Any] = dict(
+        num_workers=3 if point == "idle_mid_epoch" else 2,
+        persistent_workers=persistent,
+        timeout=timeout,
+        max_worker_restarts=restarts,
+    )
+    if not iterable:
+        kw["sampler"] = InOrder(8)
+    dl = _loader(ds, method, **kw)
+    victim = {"between_epochs": 1, "between_epochs_iter": 1, "idle_mid_epoch": 1, "after_last": 0}[point]
+    epochs: list[list[list[int]]] = []
+    killed: dict[str, Any] = {}
+    err, t_err, pids = None, 0.0, set()
+
+    def kill(it: Any) -> None:
+        proc = it._workers[victim].proc
+        os.kill(proc.pid, signal.SIGKILL)
+        # Dead as the consumer sees it: its sentinel is ready (the process and all its
+        # threads are gone; under forkserver, once the fork server wrote its status).
+        gone = bool(multiprocessing.connection.wait([proc.sentinel], 5.0))
+        killed.update(pid=proc.pid, gone=gone, at=time.monotonic())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for epoch in range(2):
+                got: list[list[int]] = []
+                epochs.append(got)
+                it = iter(dl)
+                for k, batch in enumerate(it):
+                    got.append(np.asarray(batch)[:, 0].tolist())
+                    pids.update(w.proc.pid for w in it._workers)
+                    if epoch == 0 and (point, k) in (("idle_mid_epoch", 1), ("after_last", 3)):
+                        kill(it)
+                if epoch == 0 and point.startswith("between_epochs"):
+                    kill(it)
+                del it
+        except Exception as exc:
+            t_err = time.monotonic()
+            err = describe(exc)
+    restarted = dl.stats()["worker_restarts"]
+    dl.shutdown()
+    del dl
+    return {
+        "point": point,
+        "persistent": persistent,
+        "restarts": restarts,
+        "timeout": timeout,
+        "victim": victim,
+        "killed_pid": killed.get("pid"),
+        "victim_gone": killed.get("gone"),
+        "latency_s": t_err - killed["at"] if err is not None and "at" in killed else None,
+        "epochs": epochs,
+        "error": err,
+        "worker_restarts": restarted,
+        "restart_warnings": [str(w.message) for w in caught if w.category.__name__ == "WorkerRestartWarning"],
+        "pids": sorted(pids),
+    }
+
+
+def case_idle_death(method: str, point: str) -> dict[str, Any]:
+    """An idle worker's death at ``point`` (IDLE_POINTS), without and with
+    max_worker_restarts, with timeout=0 and a timeout; persistent workers on and off
+    where the point exists without them."""
+    persistence = (True,) if point.startswith("between_epochs") else (False, True)
+    return {
+        "runs": [
+            _idle_death_run(method, point, persistent, restarts, timeout)
+            for persistent in persistence
+            for restarts in (0, 1)
+            for timeout in (0.0, 5.0)
+        ]
+    }
+
+
+CASES.update(idle_death=case_idle_death)

@@ -29,7 +29,7 @@ import pytest
 
 from shmloader.ring import ring_bytes
 
-from .faultcases import WIDE_BAD, alive, read_line, wait_gone
+from .faultcases import IDLE_POINTS, WIDE_BAD, alive, read_line, wait_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_CODE = "from tests.faultcases import main; main()"
@@ -150,6 +150,53 @@ def test_worker_death(method, tmp_path):
         assert case["running_after_error"] == [], (label, "workers still running after the error")
         if case["persistent"]:
             assert case["full_epochs_before"] == 1
+
+
+# The batches of the idle-death cases' epochs (8 samples in batches of 2, in order; the
+# iterable dataset's 2 shards are 0, 2, 4, 6 and 1, 3, 5, 7, taken in turn).
+IDLE_EPOCH = {"map": [[0, 1], [2, 3], [4, 5], [6, 7]], "iter": [[0, 2], [1, 3], [4, 6], [5, 7]]}
+
+
+@pytest.mark.parametrize("point", IDLE_POINTS)
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_idle_worker_death(method, point):
+    """Deaths at every point of an epoch, idle included (issue 27): a worker SIGKILLed
+    while it has no batch to load (persistent workers between epochs, map and iterable;
+    mid-epoch with no batch left for it; after the epoch's last batch, before the next()
+    that ends it). Without max_worker_restarts: a WorkerDiedError at the next next(),
+    within 1 s, with timeout=0 as with a timeout, naming the worker, its pid, SIGKILL and
+    that it was idle (never a wait for it, nor a timeout naming it busy). With one restart
+    allowed: the worker is replaced (a WorkerRestartWarning naming it) and both epochs
+    are exactly the undisturbed ones."""
+    child = run_case("idle_death", method=method, point=point)
+    data = assert_clean(child, [p for r in child.data.get("runs", []) for p in r["pids"]])
+    expected = IDLE_EPOCH["iter" if point.endswith("_iter") else "map"]
+    for run in data["runs"]:
+        label = {k: run[k] for k in ("point", "persistent", "restarts", "timeout")}
+        assert run["victim_gone"], (label, "the SIGKILLed worker still ran 5 s later")
+        wid, pid = run["victim"], run["killed_pid"]
+        if run["restarts"]:
+            assert run["error"] is None, (label, run["error"])
+            assert run["epochs"] == [expected, expected], label
+            assert run["worker_restarts"] == 1, label
+            [warning] = run["restart_warnings"]
+            assert f"worker {wid} (pid {pid})" in warning and "SIGKILL" in warning, (label, warning)
+            assert "while idle" in warning, (label, warning)
+            continue
+        err = run["error"]
+        assert err is not None, (label, "no error", run["epochs"])
+        assert err["type"] == "WorkerDiedError", (label, err)
+        assert (err["worker_id"], err["pid"], err["exitcode"]) == (wid, pid, -9), (label, err)
+        msg = err["msg"]
+        assert f"pid {pid}" in msg and f"worker {wid} while idle" in msg and "SIGKILL" in msg, (label, msg)
+        assert "busy" not in msg and "timed out" not in msg, (label, msg)
+        assert run["latency_s"] < 1.0, (label, run["latency_s"])
+        # Raised in the epoch where the worker died (before its end), or, between epochs,
+        # at the next epoch's first next().
+        if point.startswith("between_epochs"):
+            assert run["epochs"] == [expected, []], (label, run["epochs"])
+        else:
+            assert len(run["epochs"]) == 1 and run["epochs"][0] == expected[: len(run["epochs"][0])], label
 
 
 # --------------------------------------------------------------------------- 2. consumer dies

@@ -42,10 +42,11 @@ from shmloader.segment import memfd_usable
 TASK_WORDS = 16384  # the submission queue: 128 KiB of int64 words
 RESULT_WORDS = 4096  # the completion queue: 512 results of 8 words
 RECORD_WORDS = 5  # n, kind, slot, seq, stamp; then the payload
-# The largest task payload (int64 indices) that goes by the queue; larger ones go by frame
+# The largest task payload (wire.task_payload's words) that goes by the queue; larger ones go by frame
 # (a quarter of the queue: a few of them fit at once).
 MAX_TASK_PAYLOAD = TASK_WORDS // 4 * 8
 _CTL_BYTES = 3 * 64  # head, tail, sleeping flag: a cache line each
+_HEAD_WORD, _TAIL_WORD = 0, 8  # their uint64 words (native/slots.c: SL_Q_HEAD, SL_Q_TAIL)
 _TASK_CTL = 0
 _RESULT_CTL = _CTL_BYTES
 _TASK_DATA = 2 * _CTL_BYTES
@@ -160,7 +161,7 @@ class Channel:
     # --- the consumer's half -------------------------------------------------------------
 
     def push_task(self, kind: int, slot: int, seq: int, payload: bytes) -> int:
-        """Queue a task (``payload``: int64 bytes, at most MAX_TASK_PAYLOAD), stamped with
+        """Queue a task (``payload``: whole 8-byte words, at most MAX_TASK_PAYLOAD), stamped with
         :attr:`frames_sent`. 0: no room now (send it by frame); 1: queued; 2: queued and
         the worker sleeps: it stays asleep until :meth:`take_sleeper` says to wake it (the
         consumer may queue more first: one wake-up for several tasks)."""
@@ -208,7 +209,7 @@ class Channel:
 
     def take_tasks(self) -> list[tuple[int, int, int, int, Any]]:
         """Tasks queued for this worker, oldest first: (kind, slot, seq, stamp, payload)
-        each, the payload a memoryview of int64 bytes (valid until the next call)."""
+        each, the payload a memoryview of its words (valid until the next call)."""
         words = lib.sl_q_pop(self._task_ctl, self._task_data, TASK_WORDS, self._out_ptr, TASK_WORDS)
         if not words:
             return []
@@ -244,6 +245,21 @@ class Channel:
     def pending_tasks(self) -> int:
         """Task words queued and not yet taken (a snapshot, for tests)."""
         return lib.sl_q_used(self._task_ctl)
+
+    def queued_seqs(self) -> list[int]:
+        """The batch numbers of the tasks queued and not yet taken by the worker, oldest
+        first: after the worker died, the batches it never started (off the per-batch
+        path; a record that does not parse ends the list)."""
+        ctl, data = self._task_ctl, self._task_data
+        pos, tail = ctl[_HEAD_WORD], ctl[_TAIL_WORD]
+        seqs = []
+        while pos < tail:
+            n = data[pos % TASK_WORDS]
+            if n < RECORD_WORDS or pos + n > tail:
+                break
+            seqs.append(data[(pos + 3) % TASK_WORDS])
+            pos += n
+        return seqs
 
 
 _HEAD = struct.Struct("<5q")

@@ -28,7 +28,8 @@ class WorkerError(ShmLoaderError, RuntimeError):
 
 
 class WorkerDiedError(ShmLoaderError, RuntimeError):
-    """A worker process exited while it still owed batches (signal, crash, ``os._exit``).
+    """A worker process exited while its iterator ran (signal, crash, ``os._exit``), whether
+    it was loading a batch or idle.
 
     Attributes ``worker_id``, ``pid`` and ``exitcode`` (negative for a signal) describe it.
     """

@@ -61,16 +61,15 @@ class Exchange:
     _rcvd_seq: int
     _restart: Any
     _restart_hung: Any
-    _died_idle: Any
-    _may_restart: Any
+    _retired: set
     _timeout_error: Any
     _shard_state: Any
     _want_ring: Any
 
     def _send_task(self, worker: WorkerHandle, kind: int, slot: int, seq: int, payload: bytes) -> None:
         """Give ``worker`` a task: in its task queue (no system call unless it sleeps),
-        or by frame when the queue has no room or the task is not int64 indices."""
-        if kind != wire.TASK_KEYS and len(payload) <= MAX_TASK_PAYLOAD:
+        or by frame when the queue has no room or the payload is too large for it."""
+        if len(payload) <= MAX_TASK_PAYLOAD:
             queued = worker.channel.push_task(kind, slot, seq, payload)
             if queued:
                 if queued == 2 and worker not in self._asleep:  # woken by _wake_workers
@@ -112,6 +111,8 @@ class Exchange:
             # (A result queued right at the deadline counts; others, not due, do not.)
             if self._collect() and (due is None or due.seq not in self._tasks):
                 return
+            if self._check_exits():  # (a death at the deadline: no worker is "busy")
+                return
             if self._loader.max_worker_restarts and self._restart_hung(timeout):
                 return
             raise self._timeout_error(timeout)
@@ -127,14 +128,38 @@ class Exchange:
                 self._receive(worker)
         self._collect()
         for worker in dead:
-            self._drain(worker)
-            wid = worker.id
-            if self.scheduler.outstanding[wid] or (self.scheduler.active[wid] and not self._source_done):
-                self._restart(worker)  # raises the death error where it may not
-            elif self._loader.persistent_workers and self._died_idle(worker) and self._may_restart(worker):
-                self._restart(worker)  # owes nothing now; the next epoch needs it
-            else:
-                pool.forget(worker)
+            self._exited(worker)
+
+    def _exited(self, worker: WorkerHandle) -> None:
+        """``worker``'s process exited. What it sent before is handled first; then it is
+        replaced (``max_worker_restarts``) or its death raised (WorkerDiedError), whatever
+        it was doing: loading a batch, or idle (a dead worker left in the pool would be
+        given the next epoch's tasks, or this one's, and waited for forever). Only a worker
+        whose worker_init_fn failed exits as expected (it said so first)."""
+        self._drain(worker)
+        if worker in self._retired:
+            self._pool.forget(worker)
+        else:
+            self._restart(worker)  # raises the death error where it may not
+
+    def _check_exits(self) -> bool:
+        """Handle (see :meth:`_exited`) the workers that exited while the consumer was not
+        waiting on them; True when there was one."""
+        dead = self._pool.exited()
+        for worker in dead:
+            self._exited(worker)
+        return bool(dead)
+
+    def _death_point(self, worker: WorkerHandle) -> tuple[int | None, Any, bool]:
+        """Where ``worker`` was when it died: its oldest unanswered batch of this epoch
+        (None: it owed none) with that batch's indices, and whether it had started on it.
+        It had not when that task is still in its task queue: tasks are taken in order, so
+        it was idle (between batches, or not started yet), with work queued for it."""
+        pending = sorted(seq for seq, t in self._tasks.items() if t.worker is worker)
+        if not pending:
+            return None, None, True
+        first = pending[0]
+        return first, self._tasks[first].indices, first not in worker.channel.queued_seqs()
 
     def _yield_for(self, window_ns: int) -> bool:
         """Give this CPU to whatever else is runnable on it (often the worker loading the
@@ -244,6 +269,7 @@ class Exchange:
         header carries no batch number) and exits. It answers for every task it was
         given: the error takes the place of the first one, the others are dropped, and
         the worker's exit is then expected (no WorkerDiedError)."""
+        self._retired.add(worker)
         mine = sorted(seq for seq, t in self._tasks.items() if t.worker is worker)
         tasks = [self._tasks.pop(seq) for seq in mine]
         for task in tasks:

@@ -108,6 +108,8 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         self._results = self.scheduler.results
         self._tasks: dict[int, _Task] = {}
         self._asleep: list[_WorkerHandle] = []  # workers asleep with tasks queued (_send_task)
+        # Workers whose worker_init_fn failed: their exit is expected (exchange._exited).
+        self._retired: set[_WorkerHandle] = set()
         self._source: Any = None
         self._source_done = True
 
@@ -154,6 +156,9 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         for _, task, _ in self._results.values():
             _leases.give_back(task.ring, task.slot)
         self._begin_epoch(plan)
+        # A worker that died since the last epoch (idle: nothing was in flight) is raised
+        # now, or replaced before it is given anything (the new one has this epoch's seed).
+        self._check_exits()
         for w in self._workers:
             self._pool.send(w, wire.epoch_frame(plan.epoch_seed + w.id))
         try:
@@ -367,6 +372,10 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             if not self._owes_this_epoch():  # (not counting the next epoch's: ahead.py)
                 self._dispatch()
                 if not self._owes_this_epoch():
+                    # A worker that died since the last wait (idle, its work done) is
+                    # raised or replaced now, as the epoch ends: not left for the next
+                    # epoch to find (torch raises it as it dies).
+                    self._check_exits()
                     return None
             self._wait()
 
@@ -433,9 +442,8 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
     # --- errors -------------------------------------------------------------------------
 
     def _death_error(self, worker: _WorkerHandle, note: str = "") -> WorkerDiedError:
-        pending = sorted(t.seq for t in self._tasks.values() if t.worker is worker)
-        task = self._tasks.get(pending[0]) if pending else None
-        return self._pool.death_error(worker, pending[0] if pending else None, task and task.indices, note)
+        batch, indices, started = self._death_point(worker)
+        return self._pool.death_error(worker, batch, indices, note, started)
 
     def _timeout_error(self, timeout: float) -> LoaderTimeoutError:
         # Results that arrived unread while waiting on one worker: those workers are not busy.

@@ -415,24 +415,37 @@ class WorkerPool:
     # --- errors -------------------------------------------------------------------------
 
     @staticmethod
-    def death_error(worker: WorkerHandle, batch: int | None, indices: Any, note: str = "") -> WorkerDiedError:
-        """The error for ``worker``'s unexpected exit: pid, signal or exit code, the
-        batch it was loading (``batch``, its sample ``indices``), ``note`` (why it was not
-        restarted, when restarts are on) and the remedy."""
+    def death_error(
+        worker: WorkerHandle, batch: int | None, indices: Any, note: str = "", started: bool = True
+    ) -> WorkerDiedError:
+        """The error for ``worker``'s unexpected exit: pid, signal or exit code, where it
+        was (see :func:`death_point`), ``note`` (why it was not restarted, when restarts
+        are on) and the remedy."""
         proc = worker.proc
         proc.join(0.1)
         code = proc.exitcode
         how, advice = describe_exit(code)
-        what = f" while loading batch {batch}" if batch is not None else ""
-        if batch is not None and indices is not None:
-            what += f" (sample indices {short_indices(indices)})"
         return WorkerDiedError(
-            f"DataLoader worker (pid {proc.pid}) {how}: worker {worker.id}{what}. The other "
-            f"workers were stopped; start a new iteration to go on.{note}{advice}",
+            f"DataLoader worker (pid {proc.pid}) {how}: worker {worker.id}"
+            f"{death_point(batch, indices, started)}. The other workers were stopped; start a "
+            f"new iteration to go on.{note}{advice}",
             worker_id=worker.id,
             pid=proc.pid,
             exitcode=code,
         )
+
+    def exited(self) -> list[WorkerHandle]:
+        """The watched workers whose process exited, as their sentinels say now (no wait):
+        a death while the consumer was not waiting on them (between epochs, at an epoch's
+        end). (Not ``exitcode``: a killed worker's sentinel is ready, as :meth:`wait`
+        sees it, a moment before the kernel lets it be reaped.)"""
+        poller = select.poll()
+        watched = {}
+        for w in self.workers:
+            if w.proc.sentinel in self.fd_owner:
+                watched[w.proc.sentinel] = w
+                poller.register(w.proc.sentinel, select.POLLIN)
+        return [watched[fd] for fd, _ in poller.poll(0)] if watched else []
 
     @staticmethod
     def timeout_error(
@@ -447,6 +460,18 @@ class WorkerPool:
             f"DataLoader timed out after {timeout} seconds waiting for {what}; workers still busy: "
             f"{', '.join(names) or 'none'}. Raise timeout, or find what makes the dataset slow."
         )
+
+
+def death_point(batch: int | None, indices: Any, started: bool = True) -> str:
+    """Where a dead worker was, for messages: loading batch ``batch`` (its sample
+    ``indices``), or, ``started`` False, given it but not started on it yet (still in its
+    task queue), or idle (``batch`` None: it owed no batch)."""
+    if batch is None:
+        return " while idle, between batches"
+    what = f" while loading batch {batch}" if started else f" while idle, before it started batch {batch}"
+    if indices is not None:
+        what += f" (sample indices {short_indices(indices)})"
+    return what
 
 
 @contextlib.contextmanager

@@ -24,8 +24,8 @@ from shmloader import _slots, wire
 from shmloader import leases as _leases
 from shmloader import state as _state
 from shmloader.errors import WorkerRestartWarning
-from shmloader.failures import describe_exit, short_indices
-from shmloader.pool import WorkerHandle
+from shmloader.failures import describe_exit
+from shmloader.pool import WorkerHandle, death_point
 from shmloader.worker import worker_main
 
 
@@ -42,21 +42,26 @@ class Restarts:
     _source_done: bool
     plan: Any
     scheduler: Any
+    _death_point: Any
 
     def _may_restart(self, worker: WorkerHandle) -> bool:
         """Whether a restart is left in the loader's budget and ``worker`` can be replaced
-        exactly (an iterable dataset's shard needs its own state to resume from)."""
+        exactly. An iterable dataset's shard needs its own state to resume from, unless
+        the epoch has not begun loading (the new worker starts the shard as the old one
+        would have) or the worker has nothing of it left to load this epoch (the next
+        epoch starts it afresh)."""
         loader = self._loader
         if loader._stats["worker_restarts"] >= loader.max_worker_restarts:
             return False
-        return not loader.iterable or self.plan is None or self.plan.stateful
+        if not loader.iterable or self.plan is None or self.plan.stateful:
+            return True
+        sched = self.scheduler
+        return sched.send_seq == sched.base or not self._owes_work(worker)
 
-    @staticmethod
-    def _died_idle(worker: WorkerHandle) -> bool:
-        """Whether ``worker``, which owes nothing, died (a signal or an exit code): not a
-        worker that returned after its worker_init_fn failed (exit code 0; it was retired)."""
-        worker.proc.join(0.1)
-        return worker.proc.exitcode not in (0, None)
+    def _owes_work(self, worker: WorkerHandle) -> bool:
+        """Whether ``worker`` has batches of this epoch in flight or still to be given."""
+        wid = worker.id
+        return bool(self.scheduler.outstanding[wid]) or (self.scheduler.active[wid] and not self._source_done)
 
     def _restart(self, worker: WorkerHandle, timed_out: float | None = None) -> None:
         """Replace ``worker`` (dead, or hung past the loader's timeout: ``timed_out`` s)
@@ -92,8 +97,8 @@ class Restarts:
             how = describe_exit(worker.proc.exitcode)[0]
         # A worker that gets no task this epoch any more (its shard ended) starts the next
         # one afresh: a record would be read by its first iterator, the next epoch's.
-        needed = pending or (self.scheduler.active[worker.id] and not self._source_done)
-        resume = self._restart_resume(worker.id, pending) if needed else None
+        resume = self._restart_resume(worker.id, pending) if self._owes_work(worker) else None
+        batch, indices, started = self._death_point(worker)
         plan = self.plan
         seed = plan.epoch_seed + worker.id  # type: ignore[union-attr]
         try:
@@ -125,9 +130,7 @@ class Restarts:
             else:
                 kind, payload = wire.task_payload(task.indices)
             self._pool.send(new, wire.frame(wire.pack(kind, task.slot, seq, payload)))
-        what = f" while loading batch {pending[0]}" if pending else " between batches"
-        if pending and self._tasks[pending[0]].indices is not None:
-            what += f" (sample indices {short_indices(self._tasks[pending[0]].indices)})"
+        what = death_point(batch, indices, started)
         again = f"; its {len(pending)} batch(es) in flight are loaded again" if pending else ""
         warnings.warn(
             f"DataLoader worker {worker.id} (pid {old_pid}) {how}{what}. Started worker "

@@ -6,7 +6,7 @@ message is a fixed :data:`HEADER` (kind, slot, batch sequence number) and a payl
 per-batch tasks and results do not use it: they go through the worker's queues in shared
 memory (:mod:`shmloader.channel`, sent as the first frame, TASK_CHANNEL), and the socket
 carries a wake-up (TASK_WAKE, RES_WAKE) only to a side that sleeps. Frames carry the rest:
-new rings and epochs, tasks the queue cannot take (pickled keys, huge index lists),
+new rings and epochs, tasks the queue cannot take (huge lists of keys),
 errors, shard states, stats, batches in one-off segments. The kinds are :class:`Kind`;
 the module-level constants are their plain int values, for the per-batch path. The same
 socket is the worker's lifeline: when the consumer dies the kernel closes its end, and
@@ -31,7 +31,6 @@ import enum
 import os
 import pickle
 import struct
-from array import array
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -47,14 +46,15 @@ NO_SLOT = -1
 class Kind(enum.IntEnum):
     """Every kind of frame. Tasks (consumer -> worker) are below 10, results above."""
 
-    TASK_INDICES = 1  # payload: int64 sample indices
-    TASK_KEYS = 2  # payload: pickled list of sample keys (a sampler yielding non-int keys)
+    TASK_INDICES = 1  # payload: int64 sample indices (a batch of one plain int; see task_payload)
+    TASK_KEYS = 2  # payload: the batch's sample keys pickled as the sampler gave them, zero-padded
     TASK_ITER = 3  # iterable dataset: produce the next batch; no payload
     TASK_EPOCH = 4  # persistent workers, new epoch: payload int64 [base_seed] (epoch_frame)
     TASK_STOP = 5
     TASK_RING = 6  # payload: int64 [num_slots, slot_bytes] (ring_frame); the ring's descriptor comes with it
     TASK_WAKE = 7  # no payload: a task is in the worker's queue and it was asleep (see channel.py)
     TASK_CHANNEL = 8  # the first frame: the worker's channel's descriptor comes with it (see channel.py)
+    TASK_SCALARS = 9  # payload: int64 [numpy type char, count], then the keys' bytes (see task_payload)
     RES_SEGMENT = 10  # payload: int64 [slot_bytes]; the batch is in slot 0 of a one-off segment
     # (a 1-slot ring) whose descriptor comes with this frame: a batch that had no slot (the
     # first, which sizes the ring) or outgrew it, delivered without a copy.
@@ -90,8 +90,10 @@ RES_STATS = int(Kind.RES_STATS)
 RES_WAKE = int(Kind.RES_WAKE)
 TASK_WAKE = int(Kind.TASK_WAKE)
 TASK_CHANNEL = int(Kind.TASK_CHANNEL)
+TASK_SCALARS = int(Kind.TASK_SCALARS)
 
 _I64 = struct.Struct("<q")
+_KEYS_PROTOCOL = pickle.HIGHEST_PROTOCOL
 _I64X2 = struct.Struct("<qq")
 
 
@@ -481,20 +483,51 @@ def send_frame_with_fd(sock: int, framed: bytes, fd: int) -> None:
     _slots.send_with_fd(sock, framed, fd)
 
 
+# numpy's bool and integer scalar types, and the type chars they come back as when
+# pickled (how torch sends them to its workers: np.longlong, a type of its own beside
+# np.int64 here, comes back as np.int64).
+_SCALAR_CHARS = {np.dtype(c).type: ord(pickle.loads(pickle.dumps(np.dtype(c))).char) for c in "?bBhHiIlLqQ"}
+
+
 def task_payload(indices: Any) -> tuple[int, bytes]:
-    """A batch's sample indices as a task: int64 bytes when they are integers (bools and
-    other ``__index__`` types count as ints, as in Python's own indexing), else the
-    pickled list of keys, which reach the dataset as they were given."""
-    if type(indices) is list:  # a batch sampler's list
-        try:
-            return TASK_INDICES, array("q", indices).tobytes()
-        except (TypeError, OverflowError):  # str, tuple, float... keys; ints beyond int64
-            return TASK_KEYS, pickle.dumps(indices)
-    try:  # an array, a tuple, a range...
-        arr = np.asarray(indices) if len(indices) else np.empty(0, np.int64)
-    except ValueError:  # ragged keys (tuples of different lengths)
-        return TASK_KEYS, pickle.dumps(list(indices))
-    kind = arr.dtype.kind if arr.ndim == 1 else ""
-    if kind == "i" or (kind == "u" and (not len(arr) or int(arr.max()) < 2**63)):
-        return TASK_INDICES, arr.astype(np.int64, copy=False).tobytes()
-    return TASK_KEYS, pickle.dumps(list(indices))
+    """A batch's sample keys as a task's payload, a whole number of 8-byte words (the task
+    queue's unit), from which the worker rebuilds them as they were given, as torch's
+    workers receive them (torch pickles each batch of keys to its worker): numpy ints and
+    bools stay themselves, a batch sampler's tuple or array stays a tuple or an array.
+
+    A list of one plain ``int`` (``batch_size=1``, ``batch_size=None``: the path whose
+    cost is per batch) goes as that int64 (TASK_INDICES); a list of numpy scalars of one
+    integer or bool type as their bytes and the type's char (TASK_SCALARS: each numpy
+    scalar pickles with its dtype, slowly); anything else is pickled as it is (TASK_KEYS,
+    zero-padded: unpickling ignores bytes past the pickle), a list of plain ints too
+    (pickling them costs less than checking each key's type to send int64)."""
+    if type(indices) is list and indices:
+        first = type(indices[0])
+        if first is int:
+            if len(indices) == 1:
+                try:
+                    return TASK_INDICES, _I64.pack(indices[0])
+                except struct.error:  # beyond int64: pickled below
+                    pass
+        elif first in _SCALAR_CHARS and set(map(type, indices)) == {first}:
+            n = len(indices)
+            data = np.fromiter(indices, first, n).tobytes()
+            return TASK_SCALARS, _I64X2.pack(_SCALAR_CHARS[first], n) + data + bytes(-len(data) & 7)
+    try:
+        data = pickle.dumps(indices, _KEYS_PROTOCOL)
+    except TypeError:
+        if type(indices) is list:
+            raise
+        # Keys in a container that does not pickle (a generator): its items, in a list.
+        data = pickle.dumps(list(indices), _KEYS_PROTOCOL)
+    pad = -len(data) & 7
+    return TASK_KEYS, data + bytes(pad) if pad else data
+
+
+def task_keys(kind: int, payload: Any) -> Any:
+    """The sample keys of a TASK_SCALARS or TASK_KEYS payload, as :func:`task_payload`
+    was given them."""
+    if kind == TASK_SCALARS:
+        char, n = _I64X2.unpack_from(payload)
+        return list(np.frombuffer(payload, np.dtype(chr(char)), n, 16))
+    return pickle.loads(payload)

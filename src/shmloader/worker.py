@@ -247,7 +247,7 @@ class _Worker:
     def yield_for_work(self, take: Callable[[], list], tasks: deque, frames: deque[bytes]) -> bool:
         """Out of tasks: give this CPU to whatever else is runnable on it (the other
         worker, the consumer), looking for tasks (into ``tasks``) and frames (read into
-        ``frames``: a task too large for the queue or not int64, a new ring, an epoch)
+        ``frames``: a task too large for the queue, a new ring, an epoch)
         between yields, for up to ``spin_ns`` ns; True when either came. The consumer's
         next task is often that close (a small batch): a worker that fell asleep costs
         the consumer a wake-up write, as much CPU as the rest of a small batch's path
@@ -306,7 +306,8 @@ class _Worker:
 
     def do_task(self, kind: int, slot: int, seq: int, payload: Any) -> None:
         """Load batch ``seq`` into ``slot``: ``payload`` holds its int64 sample indices
-        (TASK_INDICES) or its pickled keys (TASK_KEYS)."""
+        (TASK_INDICES) or its keys as the sampler gave them (TASK_SCALARS, TASK_KEYS: see
+        wire.task_payload)."""
         cfg = self.cfg
         indices = None
         where = "fetching"
@@ -325,7 +326,7 @@ class _Worker:
                 if kind == wire.TASK_INDICES:
                     indices = memoryview(payload).cast("q").tolist()  # (int64, native order)
                 else:
-                    indices = pickle.loads(payload)
+                    indices = wire.task_keys(kind, payload)
                 samples = self.recipe.fetch(indices, seq)
             self.collate_from = now = clock()
             self.fetch_ns += now - began
