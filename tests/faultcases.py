@@ -1167,8 +1167,8 @@ def case_restart_kill(
     restarts = dl.stats()["worker_restarts"]
     gc.collect()
     ring = dl._leases.current
-    # Persistent workers load the next epoch's first batches during the last epoch
-    # (ahead.py): those slots are READY until shutdown() frees them with the workers.
+    # Slots are checked after shutdown(), which frees any still READY with the workers
+    # (the next epoch's first batches, where prefetch_next_epoch=True loaded them).
     dl.shutdown()
     # Every slot FREE again: none kept by a dead worker's task.
     states = [ring.states.load(i) for i in range(ring.num_slots)] if ring is not None else []

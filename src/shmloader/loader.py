@@ -88,6 +88,19 @@ class DataLoader(Generic[T_co]):
     ``state_dict``/``load_state_dict``: its shard resumes from the state it reported
     after its last batch received (without them, ``WorkerDiedError``). See docs/restart.md.
 
+    ``prefetch_next_epoch`` (default False; needs ``persistent_workers=True``): the
+    workers load the next epoch's first batches while the last ones of this epoch are
+    consumed, so the next epoch's first ``next()`` does not wait for a worker. torch loads
+    nothing of an epoch before its ``iter()``, and neither does the default. Opt in only
+    where nothing the samples read changes between epochs: those batches are made
+    *before* the loop's per-epoch code runs, so a dataset that reads state the loop sets
+    for the epoch (a ``multiprocessing.Value`` holding the epoch, a curriculum stage,
+    ``dataset.set_epoch``, a changed transform) gives them the old epoch's state. Only the
+    loader's own ``set_epoch`` and a changed dataset length are seen (the prefetched
+    batches are then dropped). It applies to map-style datasets batched by the loader, with
+    its own shuffle or a ``SequentialSampler`` and no ``generator=``; elsewhere nothing is
+    prefetched. ``stats()["epochs_ahead"]`` counts the epochs that began so.
+
     ``num_workers="auto"`` and ``prefetch_factor="auto"`` (docs/autotune.md): start with
     one worker and a prefetch of 2, and add workers mid-epoch while the training loop
     waits, the workers are busy and a core is free (up to the cores this process may use,
@@ -135,11 +148,12 @@ class DataLoader(Generic[T_co]):
         rank: int | None = None,
         world_size: int | None = None,
         max_worker_restarts: int = 0,
+        prefetch_next_epoch: bool = False,
     ) -> None:
         args = arguments.check(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, drop_last, timeout,
             generator, prefetch_factor, persistent_workers, seed, num_slots, slot_bytes, collate,
-            max_shm_bytes, shm_backend, output, max_worker_restarts,
+            max_shm_bytes, shm_backend, output, max_worker_restarts, prefetch_next_epoch,
         )  # fmt: skip
         dataset, shuffle, batch_size, drop_last = args.dataset, args.shuffle, args.batch_size, args.drop_last
         num_workers, prefetch_factor, output = args.num_workers, args.prefetch_factor, args.output
@@ -161,6 +175,7 @@ class DataLoader(Generic[T_co]):
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context  # validated as torch does
         self.persistent_workers = persistent_workers
+        self.prefetch_next_epoch = prefetch_next_epoch
         self.in_order = in_order
         self.max_worker_restarts = max_worker_restarts
         # None: the default collate (torch reports its default_collate/default_convert).
@@ -362,7 +377,7 @@ class DataLoader(Generic[T_co]):
         which sizes the ring, and batches that outgrew their slot: views of a one-off
         segment each; ``copy=True``; main-process loading), ``rings_created`` (the first
         ring, then one per growth), ``worker_restarts`` (dead or hung workers replaced
-        under ``max_worker_restarts``), ``epochs_ahead`` (persistent workers: epochs whose
+        under ``max_worker_restarts``), ``epochs_ahead`` (``prefetch_next_epoch``: epochs whose
         first batches loaded while the last one's were consumed) and
         ``batches_ahead_dropped`` (so loaded, and not used: ``set_epoch`` or a changed
         dataset gave the epoch another plan), the current ring's ``num_slots`` and ``slot_bytes``,
