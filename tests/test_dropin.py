@@ -167,13 +167,32 @@ def test_multiprocessing_context_name_becomes_a_context():
     assert DataLoader(NumpySamples(), num_workers=2).multiprocessing_context is None
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_environments_rank_does_not_shard_a_default_loader_as_torch(monkeypatch, num_workers):
+    """RANK and WORLD_SIZE set (torchrun, a launcher), no DistributedSampler: torch's
+    loader yields the whole dataset, and so does ours unless asked to shard."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = NumpySamples()
+    reference = list(data.DataLoader(ds, batch_size=2, num_workers=num_workers))
+    loader = DataLoader(ds, batch_size=2, num_workers=num_workers)
+    ours = list(loader)
+    assert len(loader) == len(reference) == len(ours) == 5
+    for a, b in zip(ours, reference):
+        assert_same_batch(a, b)
+    assert (loader.rank, loader.world_size) == (0, 1), "the loader does not shard"
+    asked = DataLoader(ds, batch_size=2, num_workers=num_workers, distributed="auto")
+    assert (asked.rank, asked.world_size) == (1, 2)
+    assert [int(v) for x, _ in asked for v in x[:, 0, 0, 0]] == [1, 3, 5, 7, 9]
+
+
 def test_rank_and_world_size_are_read_when_the_epoch_starts(monkeypatch):
-    """A loader made before the job's rank is known shards once it is, like torch's
-    DistributedSampler over the same order."""
+    """A loader made before the job's rank is known shards once it is (when asked to
+    shard: distributed="auto"), like torch's DistributedSampler over the same order."""
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     ds = NumpySamples()
-    loader = DataLoader(ds, batch_size=2)
+    loader = DataLoader(ds, batch_size=2, distributed="auto")
     assert len(loader) == 5 and loader.world_size == 1
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -287,12 +306,15 @@ def test_default_collate_of_nested_tensors_is_torchs_error():
 
 def test_datapipe_in_the_main_process_is_sharded_by_rank(monkeypatch):
     """num_workers=0: the main process reads shard `rank` of `world_size`, as torch's
-    single-process iterator applies sharding."""
+    single-process iterator applies sharding, where the loader shards (distributed="auto");
+    by default, as torch's, the environment's rank does not shard it."""
     datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     pipe = datapipes.IterableWrapper(range(10)).sharding_filter()
-    assert [int(x) for x in DataLoader(pipe, batch_size=None)] == [1, 3, 5, 7, 9]
+    assert [int(x) for x in DataLoader(pipe, batch_size=None, distributed="auto")] == [1, 3, 5, 7, 9]
+    theirs = [int(x) for x in data.DataLoader(pipe, batch_size=None)]
+    assert [int(x) for x in DataLoader(pipe, batch_size=None)] == theirs == list(range(10))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -68,10 +68,20 @@ class DataLoader(Generic[T_co]):
     :mod:`shmloader.torchcompat`), so training frameworks treat it as one.
 
     Training (docs/training.md): ``pin_memory=True`` page-locks the ring once (CUDA only);
-    ``distributed="auto"`` (default), ``rank`` and ``world_size`` give each rank a disjoint
-    share of every epoch (the rank and world size are read when an epoch starts, so a
-    loader made before ``torch.distributed`` is initialized shards once it is);
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` give exact resume.
+
+    Sharding across ranks: by default (``distributed=False``) as torch's loader, only a
+    ``DistributedSampler`` shards (one given as ``sampler``, or in a ``batch_sampler``, as
+    Lightning and Fabric inject); nothing is read from the environment or
+    ``torch.distributed`` (a torch DataPipe is sharded by ``torch.distributed``'s group, as
+    torch shards it). Opt in to the loader's own sharding with ``distributed="auto"``
+    (``torch.distributed``'s rank and world size when it is initialized, else ``RANK`` and
+    ``WORLD_SIZE``; True: the same, and an error when neither is there) or explicit
+    ``rank`` and ``world_size``: each rank then gets a disjoint share of every epoch's
+    global order, as a ``DistributedSampler`` over it (the rank and world size are read when
+    an epoch starts, so a loader made before ``torch.distributed`` is initialized shards
+    once it is). Turn it on only where no other code splits the data: a dataset already
+    split per rank, or a validation set every rank should see whole, would lose samples.
 
     ``max_worker_restarts`` (default 0: a worker that dies ends the epoch with
     :class:`~shmloader.errors.WorkerDiedError`, one that passes ``timeout`` with
@@ -144,7 +154,7 @@ class DataLoader(Generic[T_co]):
         max_shm_bytes: int | None = None,
         shm_backend: str = "auto",
         output: str = "auto",
-        distributed: Any = "auto",
+        distributed: Any = False,
         rank: int | None = None,
         world_size: int | None = None,
         max_worker_restarts: int = 0,
@@ -291,14 +301,31 @@ class DataLoader(Generic[T_co]):
 
     @property
     def rank(self) -> int:
-        """This process's rank, read now: ``rank=`` if given, else torch.distributed's or
-        the ``RANK`` environment variable's (``distributed="auto"``), else 0."""
+        """The rank whose share of each epoch the loader loads, read now: ``rank=`` if
+        given, else with ``distributed="auto"`` (or True) torch.distributed's or the
+        ``RANK`` environment variable's, else 0 (the default: the loader does not shard;
+        a ``DistributedSampler`` may)."""
         return _dist.detect(self.distributed, self._rank_arg, self._world_arg)[0]
 
     @property
     def world_size(self) -> int:
-        """Ranks sharing each epoch, read now (as :attr:`rank`); 1 outside a distributed job."""
+        """Ranks the loader splits each epoch between, read now (as :attr:`rank`); 1 where
+        it does not shard by itself (the default, and outside a distributed job)."""
         return _dist.detect(self.distributed, self._rank_arg, self._world_arg)[1]
+
+    def _sharding_asked(self) -> bool:
+        """Whether the constructor asked the loader to shard by itself (``distributed``
+        "auto" or True, ``rank`` or ``world_size``)."""
+        return _dist.asked(self.distributed, self._rank_arg, self._world_arg)
+
+    def _worker_shard(self) -> tuple[int, int]:
+        """``(rank, world_size)`` an epoch's loading code is told (worker info,
+        :func:`shmloader.get_shard_info`, a DataPipe's ``sharding_filter``): the loader's,
+        except for a torch DataPipe, which is sharded as torch's loader shards it
+        (:func:`shmloader.distributed.datapipe_shard`)."""
+        if self.iterable and fetch.is_datapipe(self.dataset):
+            return _dist.datapipe_shard(self.distributed, self._rank_arg, self._world_arg)
+        return self.rank, self.world_size
 
     @property
     def _auto_collation(self) -> bool:
