@@ -1067,17 +1067,17 @@ class RngArange:
 
 
 class StatefulStream(IterableDataset):
-    """Iterable with state_dict/load_state_dict: items ``wid, wid + nw, ...`` below ``n``;
+    """Iterable with shmloader_state_dict/shmloader_load_state_dict: items ``wid, wid + nw, ...`` below ``n``;
     the state is how many items this worker's shard yielded; a loaded state is where the
     next ``iter()`` starts (later ones start at the beginning)."""
 
     def __init__(self, n: int = 60, sleep: float = 0.004) -> None:
         self.n, self.sleep, self.pos, self.start = n, sleep, 0, 0
 
-    def state_dict(self) -> dict[str, int]:
+    def shmloader_state_dict(self) -> dict[str, int]:
         return {"pos": self.pos}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def shmloader_load_state_dict(self, state: dict[str, int]) -> None:
         self.start = int(state["pos"])
 
     def __iter__(self):
@@ -1089,7 +1089,7 @@ class StatefulStream(IterableDataset):
         for k in range(start, len(items)):
             if self.sleep:
                 time.sleep(self.sleep)
-            self.pos = k + 1  # before the yield: state_dict() after a batch counts its items
+            self.pos = k + 1  # before the yield: the state after a batch counts its items
             yield np.full(3, items[k], np.int64)
 
 

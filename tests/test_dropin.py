@@ -376,3 +376,79 @@ def test_a_dropped_persistent_loader_stops_its_workers_without_gc():
         )
     finally:
         gc.enable()
+
+
+# --- dataset methods the loader calls: only its own names (issue 27) --------------------
+
+
+class _Touchy:
+    """Methods a dataset may have for itself (normalisation figures, a cache's state):
+    each call is counted in a shared counter and raises, as a method that needs a lock or
+    a file the workers do not have would."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def _called(self, name: str):
+        self.calls.value += 1
+        raise RuntimeError(f"{name}() of the dataset was called by the loader")
+
+    def stats(self):
+        self._called("stats")
+
+    def state_dict(self):
+        self._called("state_dict")
+
+    def load_state_dict(self, state):
+        self._called("load_state_dict")
+
+
+class TouchyMap(_Touchy):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        return np.int64(i)
+
+
+class TouchyStream(_Touchy, data.IterableDataset):
+    def __iter__(self):
+        info = data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter([np.int64(i) for i in range(wid, 12, nw)])
+
+
+@pytest.fixture(scope="module")
+def calls():
+    """A counter shared with forked workers (made once: multiprocessing keeps its arena's
+    descriptor for the session)."""
+    return multiprocessing.Value("q", 0, lock=False)
+
+
+@pytest.mark.parametrize("restarts", [0, 2], ids=["no-restarts", "restarts"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("cls", [TouchyMap, TouchyStream], ids=["map", "iterable"])
+def test_a_datasets_own_stats_and_state_dict_are_never_called_as_torch(calls, cls, num_workers, restarts):
+    """torch's loader calls none of a dataset's stats(), state_dict() or
+    load_state_dict(); neither does ours (its protocol has names of its own), whether
+    workers load, restarts are allowed, or the loader's stats() and state_dict() are
+    read."""
+    calls.value = 0
+    ds = cls(calls)
+    kw = dict(batch_size=4, num_workers=num_workers)
+    if num_workers:
+        kw["multiprocessing_context"] = "fork"
+    theirs = sorted(int(v) for b in data.DataLoader(ds, **kw) for v in b)
+    loader = DataLoader(ds, max_worker_restarts=restarts, **kw)
+    it = iter(loader)
+    ours = [int(v) for v in next(it)]
+    state = loader.state_dict()  # mid-epoch: an iterable dataset's shard positions
+    ours += [int(v) for b in it for v in b]
+    assert sorted(ours) == theirs == list(range(12))
+    assert loader.stats()["dataset"] == {}
+    if cls is TouchyStream and num_workers == 0:
+        fresh = DataLoader(ds, **kw)
+        with pytest.warns(UserWarning, match=r"has state_dict\(\), which the loader never calls"):
+            fresh.load_state_dict(state)  # fast-forwards: the dataset has no loader pair
+        assert sorted(int(v) for b in fresh for v in b) == list(range(4, 12))
+    assert calls.value == 0, "the loader called a method of the dataset's own"

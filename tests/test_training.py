@@ -74,10 +74,10 @@ class StatefulStream(Stream):
         self.start = 0  # where the next iterator starts (load_state_dict)
         self.resumed_at = None
 
-    def state_dict(self):
+    def shmloader_state_dict(self):
         return {"pos": self.pos}
 
-    def load_state_dict(self, state):
+    def shmloader_load_state_dict(self, state):
         self.start = state["pos"]
 
     def __iter__(self):

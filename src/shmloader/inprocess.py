@@ -104,7 +104,7 @@ class InProcessIter:
     def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
         """Iterable datasets: this process is the one shard (see state.Positioned)."""
         dataset = self._loader.dataset
-        return [self._seq], 0, ({0: dataset.state_dict()} if self.plan.stateful else {})  # type: ignore[union-attr]
+        return [self._seq], 0, ({0: dataset.shmloader_state_dict()} if self.plan.stateful else {})  # type: ignore[union-attr]
 
     def shards_exhausted(self) -> bool:
         """Not known before StopIteration here (the end is found by asking for more)."""

@@ -95,8 +95,18 @@ class DataLoader(Generic[T_co]):
     restart gives a :class:`~shmloader.errors.WorkerRestartWarning` and counts in
     ``stats()["worker_restarts"]``; the death after the last allowed restart is today's
     error. An iterable dataset's worker is restarted only where the dataset has
-    ``state_dict``/``load_state_dict``: its shard resumes from the state it reported
-    after its last batch received (without them, ``WorkerDiedError``). See docs/restart.md.
+    ``shmloader_state_dict``/``shmloader_load_state_dict`` (below): its shard resumes from
+    the state it reported after its last batch received (without them,
+    ``WorkerDiedError``). See docs/restart.md.
+
+    Dataset methods the loader calls (torch's loader calls none but ``__getitem__``,
+    ``__iter__`` and ``__len__``): only these, under names no dataset has by accident, so a
+    dataset's own ``stats()`` or ``state_dict()`` is never called. ``shmloader_stats()``:
+    a dict of int counters, read in each worker after every batch and summed into
+    ``stats()["dataset"]``. ``shmloader_state_dict()`` and
+    ``shmloader_load_state_dict(state)``, both or neither, on an iterable dataset: its
+    position, saved in each worker after every batch (for :meth:`state_dict` and
+    ``max_worker_restarts``) and loaded before ``iter()`` to resume a shard.
 
     ``prefetch_next_epoch`` (default False; needs ``persistent_workers=True``): the
     workers load the next epoch's first batches while the last ones of this epoch are
@@ -409,8 +419,9 @@ class DataLoader(Generic[T_co]):
         ``batches_ahead_dropped`` (so loaded, and not used: ``set_epoch`` or a changed
         dataset gave the epoch another plan), the current ring's ``num_slots`` and ``slot_bytes``,
         ``pinned_shm_bytes``, ``dataset``: the sum over all workers of the dataset's
-        own ``stats()`` counters, when it has one (e.g. ``shmloader.vision.ImageFolder``
-        counts files skipped under ``on_error="skip"``), and ``time``: where the time went
+        ``shmloader_stats()`` counters, when it has that method (e.g.
+        ``shmloader.vision.ImageFolder`` counts files skipped under ``on_error="skip"``;
+        a method named ``stats`` is the dataset's own, never called), and ``time``: where the time went
         over the loader's life (see :mod:`shmloader.timing`): ``start_s`` (the first ``next()``
         of each epoch: workers starting), ``wait_s`` (the training loop inside the other
         ``next()`` calls), ``loop_s`` (between ``next()`` calls), ``waited_share``,
@@ -422,8 +433,8 @@ class DataLoader(Generic[T_co]):
         made (see :mod:`shmloader.autotune`)."""
         out = dict(self._stats)
         dataset = dict(out["dataset"])
-        if self.num_workers == 0 and callable(getattr(self.dataset, "stats", None)):
-            dataset = dict(self.dataset.stats())  # loaded in this process: its own counters
+        if self.num_workers == 0 and callable(getattr(self.dataset, "shmloader_stats", None)):
+            dataset = dict(self.dataset.shmloader_stats())  # loaded in this process: its own counters
         out["dataset"] = dataset
         ring = self._leases.current
         out["num_slots"] = ring.num_slots if ring is not None else 0
