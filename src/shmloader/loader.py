@@ -99,8 +99,8 @@ class DataLoader(Generic[T_co]):
     the state it reported after its last batch received (without them,
     ``WorkerDiedError``). See docs/restart.md.
 
-    Dataset methods the loader calls (torch's loader calls none but ``__getitem__``,
-    ``__iter__`` and ``__len__``): only these, under names no dataset has by accident, so a
+    Dataset methods the loader calls beyond torch's (``__getitem__``, ``__getitems__``,
+    ``__iter__``, ``__len__``): only these, under names no dataset has by accident, so a
     dataset's own ``stats()`` or ``state_dict()`` is never called. ``shmloader_stats()``:
     a dict of int counters, read in each worker after every batch and summed into
     ``stats()["dataset"]``. ``shmloader_state_dict()`` and
