@@ -16,8 +16,8 @@ passes, to measure how fast it grows where other jobs keep every core busy.
 ``epochs``: persistent workers, samples of ``--cost`` s, a training step of ``--step`` s
 (``time.sleep``: a step on an accelerator leaves the cores to the workers), 4 epochs; the
 time of each epoch's first ``next()`` after the first epoch, with the next epoch's first
-batches prefetched during the last one (the default) and without (prefetch across epochs
-switched off in this script), and with ``persistent_workers=False``.
+batches prefetched during the last one (``prefetch_next_epoch=True``) and without (the
+default), and with ``persistent_workers=False``.
 
 Prints one JSON object: every run's figures, then the median and the min-max of each.
 """
@@ -36,7 +36,6 @@ import numpy as np
 
 import shmloader
 from shmloader import DataLoader, autotune
-from shmloader.multiprocess import MultiProcessIter
 
 
 class Burn:
@@ -108,32 +107,27 @@ def workers(args: argparse.Namespace) -> dict[str, Any]:
 
 def epoch_starts(mode: str, args: argparse.Namespace) -> list[float]:
     """The first next() of epochs 2.. (ms) of a loader in ``mode``."""
-    saved = MultiProcessIter._may_go_ahead
-    if mode == "persistent, no prefetch across epochs":
-        MultiProcessIter._may_go_ahead = lambda self: False  # type: ignore[method-assign]
-    try:
-        loader = DataLoader(
-            Burn(args.samples // 4, args.cost),
-            batch_size=args.batch_size,
-            num_workers=2,
-            seed=0,
-            output="numpy",
-            persistent_workers=mode != "not persistent",
-        )
-        firsts = []
-        for epoch in range(4):
-            it = iter(loader)
-            t = time.perf_counter()
-            next(it)
-            if epoch:
-                firsts.append((time.perf_counter() - t) * 1000)
+    loader = DataLoader(
+        Burn(args.samples // 4, args.cost),
+        batch_size=args.batch_size,
+        num_workers=2,
+        seed=0,
+        output="numpy",
+        persistent_workers=mode != "not persistent",
+        prefetch_next_epoch=mode == "persistent, prefetch across epochs",
+    )
+    firsts = []
+    for epoch in range(4):
+        it = iter(loader)
+        t = time.perf_counter()
+        next(it)
+        if epoch:
+            firsts.append((time.perf_counter() - t) * 1000)
+        time.sleep(args.step)
+        for _ in it:
             time.sleep(args.step)
-            for _ in it:
-                time.sleep(args.step)
-        loader.shutdown()
-        return firsts
-    finally:
-        MultiProcessIter._may_go_ahead = saved  # type: ignore[method-assign]
+    loader.shutdown()
+    return firsts
 
 
 def epochs(args: argparse.Namespace) -> dict[str, Any]:

@@ -286,7 +286,7 @@ class Wide(Dataset):
 
 
 class Counted(Dataset):
-    """A dataset with its own stats() counters: multiples of 7 count as 'odd_ones'."""
+    """A dataset with counters for the loader (shmloader_stats()): multiples of 7 count as 'odd_ones'."""
 
     def __init__(self):
         self.odd_ones = 0
@@ -299,7 +299,7 @@ class Counted(Dataset):
             self.odd_ones += 1
         return i
 
-    def stats(self):
+    def shmloader_stats(self):
         return {"odd_ones": self.odd_ones}
 
 

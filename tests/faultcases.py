@@ -1068,17 +1068,17 @@ class RngArange:
 
 
 class StatefulStream(IterableDataset):
-    """Iterable with state_dict/load_state_dict: items ``wid, wid + nw, ...`` below ``n``;
+    """Iterable with shmloader_state_dict/shmloader_load_state_dict: items ``wid, wid + nw, ...`` below ``n``;
     the state is how many items this worker's shard yielded; a loaded state is where the
     next ``iter()`` starts (later ones start at the beginning)."""
 
     def __init__(self, n: int = 60, sleep: float = 0.004) -> None:
         self.n, self.sleep, self.pos, self.start = n, sleep, 0, 0
 
-    def state_dict(self) -> dict[str, int]:
+    def shmloader_state_dict(self) -> dict[str, int]:
         return {"pos": self.pos}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def shmloader_load_state_dict(self, state: dict[str, int]) -> None:
         self.start = int(state["pos"])
 
     def __iter__(self):
@@ -1090,7 +1090,7 @@ class StatefulStream(IterableDataset):
         for k in range(start, len(items)):
             if self.sleep:
                 time.sleep(self.sleep)
-            self.pos = k + 1  # before the yield: state_dict() after a batch counts its items
+            self.pos = k + 1  # before the yield: the state after a batch counts its items
             yield np.full(3, items[k], np.int64)
 
 
@@ -1168,8 +1168,8 @@ def case_restart_kill(
     restarts = dl.stats()["worker_restarts"]
     gc.collect()
     ring = dl._leases.current
-    # Persistent workers load the next epoch's first batches during the last epoch
-    # (ahead.py): those slots are READY until shutdown() frees them with the workers.
+    # Slots are checked after shutdown(), which frees any still READY with the workers
+    # (the next epoch's first batches, where prefetch_next_epoch=True loaded them).
     dl.shutdown()
     # Every slot FREE again: none kept by a dead worker's task.
     states = [ring.states.load(i) for i in range(ring.num_slots)] if ring is not None else []

@@ -233,7 +233,15 @@ def _all_free(loader) -> bool:
 
 def test_persistent_workers_load_the_next_epochs_first_batches_during_this_one():
     data = Burner(48, 0.001)
-    loader = DataLoader(data, batch_size=4, num_workers=2, shuffle=True, seed=11, persistent_workers=True)
+    loader = DataLoader(
+        data,
+        batch_size=4,
+        num_workers=2,
+        shuffle=True,
+        seed=11,
+        persistent_workers=True,
+        prefetch_next_epoch=True,
+    )
     ref = DataLoader(data, batch_size=4, num_workers=2, shuffle=True, seed=11)
     got = []
     for _ in range(3):
@@ -250,7 +258,15 @@ def test_persistent_workers_load_the_next_epochs_first_batches_during_this_one()
 
 def test_a_changed_epoch_drops_the_prefetched_batches_and_loads_its_own():
     data = Burner(40, 0.0)
-    loader = DataLoader(data, batch_size=4, num_workers=2, shuffle=True, seed=2, persistent_workers=True)
+    loader = DataLoader(
+        data,
+        batch_size=4,
+        num_workers=2,
+        shuffle=True,
+        seed=2,
+        persistent_workers=True,
+        prefetch_next_epoch=True,
+    )
     ref = DataLoader(data, batch_size=4, num_workers=2, shuffle=True, seed=2)
 
     def jump(e: int, target) -> None:
@@ -269,7 +285,7 @@ def test_a_changed_epoch_drops_the_prefetched_batches_and_loads_its_own():
 def test_an_epoch_left_early_then_the_next_epoch_is_exact_with_in_order_false():
     data = Burner(40, 0.0)
     kwargs = dict(batch_size=4, num_workers=2, shuffle=True, seed=5, in_order=False)
-    loader = DataLoader(data, persistent_workers=True, **kwargs)
+    loader = DataLoader(data, persistent_workers=True, prefetch_next_epoch=True, **kwargs)
     ref = DataLoader(data, **kwargs)
 
     def run(target) -> list:
@@ -296,7 +312,13 @@ def test_a_user_generator_is_never_drawn_from_before_the_epoch_begins():
     torch = pytest.importorskip("torch")
     g = torch.Generator()
     loader = DataLoader(
-        Burner(24, 0.0), batch_size=4, num_workers=2, shuffle=True, generator=g, persistent_workers=True
+        Burner(24, 0.0),
+        batch_size=4,
+        num_workers=2,
+        shuffle=True,
+        generator=g,
+        persistent_workers=True,
+        prefetch_next_epoch=True,
     )
     epochs = []
     for _ in range(2):
@@ -311,7 +333,9 @@ def test_a_user_generator_is_never_drawn_from_before_the_epoch_begins():
 def test_a_worker_killed_with_the_next_epochs_tasks_in_flight_is_replaced_exactly():
     data = Burner(40, 0.001)
     kwargs = dict(batch_size=4, num_workers=2, shuffle=True, seed=9)
-    loader = DataLoader(data, persistent_workers=True, max_worker_restarts=2, **kwargs)
+    loader = DataLoader(
+        data, persistent_workers=True, prefetch_next_epoch=True, max_worker_restarts=2, **kwargs
+    )
     got = []
     with pytest.warns(WorkerRestartWarning, match="SIGKILL"):
         for e in range(2):
@@ -333,7 +357,15 @@ def test_a_worker_killed_with_the_next_epochs_tasks_in_flight_is_replaced_exactl
 
 def test_the_prefetch_takes_only_free_slots_and_never_grows_the_ring():
     data = Burner(40, 0.0)
-    loader = DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True, num_slots=10, seed=1)
+    loader = DataLoader(
+        data,
+        batch_size=4,
+        num_workers=2,
+        persistent_workers=True,
+        prefetch_next_epoch=True,
+        num_slots=10,
+        seed=1,
+    )
     kept = list(loader)  # 10 batches held (those in the ring: HELD), 2 slots left for the prefetch
     time.sleep(0.1)
     states = [loader.ring.states.load(i) for i in range(loader.ring.num_slots)]

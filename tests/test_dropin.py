@@ -167,13 +167,32 @@ def test_multiprocessing_context_name_becomes_a_context():
     assert DataLoader(NumpySamples(), num_workers=2).multiprocessing_context is None
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_environments_rank_does_not_shard_a_default_loader_as_torch(monkeypatch, num_workers):
+    """RANK and WORLD_SIZE set (torchrun, a launcher), no DistributedSampler: torch's
+    loader yields the whole dataset, and so does ours unless asked to shard."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = NumpySamples()
+    reference = list(data.DataLoader(ds, batch_size=2, num_workers=num_workers))
+    loader = DataLoader(ds, batch_size=2, num_workers=num_workers)
+    ours = list(loader)
+    assert len(loader) == len(reference) == len(ours) == 5
+    for a, b in zip(ours, reference):
+        assert_same_batch(a, b)
+    assert (loader.rank, loader.world_size) == (0, 1), "the loader does not shard"
+    asked = DataLoader(ds, batch_size=2, num_workers=num_workers, distributed="auto")
+    assert (asked.rank, asked.world_size) == (1, 2)
+    assert [int(v) for x, _ in asked for v in x[:, 0, 0, 0]] == [1, 3, 5, 7, 9]
+
+
 def test_rank_and_world_size_are_read_when_the_epoch_starts(monkeypatch):
-    """A loader made before the job's rank is known shards once it is, like torch's
-    DistributedSampler over the same order."""
+    """A loader made before the job's rank is known shards once it is (when asked to
+    shard: distributed="auto"), like torch's DistributedSampler over the same order."""
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     ds = NumpySamples()
-    loader = DataLoader(ds, batch_size=2)
+    loader = DataLoader(ds, batch_size=2, distributed="auto")
     assert len(loader) == 5 and loader.world_size == 1
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -287,12 +306,15 @@ def test_default_collate_of_nested_tensors_is_torchs_error():
 
 def test_datapipe_in_the_main_process_is_sharded_by_rank(monkeypatch):
     """num_workers=0: the main process reads shard `rank` of `world_size`, as torch's
-    single-process iterator applies sharding."""
+    single-process iterator applies sharding, where the loader shards (distributed="auto");
+    by default, as torch's, the environment's rank does not shard it."""
     datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     pipe = datapipes.IterableWrapper(range(10)).sharding_filter()
-    assert [int(x) for x in DataLoader(pipe, batch_size=None)] == [1, 3, 5, 7, 9]
+    assert [int(x) for x in DataLoader(pipe, batch_size=None, distributed="auto")] == [1, 3, 5, 7, 9]
+    theirs = [int(x) for x in data.DataLoader(pipe, batch_size=None)]
+    assert [int(x) for x in DataLoader(pipe, batch_size=None)] == theirs == list(range(10))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -354,3 +376,79 @@ def test_a_dropped_persistent_loader_stops_its_workers_without_gc():
         )
     finally:
         gc.enable()
+
+
+# --- dataset methods the loader calls: only its own names (issue 27) --------------------
+
+
+class _Touchy:
+    """Methods a dataset may have for itself (normalisation figures, a cache's state):
+    each call is counted in a shared counter and raises, as a method that needs a lock or
+    a file the workers do not have would."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def _called(self, name: str):
+        self.calls.value += 1
+        raise RuntimeError(f"{name}() of the dataset was called by the loader")
+
+    def stats(self):
+        self._called("stats")
+
+    def state_dict(self):
+        self._called("state_dict")
+
+    def load_state_dict(self, state):
+        self._called("load_state_dict")
+
+
+class TouchyMap(_Touchy):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        return np.int64(i)
+
+
+class TouchyStream(_Touchy, data.IterableDataset):
+    def __iter__(self):
+        info = data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter([np.int64(i) for i in range(wid, 12, nw)])
+
+
+@pytest.fixture(scope="module")
+def calls():
+    """A counter shared with forked workers (made once: multiprocessing keeps its arena's
+    descriptor for the session)."""
+    return multiprocessing.Value("q", 0, lock=False)
+
+
+@pytest.mark.parametrize("restarts", [0, 2], ids=["no-restarts", "restarts"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("cls", [TouchyMap, TouchyStream], ids=["map", "iterable"])
+def test_a_datasets_own_stats_and_state_dict_are_never_called_as_torch(calls, cls, num_workers, restarts):
+    """torch's loader calls none of a dataset's stats(), state_dict() or
+    load_state_dict(); neither does ours (its protocol has names of its own), whether
+    workers load, restarts are allowed, or the loader's stats() and state_dict() are
+    read."""
+    calls.value = 0
+    ds = cls(calls)
+    kw = dict(batch_size=4, num_workers=num_workers)
+    if num_workers:
+        kw["multiprocessing_context"] = "fork"
+    theirs = sorted(int(v) for b in data.DataLoader(ds, **kw) for v in b)
+    loader = DataLoader(ds, max_worker_restarts=restarts, **kw)
+    it = iter(loader)
+    ours = [int(v) for v in next(it)]
+    state = loader.state_dict()  # mid-epoch: an iterable dataset's shard positions
+    ours += [int(v) for b in it for v in b]
+    assert sorted(ours) == theirs == list(range(12))
+    assert loader.stats()["dataset"] == {}
+    if cls is TouchyStream and num_workers == 0:
+        fresh = DataLoader(ds, **kw)
+        with pytest.warns(UserWarning, match=r"has state_dict\(\), which the loader never calls"):
+            fresh.load_state_dict(state)  # fast-forwards: the dataset has no loader pair
+        assert sorted(int(v) for b in fresh for v in b) == list(range(4, 12))
+    assert calls.value == 0, "the loader called a method of the dataset's own"

@@ -425,3 +425,83 @@ def test_iterable_longer_than_its_len_warns_like_torch(kw, call_len):
     assert sorted(ours[0]) == sorted(theirs[0])
     assert ours[1] == theirs[1]
     assert bool(theirs[1]) == (call_len and len(theirs[0]) > 3)
+
+
+# --- 6. per-epoch dataset state with persistent workers (issue 27) ----------------------
+
+
+class EpochReader(Dataset):
+    """Sample i: ``[i, epoch]``, ``epoch`` read from a shared counter the loop sets before
+    each ``iter()`` (as a curriculum or ``dataset.set_epoch`` shared with workers does)."""
+
+    def __init__(self, n: int, epoch):
+        self.n = n
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.array([i, self.epoch.value], np.int64)
+
+
+def _epochs_seen(make_loader, epoch, epochs: int = 3) -> list[list[int]]:
+    """Per epoch, the epoch counter each sample saw; the loop sets the counter before
+    each ``iter()``, after a last step slow enough for workers to get ahead."""
+    loader = make_loader()
+    seen = []
+    for e in range(epochs):
+        epoch.value = e
+        seen.append([int(row[1]) for b in loader for row in np.asarray(b)])
+        time.sleep(0.3)  # the loop's last step (logging, validation): workers are idle
+    shutdown = getattr(loader, "shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def epoch_counter():
+    """A ``multiprocessing.Value`` shared with the workers of any start method, made
+    once: multiprocessing keeps the arena it lives in (and its descriptor) for the
+    session, which a test's leak check would otherwise blame on the test."""
+    import multiprocessing
+
+    return multiprocessing.Value("q", -1, lock=False)
+
+
+@pytest.mark.parametrize(
+    "method, shuffle",
+    [("fork", False), ("fork", True), ("spawn", True)],  # (spawn: ~20 s, once is enough)
+    ids=["fork-sequential", "fork-shuffled", "spawn-shuffled"],
+)
+def test_persistent_workers_load_nothing_of_an_epoch_before_its_iter_as_torch(method, shuffle, epoch_counter):
+    """Every sample of every epoch sees the state the loop set for it, by default: torch
+    loads nothing of epoch N+1 before ``iter()``; with ``prefetch_next_epoch=True`` the
+    next epoch's first batches load during the last one (the opt-in, with its hazard)."""
+    epoch = epoch_counter
+    ds = EpochReader(24, epoch)
+    kw = dict(batch_size=4, num_workers=2, shuffle=shuffle, persistent_workers=True)
+    kw["multiprocessing_context"] = method
+    want = [[e] * 24 for e in range(3)]
+    loader = DataLoader(ds, seed=1, **kw)
+    assert _epochs_seen(lambda: loader, epoch) == want
+    assert loader.stats()["epochs_ahead"] == 0
+    assert loader.prefetch_next_epoch is False
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:  # the oracle
+        assert _epochs_seen(lambda: torch.utils.data.DataLoader(ds, **kw), epoch) == want
+    ahead = DataLoader(ds, seed=1, prefetch_next_epoch=True, **kw)
+    assert ahead.prefetch_next_epoch is True
+    _epochs_seen(lambda: ahead, epoch)
+    assert ahead.stats()["epochs_ahead"] > 0, "the option still prefetches"
+
+
+def test_prefetch_next_epoch_is_checked():
+    with pytest.raises(ValueError, match="needs persistent_workers=True"):
+        DataLoader(Indexed(4), num_workers=1, prefetch_next_epoch=True)
+    with pytest.raises(ValueError, match="prefetch_next_epoch should be True or False"):
+        DataLoader(Indexed(4), num_workers=1, persistent_workers=True, prefetch_next_epoch="yes")

@@ -194,10 +194,12 @@ def test_lightning_one_device(tmp_path):
 def test_lightning_ddp_two_processes(tmp_path):
     """strategy="ddp" on 2 CPU processes (gloo): loader built in train_dataloader() and
     built before fit() (before torch.distributed exists) and passed in, and with
-    use_distributed_sampler=False (the loader shards itself): per epoch the ranks' shares
-    are disjoint, complete and equal; resume from a mid-epoch checkpoint and
-    from one at epoch 0's last step trains what the uninterrupted run did; Fabric with 2
-    processes likewise."""
+    use_distributed_sampler=False and distributed="auto" (the loader shards itself): per
+    epoch the ranks' shares are disjoint, complete and equal; with
+    use_distributed_sampler=False and a default loader, each rank trains and validates on
+    the whole dataset every epoch, as with torch's loader; resume from a mid-epoch
+    checkpoint and from one at epoch 0's last step trains what the uninterrupted run did;
+    Fabric with 2 processes likewise."""
     run_script(tmp_path, os.path.join(SCRIPTS, "lightning_run.py"), str(tmp_path), "ddp", timeout=290)
     ranks = [load(tmp_path, f"ddp_rank{r}") for r in range(2)]
     for r in ranks:
@@ -208,6 +210,14 @@ def test_lightning_ddp_two_processes(tmp_path):
         for e in range(2):
             assert [len(p[e]) for p in per_rank] == [6, 6], f"{fit}, epoch {e}"
             assert_shards([p[e] for p in per_rank])
+    for fit in ("torch_no_sharding", "no_sharding"):  # torch's loader first: the oracle
+        for k, r in enumerate(ranks):
+            per_epoch = by_epoch(r[fit])
+            assert [len(e) for e in per_epoch] == [12, 12], f"{fit}, rank {k}"
+            for e in range(2):
+                assert_shards([per_epoch[e]])  # every sample once, on this rank alone
+                validated = r[f"{fit}_validated"][5 * e : 5 * e + 5]
+                assert sorted(i for b in validated for i in b) == list(range(40)), f"{fit}, rank {k}"
     for step in (3, 6):
         for k, r in enumerate(ranks):
             assert after(r[f"resume_{step}"], step) == after(r["inside"], step), f"rank {k}, resume at {step}"
@@ -339,3 +349,13 @@ def test_accelerate_adapter_refuses_what_it_cannot_honour():
     assert own.output == "numpy" and len(prepare(accelerator(), own)) == 2
     wrapped = prepare(accelerator(), loader)
     assert len(wrapped) == 2 and wrapped.dataset is loader.dataset and wrapped.total_batch_size == 4
+    assert loader.distributed == "auto", "prepare() shards a loader built without distributed="
+    # A DistributedSampler shards it (the loader itself does not): its ranks are checked.
+    ds = C.NumpySamples(8)
+    sampled = shmloader.DataLoader(
+        ds, batch_size=2, sampler=torch.utils.data.DistributedSampler(ds, 2, 1, shuffle=False), output="torch"
+    )
+    wrapped = prepare(accelerator(process_index=1, num_processes=2), sampled)
+    assert sampled.distributed is False and (len(wrapped), wrapped.total_batch_size) == (2, 4)
+    with pytest.raises(ValueError, match="rank 1 of 2 but this accelerator process is 0 of 2"):
+        prepare(accelerator(process_index=0, num_processes=2), sampled)

@@ -140,11 +140,13 @@ def test_hung_worker_replaced(faults):
 
 
 def test_iterable_without_state_is_not_restarted(faults):
-    """An iterable dataset without state_dict/load_state_dict cannot resume its shard
+    """An iterable dataset without shmloader_state_dict/shmloader_load_state_dict cannot resume its shard
     exactly: today's WorkerDiedError, with a sentence saying what restarts need."""
     case = faults["iter_stateless"]
     assert case["error"]["type"] == "WorkerDiedError", case
-    assert "state_dict() and load_state_dict()" in case["error"]["msg"], case["error"]["msg"]
+    assert "shmloader_state_dict() and shmloader_load_state_dict()" in case["error"]["msg"], case["error"][
+        "msg"
+    ]
     assert case["restarts"] == 0 and case["warnings"] == []
 
 

@@ -74,10 +74,10 @@ class StatefulStream(Stream):
         self.start = 0  # where the next iterator starts (load_state_dict)
         self.resumed_at = None
 
-    def state_dict(self):
+    def shmloader_state_dict(self):
         return {"pos": self.pos}
 
-    def load_state_dict(self, state):
+    def shmloader_load_state_dict(self, state):
         self.start = state["pos"]
 
     def __iter__(self):
@@ -342,14 +342,19 @@ def test_batch_sampler_shards_by_batches_and_distributed_sampler_is_not_resharde
 def test_rank_and_world_size_detection(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    dl = DataLoader(D.Squares(10))
+    dl = DataLoader(D.Squares(10), distributed="auto")
     assert (dl.rank, dl.world_size) == (0, 1)
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    dl = DataLoader(D.Squares(10), batch_size=2)
+    dl = DataLoader(D.Squares(10), batch_size=2, distributed="auto")
     assert (dl.rank, dl.world_size) == (2, 4) and len(dl) == 2  # 10 -> pad 12 -> 3 each -> 2
-    assert (DataLoader(D.Squares(10), distributed=False).world_size) == 1
+    assert DataLoader(D.Squares(10), batch_size=2, distributed=True).world_size == 4
+    default = DataLoader(D.Squares(10), batch_size=2)
+    assert (default.distributed, default.rank, default.world_size, len(default)) == (False, 0, 1, 5)
     assert DataLoader(D.Squares(10), rank=1, world_size=2).rank == 1, "explicit wins"
+    monkeypatch.delenv("RANK")
+    with pytest.raises(ValueError, match="distributed=True but neither"):
+        DataLoader(D.Squares(10), distributed=True)
     with pytest.raises(ValueError, match="0 <= rank < world_size"):
         DataLoader(D.Squares(10), rank=4, world_size=4)
     with pytest.raises(ValueError, match="distributed should be"):
@@ -361,7 +366,7 @@ RANK_SCRIPT = textwrap.dedent(
     import json, sys
     from shmloader import DataLoader
     from tests.datasets import Squares
-    dl = DataLoader(Squares(21), batch_size=4, shuffle=True, seed=3, num_workers=1)
+    dl = DataLoader(Squares(21), batch_size=4, shuffle=True, seed=3, num_workers=1, distributed="auto")
     dl.set_epoch(int(sys.argv[1]))
     print(json.dumps([[int(v) for v in y] for _, y in dl]))
     """
@@ -393,13 +398,28 @@ DIST_SCRIPT = textwrap.dedent(
     from tests.datasets import Squares
     rank, port = int(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    dl = DataLoader(Squares(23), batch_size=4, shuffle=True, seed=3, num_workers=1)
+    dl = DataLoader(Squares(23), batch_size=4, shuffle=True, seed=3, num_workers=1, distributed="auto")
     seen = []
     for _, y in dl:
         total = torch.tensor([len(y)])
         dist.all_reduce(total)  # would hang if one rank ran out of batches first
         seen.append([int(v) for v in y])
-    print(json.dumps({"rank": dl.rank, "world": dl.world_size, "seen": seen}))
+    # Not asked to shard: every sample on every rank, as torch's loader without a
+    # DistributedSampler; a DataPipe is sharded by the process group, as torch does it.
+    default = DataLoader(Squares(23), batch_size=4, num_workers=1)
+    whole = sorted(int(v) for _, y in default for v in y)
+    theirs = sorted(int(v) for _, y in torch.utils.data.DataLoader(Squares(23), batch_size=4) for v in y)
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    pipe = IterableWrapper(range(10)).sharding_filter()
+    pipes = {
+        f"{name}{nw}": [int(v) for v in cls(pipe, batch_size=None, num_workers=nw)]
+        for name, cls in (("ours", DataLoader), ("torch", torch.utils.data.DataLoader))
+        for nw in (0, 1)
+    }
+    print(json.dumps({
+        "rank": dl.rank, "world": dl.world_size, "seen": seen, "whole": whole, "theirs": theirs,
+        "default": [default.rank, default.world_size], "pipes": pipes,
+    }))
     dist.destroy_process_group()
     """
 )
@@ -421,6 +441,13 @@ def test_torch_distributed_ranks_shard_and_stay_in_step():
     assert [(o["rank"], o["world"]) for o in outs] == [(0, 2), (1, 2)], "detected from torch.distributed"
     flat = [v for o in outs for b in o["seen"] for v in b]
     assert set(flat) == set(range(23)) and len(flat) == 24
+    for k, o in enumerate(outs):
+        assert o["whole"] == o["theirs"] == list(range(23)), f"rank {k}: a default loader shards nothing"
+        assert o["default"] == [0, 1]
+        want = list(range(k, 10, 2))
+        assert {name: sorted(v) for name, v in o["pipes"].items()} == dict.fromkeys(o["pipes"], want), (
+            f"rank {k}: a DataPipe is sharded by the process group, as torch's loader shards it"
+        )
 
 
 def test_set_epoch_and_automatic_epochs():

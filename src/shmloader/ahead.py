@@ -1,6 +1,9 @@
-"""Prefetch across an epoch's end, for persistent workers: the next epoch's first batches
-load while the last of this one are consumed (torch issue 158704), so the first
-``next()`` of the next epoch finds them ready instead of waiting for a worker.
+"""Prefetch across an epoch's end, for persistent workers with ``prefetch_next_epoch=True``
+(opt-in): the next epoch's first batches load while the last of this one are consumed
+(torch issue 158704), so the first ``next()`` of the next epoch finds them ready instead
+of waiting for a worker. torch loads nothing of an epoch before its ``iter()``: those
+batches are made before the loop's per-epoch code runs (a curriculum, an epoch counter
+the dataset reads), so they see the state the dataset had then. Hence opt-in.
 
 A mixin of :class:`~shmloader.multiprocess.MultiProcessIter` (it works on the iterator's
 pool, tasks, scheduler and source). Once every task of this epoch was sent and there is
@@ -54,14 +57,16 @@ class Ahead:
     _ahead_tried: Any = None  # the plan of the epoch whose end last tried to go ahead
 
     def _may_go_ahead(self) -> bool:
-        """Whether the next epoch's tasks may go out now: persistent workers, every task of
-        this epoch sent, none of the next epoch's yet, and no ring being remade."""
+        """Whether the next epoch's tasks may go out now: persistent workers and
+        ``prefetch_next_epoch`` asked for, every task of this epoch sent, none of the next
+        epoch's yet, and no ring being remade."""
         loader = self._loader
         return (
             self._ahead is None
             and self._ahead_tried is not self.plan
             and not self.closed
             and loader.persistent_workers
+            and loader.prefetch_next_epoch
             and not loader.iterable
             and not self._ring_wanted
             and self._ring is not None

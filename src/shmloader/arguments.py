@@ -57,6 +57,7 @@ def check(
     shm_backend: str,
     output: str,
     max_worker_restarts: int,
+    prefetch_next_epoch: bool = False,
 ) -> Checked:
     """Validate a DataLoader's arguments (ValueError or TypeError naming the input, as
     torch's words where torch checks the same) and fill in the defaults."""
@@ -85,6 +86,13 @@ def check(
         tuner.start_prefetch = tuner.max_prefetch = prefetch_factor  # (its default filled in)
     if persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
+    if not isinstance(prefetch_next_epoch, bool):
+        raise ValueError(f"prefetch_next_epoch should be True or False (got {prefetch_next_epoch!r}).")
+    if prefetch_next_epoch and not persistent_workers:
+        raise ValueError(
+            "prefetch_next_epoch=True needs persistent_workers=True: only workers that outlive "
+            "an epoch can load the next one's first batches before its iter()."
+        )
     if (
         isinstance(max_worker_restarts, bool)
         or not isinstance(max_worker_restarts, int)

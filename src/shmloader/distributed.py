@@ -10,6 +10,12 @@ were consumed" is one number that any new world size can continue from.
 Every rank gets the same number of batches: the remainder is padded to a multiple of
 ``W`` by wrapping around to the start of the order, or, with ``drop_last``, cut to whole
 global batches.
+
+The loader shards so only when asked (``distributed="auto"`` or True, ``rank=``,
+``world_size=``). By default it shards as torch's loader does: through a
+``DistributedSampler`` the user gives or a framework injects (:func:`is_presharded`), and a
+torch DataPipe by torch.distributed's group (:func:`datapipe_shard`); never by the
+environment.
 """
 
 from __future__ import annotations
@@ -22,20 +28,32 @@ from typing import Any
 
 from shmloader.context import ShardInfo, get_worker_info, main_epoch
 
-__all__ = ["ShardInfo", "chunks", "detect", "get_shard_info", "is_presharded", "rank_share"]
+__all__ = [
+    "ShardInfo",
+    "asked",
+    "chunks",
+    "datapipe_shard",
+    "detect",
+    "get_shard_info",
+    "is_presharded",
+    "rank_share",
+]
 
 
 def detect(distributed: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)`` for a loader.
+    """``(rank, world_size)`` by which a loader shards its epochs itself.
 
-    ``distributed=False``: ``(0, 1)`` unless ``rank``/``world_size`` are given.
+    ``distributed=False`` (the loader's default, as torch's loader: only a
+    ``DistributedSampler`` shards): ``(0, 1)`` unless ``rank``/``world_size`` are given.
     ``"auto"`` (or True): torch.distributed's default group when it is initialized, else the
     ``RANK`` and ``WORLD_SIZE`` environment variables (torchrun sets them), else ``(0, 1)``.
     An explicit ``rank`` or ``world_size`` overrides what was detected."""
     if distributed not in ("auto", True, False):
         raise ValueError(
-            f"distributed should be 'auto', True or False (got {distributed!r}): 'auto' shards "
-            "across ranks when torch.distributed is initialized or RANK and WORLD_SIZE are set."
+            f"distributed should be False, 'auto' or True (got {distributed!r}): False (the "
+            "default) leaves sharding to a DistributedSampler as torch's loader does; 'auto' "
+            "shards across ranks when torch.distributed is initialized or RANK and WORLD_SIZE "
+            "are set."
         )
     found_rank, found_world = 0, 1
     if distributed is not False:
@@ -67,6 +85,26 @@ def detect(distributed: Any, rank: int | None, world_size: int | None) -> tuple[
             "0 <= rank < world_size."
         )
     return rank, world
+
+
+def asked(distributed: Any, rank: int | None, world_size: int | None) -> bool:
+    """Whether the user asked the loader to shard by itself: ``distributed`` "auto" or
+    True, or an explicit ``rank`` or ``world_size``."""
+    return distributed is not False or rank is not None or world_size is not None
+
+
+def datapipe_shard(distributed: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)`` a torch DataPipe is sharded by (its ``sharding_filter``):
+    the loader's own (:func:`detect`) where sharding was asked for; otherwise torch's
+    loader's rule, which shards DataPipes by torch.distributed's default group when it is
+    initialized (never by the environment)."""
+    if asked(distributed, rank, world_size):
+        return detect(distributed, rank, world_size)
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return 0, 1
 
 
 def is_presharded(sampler: Any) -> bool:

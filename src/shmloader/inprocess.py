@@ -52,10 +52,11 @@ class InProcessIter:
         self.plan = plan = self._start_epoch(self)
         self._seq = 0
         self._epoch_seed = plan.epoch_seed
-        self._shard = _dist.ShardInfo(loader.rank, loader.world_size, 0, 1)
+        rank, world = loader._worker_shard()
+        self._shard = _dist.ShardInfo(rank, world, 0, 1)
         if loader.iterable:
             # A torch DataPipe is seeded and sharded as torch's main process does it.
-            fetch.prepare_datapipe(loader.dataset, plan.epoch_seed, loader.world_size, loader.rank)
+            fetch.prepare_datapipe(loader.dataset, plan.epoch_seed, world, rank)
             self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan.workers else None)
         else:
             self._source = _state.index_sequence(loader, plan)
@@ -103,7 +104,7 @@ class InProcessIter:
     def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
         """Iterable datasets: this process is the one shard (see state.Positioned)."""
         dataset = self._loader.dataset
-        return [self._seq], 0, ({0: dataset.state_dict()} if self.plan.stateful else {})  # type: ignore[union-attr]
+        return [self._seq], 0, ({0: dataset.shmloader_state_dict()} if self.plan.stateful else {})  # type: ignore[union-attr]
 
     def shards_exhausted(self) -> bool:
         """Not known before StopIteration here (the end is found by asking for more)."""

@@ -70,10 +70,20 @@ class DataLoader(Generic[T_co]):
     :mod:`shmloader.torchcompat`), so training frameworks treat it as one.
 
     Training (docs/training.md): ``pin_memory=True`` page-locks the ring once (CUDA only);
-    ``distributed="auto"`` (default), ``rank`` and ``world_size`` give each rank a disjoint
-    share of every epoch (the rank and world size are read when an epoch starts, so a
-    loader made before ``torch.distributed`` is initialized shards once it is);
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` give exact resume.
+
+    Sharding across ranks: by default (``distributed=False``) as torch's loader, only a
+    ``DistributedSampler`` shards (one given as ``sampler``, or in a ``batch_sampler``, as
+    Lightning and Fabric inject); nothing is read from the environment or
+    ``torch.distributed`` (a torch DataPipe is sharded by ``torch.distributed``'s group, as
+    torch shards it). Opt in to the loader's own sharding with ``distributed="auto"``
+    (``torch.distributed``'s rank and world size when it is initialized, else ``RANK`` and
+    ``WORLD_SIZE``; True: the same, and an error when neither is there) or explicit
+    ``rank`` and ``world_size``: each rank then gets a disjoint share of every epoch's
+    global order, as a ``DistributedSampler`` over it (the rank and world size are read when
+    an epoch starts, so a loader made before ``torch.distributed`` is initialized shards
+    once it is). Turn it on only where no other code splits the data: a dataset already
+    split per rank, or a validation set every rank should see whole, would lose samples.
 
     ``max_worker_restarts`` (default 0: a worker that dies ends the epoch with
     :class:`~shmloader.errors.WorkerDiedError`, one that passes ``timeout`` with
@@ -87,8 +97,31 @@ class DataLoader(Generic[T_co]):
     restart gives a :class:`~shmloader.errors.WorkerRestartWarning` and counts in
     ``stats()["worker_restarts"]``; the death after the last allowed restart is today's
     error. An iterable dataset's worker is restarted only where the dataset has
-    ``state_dict``/``load_state_dict``: its shard resumes from the state it reported
-    after its last batch received (without them, ``WorkerDiedError``). See docs/restart.md.
+    ``shmloader_state_dict``/``shmloader_load_state_dict`` (below): its shard resumes from
+    the state it reported after its last batch received (without them,
+    ``WorkerDiedError``). See docs/restart.md.
+
+    Dataset methods the loader calls beyond torch's (``__getitem__``, ``__getitems__``,
+    ``__iter__``, ``__len__``): only these, under names no dataset has by accident, so a
+    dataset's own ``stats()`` or ``state_dict()`` is never called. ``shmloader_stats()``:
+    a dict of int counters, read in each worker after every batch and summed into
+    ``stats()["dataset"]``. ``shmloader_state_dict()`` and
+    ``shmloader_load_state_dict(state)``, both or neither, on an iterable dataset: its
+    position, saved in each worker after every batch (for :meth:`state_dict` and
+    ``max_worker_restarts``) and loaded before ``iter()`` to resume a shard.
+
+    ``prefetch_next_epoch`` (default False; needs ``persistent_workers=True``): the
+    workers load the next epoch's first batches while the last ones of this epoch are
+    consumed, so the next epoch's first ``next()`` does not wait for a worker. torch loads
+    nothing of an epoch before its ``iter()``, and neither does the default. Opt in only
+    where nothing the samples read changes between epochs: those batches are made
+    *before* the loop's per-epoch code runs, so a dataset that reads state the loop sets
+    for the epoch (a ``multiprocessing.Value`` holding the epoch, a curriculum stage,
+    ``dataset.set_epoch``, a changed transform) gives them the old epoch's state. Only the
+    loader's own ``set_epoch`` and a changed dataset length are seen (the prefetched
+    batches are then dropped). It applies to map-style datasets batched by the loader, with
+    its own shuffle or a ``SequentialSampler`` and no ``generator=``; elsewhere nothing is
+    prefetched. ``stats()["epochs_ahead"]`` counts the epochs that began so.
 
     ``num_workers="auto"`` and ``prefetch_factor="auto"`` (docs/autotune.md): start with
     one worker and a prefetch of 2, and add workers mid-epoch while the training loop
@@ -133,15 +166,16 @@ class DataLoader(Generic[T_co]):
         max_shm_bytes: int | None = None,
         shm_backend: str = "auto",
         output: str = "auto",
-        distributed: Any = "auto",
+        distributed: Any = False,
         rank: int | None = None,
         world_size: int | None = None,
         max_worker_restarts: int = 0,
+        prefetch_next_epoch: bool = False,
     ) -> None:
         args = arguments.check(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, drop_last, timeout,
             generator, prefetch_factor, persistent_workers, seed, num_slots, slot_bytes, collate,
-            max_shm_bytes, shm_backend, output, max_worker_restarts,
+            max_shm_bytes, shm_backend, output, max_worker_restarts, prefetch_next_epoch,
         )  # fmt: skip
         dataset, shuffle, batch_size, drop_last = args.dataset, args.shuffle, args.batch_size, args.drop_last
         output_arg = output  # as given: "auto" depends on the collate_fn too (below)
@@ -164,6 +198,7 @@ class DataLoader(Generic[T_co]):
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context  # validated as torch does
         self.persistent_workers = persistent_workers
+        self.prefetch_next_epoch = prefetch_next_epoch
         self.in_order = in_order
         self.max_worker_restarts = max_worker_restarts
         # None: the default collate (torch reports its default_collate/default_convert).
@@ -282,14 +317,31 @@ class DataLoader(Generic[T_co]):
 
     @property
     def rank(self) -> int:
-        """This process's rank, read now: ``rank=`` if given, else torch.distributed's or
-        the ``RANK`` environment variable's (``distributed="auto"``), else 0."""
+        """The rank whose share of each epoch the loader loads, read now: ``rank=`` if
+        given, else with ``distributed="auto"`` (or True) torch.distributed's or the
+        ``RANK`` environment variable's, else 0 (the default: the loader does not shard;
+        a ``DistributedSampler`` may)."""
         return _dist.detect(self.distributed, self._rank_arg, self._world_arg)[0]
 
     @property
     def world_size(self) -> int:
-        """Ranks sharing each epoch, read now (as :attr:`rank`); 1 outside a distributed job."""
+        """Ranks the loader splits each epoch between, read now (as :attr:`rank`); 1 where
+        it does not shard by itself (the default, and outside a distributed job)."""
         return _dist.detect(self.distributed, self._rank_arg, self._world_arg)[1]
+
+    def _sharding_asked(self) -> bool:
+        """Whether the constructor asked the loader to shard by itself (``distributed``
+        "auto" or True, ``rank`` or ``world_size``)."""
+        return _dist.asked(self.distributed, self._rank_arg, self._world_arg)
+
+    def _worker_shard(self) -> tuple[int, int]:
+        """``(rank, world_size)`` an epoch's loading code is told (worker info,
+        :func:`shmloader.get_shard_info`, a DataPipe's ``sharding_filter``): the loader's,
+        except for a torch DataPipe, which is sharded as torch's loader shards it
+        (:func:`shmloader.distributed.datapipe_shard`)."""
+        if self.iterable and fetch.is_datapipe(self.dataset):
+            return _dist.datapipe_shard(self.distributed, self._rank_arg, self._world_arg)
+        return self.rank, self.world_size
 
     @property
     def _auto_collation(self) -> bool:
@@ -368,13 +420,14 @@ class DataLoader(Generic[T_co]):
         which sizes the ring, and batches that outgrew their slot: views of a one-off
         segment each; ``copy=True``; main-process loading), ``rings_created`` (the first
         ring, then one per growth), ``worker_restarts`` (dead or hung workers replaced
-        under ``max_worker_restarts``), ``epochs_ahead`` (persistent workers: epochs whose
+        under ``max_worker_restarts``), ``epochs_ahead`` (``prefetch_next_epoch``: epochs whose
         first batches loaded while the last one's were consumed) and
         ``batches_ahead_dropped`` (so loaded, and not used: ``set_epoch`` or a changed
         dataset gave the epoch another plan), the current ring's ``num_slots`` and ``slot_bytes``,
         ``pinned_shm_bytes``, ``dataset``: the sum over all workers of the dataset's
-        own ``stats()`` counters, when it has one (e.g. ``shmloader.vision.ImageFolder``
-        counts files skipped under ``on_error="skip"``), and ``time``: where the time went
+        ``shmloader_stats()`` counters, when it has that method (e.g.
+        ``shmloader.vision.ImageFolder`` counts files skipped under ``on_error="skip"``;
+        a method named ``stats`` is the dataset's own, never called), and ``time``: where the time went
         over the loader's life (see :mod:`shmloader.timing`): ``start_s`` (the first ``next()``
         of each epoch: workers starting), ``wait_s`` (the training loop inside the other
         ``next()`` calls), ``loop_s`` (between ``next()`` calls), ``waited_share``,
@@ -386,8 +439,8 @@ class DataLoader(Generic[T_co]):
         made (see :mod:`shmloader.autotune`)."""
         out = dict(self._stats)
         dataset = dict(out["dataset"])
-        if self.num_workers == 0 and callable(getattr(self.dataset, "stats", None)):
-            dataset = dict(self.dataset.stats())  # loaded in this process: its own counters
+        if self.num_workers == 0 and callable(getattr(self.dataset, "shmloader_stats", None)):
+            dataset = dict(self.dataset.shmloader_stats())  # loaded in this process: its own counters
         out["dataset"] = dataset
         ring = self._leases.current
         out["num_slots"] = ring.num_slots if ring is not None else 0

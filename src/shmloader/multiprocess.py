@@ -202,6 +202,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
     def _worker_config(self, wid: int, use_pdeathsig: bool, seed: int, resume: dict | None) -> WorkerConfig:
         """The config of worker ``wid``, started with the epoch or in place of a dead one."""
         loader = self._loader
+        rank, world = loader._worker_shard()
         return WorkerConfig(
             worker_id=wid,
             # "auto": the most the loader may start (the same in every worker, above every id)
@@ -214,8 +215,8 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             fixed_slot_bytes=loader.slot_bytes is not None,
             parent_pid=os.getpid(),
             use_pdeathsig=use_pdeathsig,
-            rank=loader.rank,
-            world_size=loader.world_size,
+            rank=rank,
+            world_size=world,
             resume=resume,
             report_state=self.plan.stateful,  # type: ignore[union-attr]
             shm_backend=loader.shm_backend,

@@ -8,8 +8,8 @@ same batch numbers and indices, in their order. A slot is handed out only on a w
 result, so one the dead worker was writing is never handed out half-written: a slot of
 the current ring is given to the new worker as it is, one of a retired ring goes back and
 the task gets a new one. An iterable dataset's shard resumes from the state its worker
-reported after its last batch that arrived (so restarts need ``state_dict()`` and
-``load_state_dict()`` there). See docs/restart.md.
+reported after its last batch that arrived (so restarts need ``shmloader_state_dict()``
+and ``shmloader_load_state_dict()`` there). See docs/restart.md.
 """
 
 from __future__ import annotations
@@ -82,9 +82,10 @@ class Restarts:
             else:
                 note = (
                     " It was not restarted: restarting a worker of an iterable dataset "
-                    "(max_worker_restarts) needs a dataset with state_dict() and "
-                    "load_state_dict(), so that its shard resumes where it was; without "
-                    "them the shard would repeat or skip samples."
+                    "(max_worker_restarts) needs a dataset with shmloader_state_dict() and "
+                    "shmloader_load_state_dict(), so that its shard resumes where it was; "
+                    "without them the shard would repeat or skip samples."
+                    + _state.stateful_hint(loader.dataset)
                 )
             if timed_out is not None:
                 raise self._timeout_error(timed_out)

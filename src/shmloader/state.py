@@ -10,8 +10,8 @@ Batches that workers prefetched but the consumer had not received are not part o
 state: they are simply produced again after the resume.
 
 Iterable datasets have no global order: each shard (worker of a rank) resumes on its own,
-from the dataset's own ``state_dict`` when it has one (saved after every batch the worker
-produces), or by fast-forwarding past the samples it had delivered.
+from the dataset's own ``shmloader_state_dict`` when it has one (saved after every batch
+the worker produces), or by fast-forwarding past the samples it had delivered.
 
 The state is plain Python data (dicts, lists, ints, strings), safe in a torch checkpoint
 (``torch.load(..., weights_only=True)``).
@@ -55,7 +55,7 @@ class EpochPlan:
     # as loaded, and the worker the first batch comes from.
     workers: list[dict[str, Any]] | None = None
     start_worker: int = 0
-    stateful: bool = False  # the iterable dataset has state_dict / load_state_dict
+    stateful: bool = False  # the iterable dataset has shmloader_state_dict / shmloader_load_state_dict
     shard_states: dict[int, Any] = field(default_factory=dict)
     # It continues a loaded position from inside its epoch: when that position was the
     # epoch's end (nothing left), the iterator begins the next epoch instead.
@@ -93,7 +93,7 @@ class Positioned(Protocol):
 
     def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
         """Iterable datasets: per local worker the batches handed out, the worker the
-        next batch comes from, and the dataset states (``state_dict()``) after each
+        next batch comes from, and the dataset states (``shmloader_state_dict()``) after each
         worker's last handed-out batch, where the dataset has them."""
 
     def shards_exhausted(self) -> bool:
@@ -102,9 +102,23 @@ class Positioned(Protocol):
 
 
 def is_stateful(dataset: Any) -> bool:
-    """Whether an iterable dataset saves and restores its own position."""
-    return callable(getattr(dataset, "state_dict", None)) and callable(
-        getattr(dataset, "load_state_dict", None)
+    """Whether an iterable dataset saves and restores its own position for the loader:
+    ``shmloader_state_dict`` and ``shmloader_load_state_dict`` (never a ``state_dict`` the
+    dataset has for itself: torch's loader calls none)."""
+    return callable(getattr(dataset, "shmloader_state_dict", None)) and callable(
+        getattr(dataset, "shmloader_load_state_dict", None)
+    )
+
+
+def stateful_hint(dataset: Any) -> str:
+    """A sentence for a dataset that has ``state_dict``/``load_state_dict`` but not the
+    loader's pair (the loader does not call those), else ''."""
+    if is_stateful(dataset) or not callable(getattr(dataset, "state_dict", None)):
+        return ""
+    return (
+        f" ({type(dataset).__name__} has state_dict(), which the loader never calls, as torch's "
+        "does not: name the pair shmloader_state_dict()/shmloader_load_state_dict(), or add "
+        "those two calling yours.)"
     )
 
 
@@ -427,9 +441,10 @@ def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
             skipped = sum(w["samples"] for w in state["workers"])
             if skipped:
                 warnings.warn(
-                    f"{type(loader.dataset).__name__} has no state_dict()/load_state_dict(): "
-                    f"resuming by fast-forwarding {skipped} samples (the workers read them again "
-                    "and drop them). Give the dataset those two methods to resume without rereading.",
+                    f"{type(loader.dataset).__name__} has no shmloader_state_dict()/"
+                    f"shmloader_load_state_dict(): resuming by fast-forwarding {skipped} samples "
+                    "(the workers read them again and drop them). Give the dataset those two "
+                    f"methods to resume without rereading.{stateful_hint(loader.dataset)}",
                     stacklevel=3,
                 )
     elif state.get("presharded") and state["world_size"] != loader.world_size:
@@ -462,7 +477,7 @@ def open_iterable(dataset: Any, record: dict[str, Any] | None) -> Iterator[Any]:
     the dataset's own state is loaded first when saved, else the delivered samples are
     skipped."""
     if record is not None and record.get("state") is not None and is_stateful(dataset):
-        dataset.load_state_dict(record["state"])
+        dataset.shmloader_load_state_dict(record["state"])
         return iter(dataset)
     it = iter(dataset)
     skip = int(record["samples"]) if record is not None else 0

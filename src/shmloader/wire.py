@@ -65,8 +65,10 @@ class Kind(enum.IntEnum):
     RES_ERROR = 13  # payload: pickled WorkerFailure
     RES_ITER_END = 14  # iterable dataset exhausted in this worker
     RES_INIT_ERROR = 15  # payload: pickled WorkerFailure; the worker exits after sending it
-    RES_SHARD_STATE = 16  # payload: pickled dataset.state_dict() after batch `seq` (before its result)
-    RES_STATS = 17  # payload: pickled {name: increase} of the dataset's stats() counters
+    RES_SHARD_STATE = (
+        16  # payload: pickled dataset.shmloader_state_dict() after batch `seq` (before its result)
+    )
+    RES_STATS = 17  # payload: pickled {name: increase} of the dataset's shmloader_stats() counters
     RES_WAKE = 18  # no payload: a result is in the worker's queue and the consumer was asleep
     # The consumer checks kinds >= RES_INIT_ERROR with one comparison, off the per-batch
     # path: give a new rare kind a number above these and handle it in that branch.

@@ -68,7 +68,7 @@ class WorkerConfig:
     rank: int = 0  # the loader's rank and world size (worker info, global shard ids)
     world_size: int = 1
     resume: dict | None = None  # iterable: this shard's saved record (see state.open_iterable)
-    report_state: bool = False  # iterable with state_dict(): send it after every batch
+    report_state: bool = False  # iterable with shmloader_state_dict(): send it after every batch
     shm_backend: str = "auto"  # the loader's: one-off batch segments use the ring's backend
     # Answered in the consumer as the config is made (a forked worker inherits the answer
     # instead of working it out again in its first milliseconds, page by copied page):
@@ -157,8 +157,9 @@ class _Worker:
         self.ring = config.ring
         self.placements = Placements(_VIEW_CACHE_SIZE)
         self.views: dict[tuple[int, Placement], list] = {}  # (slot, placement) -> views of the slot
-        # A dataset's own counters (e.g. ImageFolder's skipped files), reported as they change.
-        stats = getattr(config.dataset, "stats", None)
+        # A dataset's own counters (e.g. ImageFolder's skipped files), reported as they
+        # change: only through the loader's protocol name, never a stats() of the dataset's.
+        stats = getattr(config.dataset, "shmloader_stats", None)
         self.stats_fn = stats if callable(stats) else None
         # Counted from what the dataset held when this worker started (a forked worker
         # inherits the consumer's counts; they are not this worker's).
@@ -320,7 +321,7 @@ class _Worker:
                     self.send_message(wire.pack(wire.RES_ITER_END, slot, seq))
                     return
                 if cfg.report_state:  # the shard's position after this batch, for resume
-                    state = pickle.dumps(cfg.dataset.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
+                    state = pickle.dumps(cfg.dataset.shmloader_state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
                     self.send_message(wire.pack(wire.RES_SHARD_STATE, slot, seq, state))
             else:
                 if kind == wire.TASK_INDICES:
@@ -361,7 +362,7 @@ class _Worker:
         wire.send_frame(self.fd, wire.ready_frame(slot, seq, self.fetch_ns, collate_ns, self.idle_ns))
 
     def report_stats(self) -> None:
-        """Send what the dataset's ``stats()`` counters gained since the last report (only
+        """Send what the dataset's ``shmloader_stats()`` counters gained since the last report (only
         when they changed: e.g. a file skipped), for the loader's ``stats()``."""
         now = self.stats_fn()
         last = self.stats_sent

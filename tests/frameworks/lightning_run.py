@@ -10,9 +10,12 @@ be the loader's epoch e); then Fabric ``setup_dataloaders``.
 
 ddp: fit with the loader built inside ``train_dataloader()`` (checkpoints every 3 steps:
 mid-epoch and epoch 0's last step, 6), fit with a loader built before ``fit()`` (before
-torch.distributed exists) and passed in, fit with ``use_distributed_sampler=False`` (the
-loader shards itself), a resume from each checkpoint, then Fabric ``setup_dataloaders``
-with two processes. Each rank writes ``<OUT>/<mode>_rank<r>.json``.
+torch.distributed exists) and passed in, fit with ``use_distributed_sampler=False`` and a
+loader asked to shard itself (``distributed="auto"``), fit with
+``use_distributed_sampler=False`` and a default loader, then the same with torch's loader
+(each rank trains and validates on the whole dataset, as with torch's), a resume from each
+checkpoint, then Fabric ``setup_dataloaders`` with two processes. Each rank writes
+``<OUT>/<mode>_rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -38,13 +41,19 @@ DEVICES = 2 if MODE == "ddp" else 1
 EVERY = 3 if MODE == "ddp" else 4  # checkpoint steps: mid-epoch, then epoch 0's last step
 
 
-def make_loader(n: int = N, shuffle: bool = True) -> shmloader.DataLoader:
+def make_loader(n: int = N, shuffle: bool = True, **kw) -> shmloader.DataLoader:
     if os.environ.get("FRAMEWORKS_ORACLE") == "torch":  # the scripts' own check: torch's loader
-        g = torch.Generator().manual_seed(0)
-        return torch.utils.data.DataLoader(
-            NumpySamples(n), batch_size=BATCH, shuffle=shuffle, num_workers=2, generator=g
-        )
-    return shmloader.DataLoader(NumpySamples(n), batch_size=BATCH, shuffle=shuffle, num_workers=2, seed=0)
+        return torch_loader(n, shuffle)
+    return shmloader.DataLoader(
+        NumpySamples(n), batch_size=BATCH, shuffle=shuffle, num_workers=2, seed=0, **kw
+    )
+
+
+def torch_loader(n: int = N, shuffle: bool = True) -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.DataLoader(
+        NumpySamples(n), batch_size=BATCH, shuffle=shuffle, num_workers=2, generator=g
+    )
 
 
 class Model(pl.LightningModule):
@@ -86,6 +95,23 @@ class ValidatedModel(InsideModel):
         return make_loader(40, shuffle=False)
 
 
+class OwnShardingModel(InsideModel):
+    """The loader shards itself (asked to: ``distributed="auto"``)."""
+
+    def train_dataloader(self):
+        return make_loader(distributed="auto")
+
+
+class TorchValidatedModel(ValidatedModel):
+    """torch's loaders, for the oracle in the same setup."""
+
+    def train_dataloader(self):
+        return torch_loader()
+
+    def val_dataloader(self):
+        return torch_loader(40, shuffle=False)
+
+
 def trainer(**kw) -> pl.Trainer:
     return pl.Trainer(
         accelerator="cpu",
@@ -124,10 +150,16 @@ def main() -> None:
         model = Model()
         trainer(enable_checkpointing=False).fit(model, train_dataloaders=outside)
         record["outside"] = model.trained
-        # use_distributed_sampler=False: Lightning leaves the loader alone; it shards itself
-        model = InsideModel()
+        # use_distributed_sampler=False: Lightning leaves the loader alone; asked to, it
+        # shards itself
+        model = OwnShardingModel()
         trainer(enable_checkpointing=False, use_distributed_sampler=False).fit(model)
         record["own_sharding"] = model.trained
+        # not asked to: each rank trains and validates on every sample, as with torch's loader
+        for name, model in (("no_sharding", ValidatedModel()), ("torch_no_sharding", TorchValidatedModel())):
+            trainer(enable_checkpointing=False, use_distributed_sampler=False).fit(model)
+            record[name] = model.trained
+            record[f"{name}_validated"] = model.validated
     else:
         # Lightning's epoch e is the loader's epoch e: iterating an identical loader by hand
         # gives the same orders (no extra iter() shifted the loader's epochs).

@@ -24,7 +24,8 @@ syncs on the last batch of every epoch, and it is saved and restored by
 ``accelerator.save_state`` / ``load_state`` (``register_for_checkpointing``) with the
 loader's exact position. Sharding is the loader's: each rank loads a disjoint share of
 every epoch, by ``torch.distributed``'s rank and world size (which Accelerate
-initializes).
+initializes). As ``accelerator.prepare`` shards a torch loader, :func:`prepare` turns on
+the loader's own sharding (``distributed="auto"``) where its constructor left it off.
 """
 
 from __future__ import annotations
@@ -52,8 +53,14 @@ def prepare(
     so ``save_state`` / ``load_state`` save and restore its position: call ``prepare``
     in the same order on resume, as for every registered object.
 
+    A loader that does not shard by itself (built without ``distributed=``, ``rank=`` or
+    ``world_size=``) and has no ``DistributedSampler`` is switched to
+    ``distributed="auto"``: each process loads its share, as ``accelerator.prepare`` gives
+    a torch loader's.
+
     Raises ``ValueError`` when the loader and the accelerator disagree on the rank or the
-    world size (the loader was built with ``distributed=False`` or an explicit ``rank``),
+    world size (the loader was built with an explicit ``rank``, or a
+    ``DistributedSampler`` over other ranks),
     when the accelerator splits or dispatches batches (``split_batches=True``,
     ``dispatch_batches=True``: the loader shards by sample instead; give it
     ``batch_size // num_processes``), or when batches would be numpy arrays that cannot be
@@ -85,6 +92,8 @@ def prepare(
             f"{accelerator.device}: build it with output='torch' (the default where torch is "
             "imported), or pass device_placement=False."
         )
+    if not loader._sharding_asked() and not _presharded(loader):
+        loader.distributed = "auto"  # (read when each epoch begins)
     wrapped = AcceleratedLoader(
         accelerator,
         loader,
@@ -137,7 +146,7 @@ class AcceleratedLoader:
     @property
     def total_batch_size(self) -> int:
         """Samples in one step of all processes together (as ``DataLoaderShard``'s)."""
-        return int(self.loader.batch_size or 1) * int(self.loader.world_size)
+        return int(self.loader.batch_size or 1) * _shard(self.loader)[1]
 
     @property
     def total_dataset_length(self) -> int:
@@ -147,12 +156,12 @@ class AcceleratedLoader:
     def check_sharding(self) -> None:
         """Raise ``ValueError`` unless the loader shards by the accelerator's processes."""
         want = (int(self.accelerator.process_index), int(self.accelerator.num_processes))
-        have = (int(self.loader.rank), int(self.loader.world_size))
+        have = _shard(self.loader)
         if have != want:
             raise ValueError(
                 f"the loader loads as rank {have[0]} of {have[1]} but this accelerator process is "
                 f"{want[0]} of {want[1]}: each process would not get its own share. Build the loader "
-                "with the default distributed='auto' (or rank=accelerator.process_index, "
+                "with distributed='auto' (or rank=accelerator.process_index, "
                 "world_size=accelerator.num_processes)."
             )
 
@@ -208,3 +217,23 @@ class AcceleratedLoader:
         """Load epoch ``epoch`` on the next ``iter()`` (``DataLoader.set_epoch``)."""
         self._position = None
         self.loader.set_epoch(epoch)
+
+
+def _presharded(loader: Any) -> Any:
+    """The ``DistributedSampler`` that shards ``loader`` (as ``sampler``, or inside its
+    ``batch_sampler``), or None."""
+    from shmloader.distributed import is_presharded
+
+    for s in (loader.batch_sampler, loader.sampler):
+        if s is not None and is_presharded(s):
+            return s if hasattr(s, "num_replicas") else s.sampler
+    return None
+
+
+def _shard(loader: Any) -> tuple[int, int]:
+    """``(rank, world size)`` of the share ``loader`` loads: its ``DistributedSampler``'s,
+    else the loader's own sharding's."""
+    sampler = _presharded(loader)
+    if sampler is not None:
+        return int(sampler.rank), int(sampler.num_replicas)
+    return int(loader.rank), int(loader.world_size)

@@ -65,7 +65,9 @@ class ImageFolder:
     DCT scaling): the same pixels as a full decode, for less work (see
     :mod:`shmloader.vision.region`). JPEGs it does not apply to (CMYK/YCCK, corrupt
     data, or no usable libjpeg-turbo) are decoded whole and counted in
-    :meth:`stats` (``region_fallbacks``; ``region_decodes`` counts the others).
+    :meth:`stats` (``region_fallbacks``; ``region_decodes`` counts the others), which the
+    loader sums over its workers (``DataLoader.stats()["dataset"]``, through
+    :meth:`shmloader_stats`).
 
     Randomness (random crops, flips) comes from a generator per sample derived from the
     loader's epoch seed and the sample index: a seeded loader gives the same batches for
@@ -164,6 +166,11 @@ class ImageFolder:
             "region_decodes": self.region_decodes,
             "region_fallbacks": self.region_fallbacks,
         }
+
+    def shmloader_stats(self) -> dict[str, int]:
+        """:meth:`stats`, under the name the loader reads (summed over its workers into
+        ``DataLoader.stats()["dataset"]``)."""
+        return self.stats()
 
     @property
     def imgs(self) -> list[tuple[str, int]]:
