@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from shmloader import arguments, autotune, fetch, sizing, torchcompat
 from shmloader import distributed as _dist
+from shmloader import draws as _draws
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
@@ -181,13 +182,12 @@ class DataLoader(Generic[T_co]):
         self.copy = copy
         self.generator = generator
         self.seed = seed
-        # Where the loader is between and within epochs: state.py's record (the seed every
-        # epoch's order and worker seeds derive from, the next epoch, a loaded position).
-        draw_seed = arguments.seed_source(seed, generator)
+        # Where the loader is between and within epochs: state.py's record (where every
+        # epoch's order and worker seeds come from, the next epoch, a loaded position).
+        # Nothing is drawn here (see draws.py): torch's loader draws at iter().
+        torch_rng = _draws.uses_torch_rng(seed, generator)
         self._cursor = _state.Cursor(
-            seed=draw_seed(),
-            draw_seed=draw_seed,
-            reseed_each_epoch=generator is not None,
+            seeds=None if torch_rng else _draws.SeedSource(seed, generator),
             own_shuffle=not self.iterable and sampler is None and shuffle,
             own_batching=not self.iterable and batch_sampler is None,
         )
@@ -205,7 +205,10 @@ class DataLoader(Generic[T_co]):
             self.batch_size = batch_size
         else:
             if sampler is None:
-                sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
+                if shuffle:  # (as torch's: the loader's torch generator is the sampler's)
+                    sampler = RandomSampler(dataset, generator=generator if torch_rng else None)
+                else:
+                    sampler = SequentialSampler(dataset)
             if batch_size is not None and batch_sampler is None:
                 batch_sampler = _EpochBatches(sampler, batch_size, drop_last)
                 # What it needs of this loader to tell its next epoch (the cursor, and
@@ -340,20 +343,25 @@ class DataLoader(Generic[T_co]):
             # dropped loader stops its workers at once, not at the next cyclic gc. The
             # epoch handed out holds the loader, for as long as the caller holds it.
             proxy = weakref.proxy(self)
-            start = _state.epoch_starter(proxy, self._cursor)
             it = self._persistent_iter
-            if it is None or it.closed:
+            new_workers = it is None or it.closed
+            # Under torch's RNG, what torch draws as it makes (or resets) its iterator.
+            draws = _state.draw_for_iter(self, self._cursor, new_workers)
+            start = _state.epoch_starter(proxy, self._cursor, draws)
+            if new_workers:
                 it = self._persistent_iter = MultiProcessIter(proxy, start, copy)
             else:
                 it.reset(start, copy)
-            _state.attach(self._cursor, it)  # pending: state_dict() describes the epoch it will begin
+            # pending: state_dict() describes the epoch it will begin
+            _state.attach(self._cursor, it, draws)
             return _PersistentEpoch(it, self)
-        start = _state.epoch_starter(self, self._cursor)
+        draws = _state.draw_for_iter(self, self._cursor, True)
+        start = _state.epoch_starter(self, self._cursor, draws)
         if self.num_workers == 0:
             it: Any = InProcessIter(self, start)
         else:
             it = MultiProcessIter(self, start, copy)
-        _state.attach(self._cursor, it)
+        _state.attach(self._cursor, it, draws)
         return it
 
     def stats(self) -> dict[str, Any]:

@@ -155,7 +155,9 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             _leases.give_back(task.ring, task.slot)
         self._begin_epoch(plan)
         for w in self._workers:
-            self._pool.send(w, wire.epoch_frame(plan.epoch_seed + w.id))
+            self._pool.send(
+                w, wire.epoch_frame(plan.epoch_seed + w.id, plan.reseed, plan.sample_seed, plan.shared_seed)
+            )
         try:
             self._dispatch()
         except (RingLimitError, ShmSpaceError):
@@ -212,6 +214,8 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             rank=loader.rank,
             world_size=loader.world_size,
             resume=resume,
+            epoch_seed=self.plan.sample_seed,  # type: ignore[union-attr]
+            shared_seed=self.plan.shared_seed,  # type: ignore[union-attr]
             report_state=self.plan.stateful,  # type: ignore[union-attr]
             shm_backend=loader.shm_backend,
         )
