@@ -224,6 +224,8 @@ class DataLoader(Generic[T_co]):
                         drop_last=drop_last,
                         dataset=dataset,
                         num_workers=num_workers,
+                        persistent_workers=persistent_workers,
+                        generator=generator,
                         rank=0,
                         world_size=1,
                     ),

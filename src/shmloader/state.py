@@ -95,6 +95,9 @@ class Cursor:
     live: weakref.ref | None = None  # its iterator (or a pending one), which state_dict() asks
     pending: Draws | None = None  # torch's RNG: what iter() drew for ``live``, until it begins
     workers_base: int | None = None  # torch's RNG: the base seed the running workers got
+    # torch's RNG, persistent workers: workers_base is a loaded run's, whose workers the
+    # next ones continue (they take its base seed instead of drawing one).
+    loaded_base: bool = False
 
     @property
     def torch_rng(self) -> bool:
@@ -160,10 +163,11 @@ def draw_for_iter(loader: Any, cursor: Cursor, new_workers: bool) -> Draws | Non
     else:
         gen = _torch_generator(loader)
         shared = _draws.int64(gen) if _is_iter_datapipe(loader.dataset) else None
-        if new_workers or cursor.workers_base is None:
+        if cursor.workers_base is None or (new_workers and not cursor.loaded_base):
             draws = Draws(_draws.int64(gen), shared_seed=shared)
         else:
-            draws = Draws(cursor.workers_base, reseed=False, shared_seed=shared)
+            draws = Draws(cursor.workers_base, reseed=new_workers, shared_seed=shared)
+        cursor.loaded_base = False
         if loader.num_workers > 0 and cursor.own_shuffle:
             draws.order, draws.indices = _draws.draw_order(loader.sampler)
     return draws
@@ -466,6 +470,9 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
         if it is not None and it.plan is None and cursor.pending is not None:
             # iter() drew for the epoch it will begin (torch's RNG): a resume replays that.
             position["draws"] = cursor.pending.to_state()
+        elif cursor.torch_rng and loader.persistent_workers and cursor.workers_base is not None:
+            # Persistent workers draw their base seed once: the next epoch draws none.
+            position["workers_base"] = cursor.workers_base
         return position
     if not loader.in_order:
         raise ValueError(
@@ -604,7 +611,9 @@ def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
     cursor.resume = resume
     cursor.live = None
     cursor.pending = None
-    cursor.workers_base = None
+    base = state.get("workers_base")
+    cursor.workers_base = int(base) if torch_rng and base is not None else None
+    cursor.loaded_base = cursor.workers_base is not None
 
 
 def _set_generator_states(loader: Any, cursor: Cursor, states: dict[str, Any], torch_rng: bool) -> None:
