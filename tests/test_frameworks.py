@@ -267,6 +267,7 @@ def test_accelerate_one_process(tmp_path):
         )
     kept = r["skip_first_batches_kept"]
     assert kept["loader_after"] == kept["expected"], "skip_first_batches moved the loader's epoch"
+    _check_skips([r])
 
 
 @needs_accelerate
@@ -294,6 +295,20 @@ def test_accelerate_torchrun_two_processes(tmp_path):
     for route in ("torch", "accelerate_prepare", "accelerate_prepare_kept", "shmloader_prepare"):
         for e in range(2):
             assert_shards([r[route]["ids"][e] for r in ranks])
+    _check_skips(ranks)
+
+
+def _check_skips(ranks: list[dict]) -> None:
+    """accelerator.skip_first_batches(loader, 2) yields each process's share of the epoch
+    minus its first 2 batches, as with torch's loader (the oracle, checked too), with a
+    seed and with a torch generator."""
+    for route in ("torch", "shmloader_seed", "shmloader_generator"):
+        for rank, r in enumerate(ranks):
+            skip = r[f"skip_{route}"]
+            assert "error" not in skip, f"{route}: {skip['error']}"
+            assert skip["got"] == skip["expected"][2:], f"{route}, rank {rank}: not its epoch minus 2 batches"
+        if len(ranks) > 1:
+            assert_shards([r[f"skip_{route}"]["expected"] for r in ranks])
 
 
 @pytest.mark.timeout(30)
