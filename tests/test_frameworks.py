@@ -162,9 +162,13 @@ needs_lightning = pytest.mark.skipif(find_spec("lightning") is None, reason="lig
 
 @needs_lightning
 @pytest.mark.timeout(180)
-def test_lightning_one_device(tmp_path):
+@pytest.mark.parametrize("rng", ["seed", "generator"])
+def test_lightning_one_device(tmp_path, monkeypatch, rng):
     """Trainer.fit, 2 epochs with validation, loader built in train_dataloader(); resume from
-    a mid-epoch checkpoint and from one at epoch 0's last step; Fabric setup_dataloaders."""
+    a mid-epoch checkpoint and from one at epoch 0's last step; Fabric setup_dataloaders.
+    Loaders seeded with seed=0, or with a torch generator (whose state the checkpoint
+    must carry for the epochs after a resume)."""
+    monkeypatch.setenv("FRAMEWORKS_RNG", rng)
     run_script(tmp_path, os.path.join(SCRIPTS, "lightning_run.py"), str(tmp_path), "single", timeout=170)
     r = load(tmp_path, "single_rank0")
     assert r["train_loader"].startswith("shmloader"), f"Lightning trained with {r['train_loader']}"
