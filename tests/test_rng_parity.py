@@ -299,3 +299,47 @@ def test_a_resume_under_the_global_rng_replays_its_epoch(kw):
     torch.manual_seed(77)
     assert [_ids(b) for b in resumed] == expected
     assert state["generators"] == {}, "torch's global RNG is the program's: not saved"
+
+
+# --- torch's test_dataloader.py::test_shuffler_iterdatapipe, with shmloader's loader ---------
+
+
+@pytest.mark.parametrize("buffer_size", [5, 33])
+@pytest.mark.parametrize(
+    "num_workers, persistent, context",
+    [(0, False, None), (1, True, "fork"), (1, False, "fork"), (2, True, "fork"), (2, False, "spawn")],
+)
+def test_a_datapipe_shuffle_follows_the_global_seed_each_epoch(buffer_size, num_workers, persistent, context):
+    """torch's own test (its loader draws the DataPipe graph's shared seed at every
+    iter(), so torch.manual_seed before an epoch repeats it), including its teardown
+    through the private ``_iterator``."""
+    datapipes = pytest.importorskip("torch.utils.data.datapipes")
+    expected = list(range(100))
+
+    def make():
+        shuffled = datapipes.iter.IterableWrapper(expected).shuffle(buffer_size=buffer_size).sharding_filter()
+        return DataLoader(
+            shuffled,
+            num_workers=num_workers,
+            shuffle=True,
+            multiprocessing_context=context,
+            persistent_workers=persistent,
+        )
+
+    def epoch(loader):
+        return [int(v) for v in loader]
+
+    dl = make()
+    assert sorted(epoch(dl)) == expected  # no seed
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append(epoch(dl))
+    assert runs[0] == runs[1] and sorted(runs[0]) == expected
+    torch.manual_seed(321)
+    runs.append(epoch(dl))
+    assert runs[0] != runs[2] and sorted(runs[2]) == expected
+    if dl._iterator is not None:
+        dl._iterator._shutdown_workers()
+        dl._iterator = None
+    assert dl._iterator is None

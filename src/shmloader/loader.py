@@ -460,6 +460,20 @@ class DataLoader(Generic[T_co]):
             self._persistent_iter.close()
             self._persistent_iter = None
 
+    @property
+    def _iterator(self) -> MultiProcessIter | None:
+        """torch's (private) name for the iterator a ``persistent_workers`` loader keeps
+        between epochs, None when there is none; code written for torch's loader stops
+        its workers with ``loader._iterator._shutdown_workers()`` and ``loader._iterator =
+        None`` (Lightning's loops, torch's own tests)."""
+        return self._persistent_iter
+
+    @_iterator.setter
+    def _iterator(self, value: None) -> None:
+        if value is not None:
+            raise ValueError("only None can be assigned to _iterator (it stops the persistent workers)")
+        self.shutdown()
+
     def __del__(self) -> None:
         try:
             self.shutdown()

@@ -492,6 +492,10 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         self._pool.release()
         _live_iterators.discard(self)
 
+    def _shutdown_workers(self) -> None:
+        """torch's name for :meth:`close` (code written for torch's iterator calls it)."""
+        self.close()
+
     def __del__(self) -> None:
         try:
             self.close()
