@@ -41,7 +41,13 @@ class DataLoader(Generic[T_co]):
     the samples were tensors) that view the ring's memory: zero copies after the worker
     wrote them. A batch's slot is reused only once no array viewing it is alive.
 
-    Extra keyword arguments: ``seed`` (an int alternative to ``generator``), ``num_slots``
+    Randomness (docs/randomness.md): without ``seed``, torch's RNG decides as in torch's
+    loader, bit for bit and at the same moments (``generator`` a ``torch.Generator``, or
+    torch's global RNG; nothing is drawn when the loader is made); ``seed=<int>`` (or a
+    numpy ``Generator`` as ``generator``) makes every epoch's order and worker seeds
+    functions of that seed and the epoch.
+
+    Extra keyword arguments: ``seed`` (see above), ``num_slots``
     (slots in the ring; default ``num_workers * prefetch_factor + 4``; the ring doubles
     them when the consumer holds every slot), ``slot_bytes`` (bytes per slot; default
     sized from the first batch, and a later batch that does not fit makes the ring grow to
@@ -404,9 +410,10 @@ class DataLoader(Generic[T_co]):
 
     def set_epoch(self, epoch: int) -> None:
         """Load epoch ``epoch`` when the next epoch begins (the first ``next()`` after
-        ``iter()``), as ``DistributedSampler.set_epoch``: its order and seeds are functions
-        of the loader's seed and ``epoch``, the same on every rank. Without it, epochs
-        count up from 0 by themselves."""
+        ``iter()``), as ``DistributedSampler.set_epoch``: with ``seed=`` its order and seeds
+        are functions of the loader's seed and ``epoch``, the same on every rank (under
+        torch's RNG they are drawn at ``iter()``, whatever the epoch); a sampler with
+        ``set_epoch`` is given it. Without it, epochs count up from 0 by themselves."""
         _state.set_epoch(self._cursor, epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -415,7 +422,8 @@ class DataLoader(Generic[T_co]):
         Take it at any point, mid-epoch included: after :meth:`load_state_dict` a new
         loader yields exactly the batches not handed out yet, with the same contents
         (batches prefetched by workers are produced again). For map-style datasets it is
-        the same on every rank at a step all ranks reached (save it from rank 0), and it
+        the same on every rank at a step all ranks reached (save it from rank 0; without
+        ``seed=``, where the ranks' generators agree, as they must for sharding), and it
         survives a change of ``num_workers`` and of the world size: the rest of the epoch
         is split between the new ranks. Iterable datasets resume shard by shard (same
         rank, world size and ``num_workers``)."""
@@ -424,8 +432,10 @@ class DataLoader(Generic[T_co]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`) when the next epoch begins (the
         first ``next()`` after ``iter()``); a state saved after an epoch's last batch
-        continues with the next epoch, in full. The loader adopts the saved seed, so the
-        order and random draws match the saved run."""
+        continues with the next epoch, in full. The loader adopts the saved seed (or what
+        torch's RNG drew for the saved epoch) and puts its ``torch.Generator`` back where
+        the saved run's was, so the order and random draws of this epoch and the following
+        ones match the saved run's."""
         _state.load_state_dict(self, self._cursor, state)
 
     @property
