@@ -267,6 +267,7 @@ def test_a_resume_with_a_generator_gives_the_uninterrupted_runs_epochs(kw, where
     run.shutdown()
     resumed = _loader(kw, 99)
     resumed.load_state_dict(state)
+    assert _roundtrip(resumed.state_dict()) == state, "loaded, not iterated: the loaded state"
     epochs = [[_ids(b) for b in resumed] for _ in range(3)]
     resumed.shutdown()
     if where is None or where == len(full[1]):  # the state is the start of epoch 2

@@ -470,7 +470,11 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
         if it is not None and it.plan is None and cursor.pending is not None:
             # iter() drew for the epoch it will begin (torch's RNG): a resume replays that.
             position["draws"] = cursor.pending.to_state()
-        elif cursor.torch_rng and loader.persistent_workers and cursor.workers_base is not None:
+        elif (
+            cursor.torch_rng
+            and cursor.workers_base is not None
+            and (cursor.loaded_base or _workers_kept(loader))
+        ):
             # Persistent workers draw their base seed once: the next epoch draws none.
             position["workers_base"] = cursor.workers_base
         return position
@@ -488,6 +492,12 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
     if plan.order_len is not None:
         consumed = min(consumed, plan.order_len)
     return {**base, "epoch": plan.epoch, "consumed": consumed, "presharded": plan.presharded}
+
+
+def _workers_kept(loader: Any) -> bool:
+    """Whether the loader keeps running persistent workers for its next epoch."""
+    it = getattr(loader, "_persistent_iter", None)
+    return bool(loader.persistent_workers) and it is not None and not it.closed
 
 
 def _generator_states(loader: Any, cursor: Cursor) -> dict[str, Any]:
