@@ -119,6 +119,25 @@ def test_drop_last_and_batch_size_none_keep_torchs_order(kw):
         assert _run(DataLoader, Indexed(11), **kwargs) == _run(TorchLoader, Indexed(11), **kwargs), extra
 
 
+@pytest.mark.parametrize("kw", WORKERS[:4])
+def test_a_torch_sampler_of_the_users_draws_as_under_torchs_loader(kw):
+    """A torch RandomSampler given as ``sampler=`` draws from the global RNG after the
+    loader's base seed, as under torch's loader (in a loop nothing draws between iter()
+    and the first next())."""
+
+    def run(cls):
+        torch.manual_seed(3)
+        np.random.seed(1)
+        random.seed(2)
+        loader = cls(Draws(), batch_size=3, sampler=torch.utils.data.RandomSampler(range(10)), **kw)
+        out = [[_plain(b) for b in loader] for _ in range(2)]
+        if hasattr(loader, "shutdown"):
+            loader.shutdown()
+        return out, torch.rand(2).tolist()
+
+    assert run(DataLoader) == run(TorchLoader)
+
+
 @pytest.mark.parametrize(
     "arguments",
     [
