@@ -1133,15 +1133,24 @@ def case_restart_kill(
     epochs: int = 1,
     width: int = 4,
     between: bool = False,
+    generator: bool = False,
 ) -> dict[str, Any]:
     """The epoch(s) of an undisturbed loader, then of one whose workers are SIGKILLed
     after ``kills`` batches drawn from ``seed`` (never among the last few: a worker killed
     with nothing left to load is not replaced), with max_worker_restarts=kills.
     ``between``: also SIGKILL worker 1 between epochs (idle, persistent workers), one
-    more restart allowed for each."""
+    more restart allowed for each. ``generator``: both loaders shuffle, under torch's RNG
+    from a torch generator seeded alike, instead of ``seed=7``."""
     rng = np.random.default_rng(seed)
     ds = RngArange(width=width) if kind == "map" else StatefulStream()
-    kw: dict[str, Any] = dict(batch_size=3, seed=7, in_order=in_order, persistent_workers=epochs > 1)
+    kw: dict[str, Any] = dict(batch_size=3, in_order=in_order, persistent_workers=epochs > 1)
+    if generator:
+        import torch
+
+        kw["shuffle"] = kind == "map"
+        kw["generator"] = torch.Generator().manual_seed(7)
+    else:
+        kw["seed"] = 7
     batches = 20  # 60 samples in batches of 3 (map and iterable alike)
     plan = [
         {
@@ -1155,6 +1164,8 @@ def case_restart_kill(
     ref = [_epoch(ref_dl, {}, seen) for _ in range(epochs)]
     ref_dl.shutdown()
     del ref_dl
+    if generator:
+        kw["generator"].manual_seed(7)  # (the same draws again)
     dl = _loader(ds, method, max_worker_restarts=kills + (epochs - 1 if between else 0), **kw)
     got = []
     with warnings.catch_warnings(record=True) as caught:

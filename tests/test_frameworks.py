@@ -163,9 +163,13 @@ needs_lightning = pytest.mark.skipif(find_spec("lightning") is None, reason="lig
 
 @needs_lightning
 @pytest.mark.timeout(180)
-def test_lightning_one_device(tmp_path):
+@pytest.mark.parametrize("rng", ["seed", "generator"])
+def test_lightning_one_device(tmp_path, monkeypatch, rng):
     """Trainer.fit, 2 epochs with validation, loader built in train_dataloader(); resume from
-    a mid-epoch checkpoint and from one at epoch 0's last step; Fabric setup_dataloaders."""
+    a mid-epoch checkpoint and from one at epoch 0's last step; Fabric setup_dataloaders.
+    Loaders seeded with seed=0, or with a torch generator (whose state the checkpoint
+    must carry for the epochs after a resume)."""
+    monkeypatch.setenv("FRAMEWORKS_RNG", rng)
     run_script(tmp_path, os.path.join(SCRIPTS, "lightning_run.py"), str(tmp_path), "single", timeout=170)
     r = load(tmp_path, "single_rank0")
     assert r["train_loader"].startswith("shmloader"), f"Lightning trained with {r['train_loader']}"
@@ -278,6 +282,7 @@ def test_accelerate_one_process(tmp_path):
         )
     kept = r["skip_first_batches_kept"]
     assert kept["loader_after"] == kept["expected"], "skip_first_batches moved the loader's epoch"
+    _check_skips([r])
 
 
 @needs_accelerate
@@ -305,6 +310,20 @@ def test_accelerate_torchrun_two_processes(tmp_path):
     for route in ("torch", "accelerate_prepare", "accelerate_prepare_kept", "shmloader_prepare"):
         for e in range(2):
             assert_shards([r[route]["ids"][e] for r in ranks])
+    _check_skips(ranks)
+
+
+def _check_skips(ranks: list[dict]) -> None:
+    """accelerator.skip_first_batches(loader, 2) yields each process's share of the epoch
+    minus its first 2 batches, as with torch's loader (the oracle, checked too), with a
+    seed and with a torch generator."""
+    for route in ("torch", "shmloader_seed", "shmloader_generator"):
+        for rank, r in enumerate(ranks):
+            skip = r[f"skip_{route}"]
+            assert "error" not in skip, f"{route}: {skip['error']}"
+            assert skip["got"] == skip["expected"][2:], f"{route}, rank {rank}: not its epoch minus 2 batches"
+        if len(ranks) > 1:
+            assert_shards([r[f"skip_{route}"]["expected"] for r in ranks])
 
 
 @pytest.mark.timeout(30)

@@ -75,13 +75,26 @@ def test_sigkill_iterable_with_state(method, seed):
     _check_same(data)
 
 
+@pytest.mark.parametrize("generator", [False, True], ids=["seed", "torch-generator"])
 @pytest.mark.parametrize("between", [False, True])
 @pytest.mark.parametrize("kind", ["map", "iter"])
-def test_persistent_two_epochs(kind, between):
+def test_persistent_two_epochs(kind, between, generator):
     """persistent_workers: two kills in each of two epochs (and, ``between``, one of an
     idle worker between them); each epoch equals the undisturbed one (a new worker takes
-    the current epoch's seed)."""
-    child = run_case("restart_kill", method="fork", kind=kind, seed=6, kills=4, epochs=2, between=between)
+    the current epoch's seed), with seed= and under torch's RNG (a torch generator, the
+    map-style dataset shuffled)."""
+    if generator:
+        pytest.importorskip("torch")
+    child = run_case(
+        "restart_kill",
+        method="fork",
+        kind=kind,
+        seed=6,
+        kills=4,
+        epochs=2,
+        between=between,
+        generator=generator,
+    )
     data = assert_clean(child, child.data.get("pids", []))
     assert len(data["got"]) == 2
     _check_same(data)

@@ -86,12 +86,21 @@ def test_kinds_are_one_set_and_the_constants_are_their_values():
 def test_frames_decode_what_they_encode():
     a, b = socket.socketpair()
     reader = wire.FrameReader(b.fileno())
-    for framed in (wire.ring_frame(12, 1 << 40), wire.epoch_frame(-5), wire.frame(wire.pack(wire.TASK_STOP))):
+    frames = (
+        wire.ring_frame(12, 1 << 40),
+        wire.epoch_frame(5),
+        # torch's base seeds reach 2**63 - 1, and a worker's seed adds its id
+        wire.epoch_frame(2**63 + 5, reseed=False, epoch_seed=0, shared_seed=2**62),
+        wire.frame(wire.pack(wire.TASK_STOP)),
+    )
+    for framed in frames:
         wire.send_frame(a.fileno(), framed)
-    ring_msg, epoch_msg, stop_msg = reader.read()
+    ring_msg, epoch_msg, kept_msg, stop_msg = reader.read()
     assert wire.unpack(ring_msg) == (wire.TASK_RING, wire.NO_SLOT, 0)
     assert wire.ring_info(ring_msg) == (12, 1 << 40)
-    assert wire.epoch_seed(epoch_msg) == -5 and wire.unpack(stop_msg)[0] == wire.TASK_STOP
+    assert wire.epoch_seed(epoch_msg) == 5 and wire.epoch_info(epoch_msg) == (5, True, None, None)
+    assert wire.epoch_info(kept_msg) == (2**63 + 5, False, 0, 2**62)
+    assert wire.unpack(stop_msg)[0] == wire.TASK_STOP
     payload = wire.size_payload(4096, b"rest")
     assert wire.needed_bytes(payload) == 4096 and bytes(wire.pickled_batch(payload)) == b"rest"
     a.close()

@@ -9,11 +9,8 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from shmloader import autotune, sizing, torchcompat
 from shmloader.collate import COLLATE_MODES
@@ -220,33 +217,3 @@ def is_iterable_dataset(dataset: Any) -> bool:
     if isinstance(dataset, IterableDataset):
         return True
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
-
-
-def seed_source(seed: int | None, generator: Any) -> Callable[[], int]:
-    """A function drawing the loader's seed: from ``generator`` (a numpy or torch
-    Generator) at each call; else ``seed``, or (like torch's loader, following the global
-    RNG the user seeded) one draw from torch's global RNG when torch is imported, numpy's
-    otherwise."""
-    if isinstance(generator, np.random.Generator):
-        return lambda: int(generator.integers(0, 2**62))
-    if generator is not None:
-        torch = sys.modules.get("torch")
-        if torch is None or not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"generator must be a numpy.random.Generator or a torch.Generator, got "
-                f"{type(generator).__name__}; or pass seed=<int>."
-            )
-        return lambda: fold(int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()))
-    if seed is None:
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        else:
-            seed = int(np.random.randint(0, 2**62, dtype=np.int64))
-    fixed = fold(seed)
-    return lambda: fixed
-
-
-def fold(seed: int) -> int:
-    """A seed below 2**62 (the loader's seeds always were), drawn from ``seed``."""
-    return int(np.random.default_rng(seed & (2**64 - 1)).integers(0, 2**62))

@@ -87,6 +87,9 @@ class ShardInfo(NamedTuple):
 
 
 _worker_info: WorkerInfo | None = None
+# In a worker: the seed of the epoch it loads (what sample_rng draws from), where it is not
+# the worker's seed minus its id (persistent workers under torch's RNG keep their seed).
+_worker_epoch_seed: int | None = None
 # The main process's epoch while a num_workers=0 loader loads a batch: (epoch seed, shard).
 _main_epoch: tuple[int, ShardInfo] | None = None
 
@@ -103,6 +106,17 @@ def set_worker_info(info: WorkerInfo) -> None:
     global _worker_info
     _worker_info = info
     set_torch_worker_info(info)
+
+
+def set_worker_epoch_seed(seed: int | None) -> None:
+    """In a worker: the seed of the epoch being loaded (None: the worker's seed minus its id)."""
+    global _worker_epoch_seed
+    _worker_epoch_seed = seed
+
+
+def worker_epoch_seed() -> int | None:
+    """In a worker: the seed :func:`set_worker_epoch_seed` set, or None."""
+    return _worker_epoch_seed
 
 
 def set_torch_worker_info(info: WorkerInfo) -> bool:

@@ -51,12 +51,12 @@ class InProcessIter:
         loader = self._loader
         self.plan = plan = self._start_epoch(self)
         self._seq = 0
-        self._epoch_seed = plan.epoch_seed
+        self._epoch_seed = plan.sample_seed
         rank, world = loader._worker_shard()
         self._shard = _dist.ShardInfo(rank, world, 0, 1)
         if loader.iterable:
             # A torch DataPipe is seeded and sharded as torch's main process does it.
-            fetch.prepare_datapipe(loader.dataset, plan.epoch_seed, world, rank)
+            fetch.prepare_datapipe(loader.dataset, plan.shared_seed, world, rank)
             self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan.workers else None)
         else:
             self._source = _state.index_sequence(loader, plan)

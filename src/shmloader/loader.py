@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from shmloader import arguments, autotune, fetch, sizing, torchcompat
 from shmloader import distributed as _dist
+from shmloader import draws as _draws
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader import state as _state
@@ -40,7 +41,13 @@ class DataLoader(Generic[T_co]):
     the samples were tensors) that view the ring's memory: zero copies after the worker
     wrote them. A batch's slot is reused only once no array viewing it is alive.
 
-    Extra keyword arguments: ``seed`` (an int alternative to ``generator``), ``num_slots``
+    Randomness (docs/randomness.md): without ``seed``, torch's RNG decides as in torch's
+    loader, bit for bit and at the same moments (``generator`` a ``torch.Generator``, or
+    torch's global RNG; nothing is drawn when the loader is made); ``seed=<int>`` (or a
+    numpy ``Generator`` as ``generator``) makes every epoch's order and worker seeds
+    functions of that seed and the epoch.
+
+    Extra keyword arguments: ``seed`` (see above), ``num_slots``
     (slots in the ring; default ``num_workers * prefetch_factor + 4``; the ring doubles
     them when the consumer holds every slot), ``slot_bytes`` (bytes per slot; default
     sized from the first batch, and a later batch that does not fit makes the ring grow to
@@ -219,13 +226,12 @@ class DataLoader(Generic[T_co]):
         self.copy = copy
         self.generator = generator
         self.seed = seed
-        # Where the loader is between and within epochs: state.py's record (the seed every
-        # epoch's order and worker seeds derive from, the next epoch, a loaded position).
-        draw_seed = arguments.seed_source(seed, generator)
+        # Where the loader is between and within epochs: state.py's record (where every
+        # epoch's order and worker seeds come from, the next epoch, a loaded position).
+        # Nothing is drawn here (see draws.py): torch's loader draws at iter().
+        torch_rng = _draws.uses_torch_rng(seed, generator)
         self._cursor = _state.Cursor(
-            seed=draw_seed(),
-            draw_seed=draw_seed,
-            reseed_each_epoch=generator is not None,
+            seeds=None if torch_rng else _draws.SeedSource(seed, generator),
             own_shuffle=not self.iterable and sampler is None and shuffle,
             own_batching=not self.iterable and batch_sampler is None,
         )
@@ -246,7 +252,10 @@ class DataLoader(Generic[T_co]):
             self.batch_size = batch_size
         else:
             if sampler is None:
-                sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
+                if shuffle:  # (as torch's: the loader's torch generator is the sampler's)
+                    sampler = RandomSampler(dataset, generator=generator if torch_rng else None)
+                else:
+                    sampler = SequentialSampler(dataset)
             if batch_size is not None and batch_sampler is None:
                 batch_sampler = _EpochBatches(sampler, batch_size, drop_last)
                 # What it needs of this loader to tell its next epoch (the cursor, and
@@ -262,6 +271,8 @@ class DataLoader(Generic[T_co]):
                         drop_last=drop_last,
                         dataset=dataset,
                         num_workers=num_workers,
+                        persistent_workers=persistent_workers,
+                        generator=generator,
                         rank=0,
                         world_size=1,
                     ),
@@ -398,20 +409,25 @@ class DataLoader(Generic[T_co]):
             # dropped loader stops its workers at once, not at the next cyclic gc. The
             # epoch handed out holds the loader, for as long as the caller holds it.
             proxy = weakref.proxy(self)
-            start = _state.epoch_starter(proxy, self._cursor)
             it = self._persistent_iter
-            if it is None or it.closed:
+            new_workers = it is None or it.closed
+            # Under torch's RNG, what torch draws as it makes (or resets) its iterator.
+            draws = _state.draw_for_iter(self, self._cursor, new_workers)
+            start = _state.epoch_starter(proxy, self._cursor, draws)
+            if new_workers:
                 it = self._persistent_iter = MultiProcessIter(proxy, start, copy)
             else:
                 it.reset(start, copy)
-            _state.attach(self._cursor, it)  # pending: state_dict() describes the epoch it will begin
+            # pending: state_dict() describes the epoch it will begin
+            _state.attach(self._cursor, it, draws)
             return _PersistentEpoch(it, self)
-        start = _state.epoch_starter(self, self._cursor)
+        draws = _state.draw_for_iter(self, self._cursor, True)
+        start = _state.epoch_starter(self, self._cursor, draws)
         if self.num_workers == 0:
             it: Any = InProcessIter(self, start)
         else:
             it = MultiProcessIter(self, start, copy)
-        _state.attach(self._cursor, it)
+        _state.attach(self._cursor, it, draws)
         return it
 
     def stats(self) -> dict[str, Any]:
@@ -453,9 +469,10 @@ class DataLoader(Generic[T_co]):
 
     def set_epoch(self, epoch: int) -> None:
         """Load epoch ``epoch`` when the next epoch begins (the first ``next()`` after
-        ``iter()``), as ``DistributedSampler.set_epoch``: its order and seeds are functions
-        of the loader's seed and ``epoch``, the same on every rank. Without it, epochs
-        count up from 0 by themselves."""
+        ``iter()``), as ``DistributedSampler.set_epoch``: with ``seed=`` its order and seeds
+        are functions of the loader's seed and ``epoch``, the same on every rank (under
+        torch's RNG they are drawn at ``iter()``, whatever the epoch); a sampler with
+        ``set_epoch`` is given it. Without it, epochs count up from 0 by themselves."""
         _state.set_epoch(self._cursor, epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -464,7 +481,8 @@ class DataLoader(Generic[T_co]):
         Take it at any point, mid-epoch included: after :meth:`load_state_dict` a new
         loader yields exactly the batches not handed out yet, with the same contents
         (batches prefetched by workers are produced again). For map-style datasets it is
-        the same on every rank at a step all ranks reached (save it from rank 0), and it
+        the same on every rank at a step all ranks reached (save it from rank 0; without
+        ``seed=``, where the ranks' generators agree, as they must for sharding), and it
         survives a change of ``num_workers`` and of the world size: the rest of the epoch
         is split between the new ranks. Iterable datasets resume shard by shard (same
         rank, world size and ``num_workers``)."""
@@ -473,8 +491,10 @@ class DataLoader(Generic[T_co]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`) when the next epoch begins (the
         first ``next()`` after ``iter()``); a state saved after an epoch's last batch
-        continues with the next epoch, in full. The loader adopts the saved seed, so the
-        order and random draws match the saved run."""
+        continues with the next epoch, in full. The loader adopts the saved seed (or what
+        torch's RNG drew for the saved epoch) and puts its ``torch.Generator`` back where
+        the saved run's was, so the order and random draws of this epoch and the following
+        ones match the saved run's."""
         _state.load_state_dict(self, self._cursor, state)
 
     @property
@@ -508,6 +528,20 @@ class DataLoader(Generic[T_co]):
         if self._persistent_iter is not None:
             self._persistent_iter.close()
             self._persistent_iter = None
+
+    @property
+    def _iterator(self) -> MultiProcessIter | None:
+        """torch's (private) name for the iterator a ``persistent_workers`` loader keeps
+        between epochs, None when there is none; code written for torch's loader stops
+        its workers with ``loader._iterator._shutdown_workers()`` and ``loader._iterator =
+        None`` (Lightning's loops, torch's own tests)."""
+        return self._persistent_iter
+
+    @_iterator.setter
+    def _iterator(self, value: None) -> None:
+        if value is not None:
+            raise ValueError("only None can be assigned to _iterator (it stops the persistent workers)")
+        self.shutdown()
 
     def __del__(self) -> None:
         try:

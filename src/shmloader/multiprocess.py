@@ -160,7 +160,9 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         # now, or replaced before it is given anything (the new one has this epoch's seed).
         self._check_exits()
         for w in self._workers:
-            self._pool.send(w, wire.epoch_frame(plan.epoch_seed + w.id))
+            self._pool.send(
+                w, wire.epoch_frame(plan.epoch_seed + w.id, plan.reseed, plan.sample_seed, plan.shared_seed)
+            )
         try:
             self._dispatch()
         except (RingLimitError, ShmSpaceError):
@@ -218,6 +220,8 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             rank=rank,
             world_size=world,
             resume=resume,
+            epoch_seed=self.plan.sample_seed,  # type: ignore[union-attr]
+            shared_seed=self.plan.shared_seed,  # type: ignore[union-attr]
             report_state=self.plan.stateful,  # type: ignore[union-attr]
             shm_backend=loader.shm_backend,
         )
@@ -496,6 +500,10 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         self._results.clear()  # (the scheduler's)
         self._pool.release()
         _live_iterators.discard(self)
+
+    def _shutdown_workers(self) -> None:
+        """torch's name for :meth:`close` (code written for torch's iterator calls it)."""
+        self.close()
 
     def __del__(self) -> None:
         try:

@@ -1,8 +1,10 @@
 """Reproducible randomness: epoch seeds and the per-sample generator.
 
-A seeded :class:`~shmloader.DataLoader` gives every epoch a seed that is a function of
-the loader's seed and the epoch number only (:func:`derive_epoch_seed`). Worker ``k`` is
-seeded with ``epoch_seed + k`` (as torch's loader does with its base seed), and
+A seeded :class:`~shmloader.DataLoader` (``seed=``) gives every epoch a seed that is a
+function of the loader's seed and the epoch number only (:func:`derive_epoch_seed`); a
+loader under torch's RNG (no ``seed=``) uses the base seed torch's loader draws at
+``iter()`` (see :mod:`shmloader.draws`). Worker ``k`` is seeded with ``epoch_seed + k``
+(as torch's loader does with its base seed), and
 :func:`sample_rng` gives each sample a generator seeded from ``(epoch_seed, index)``: a
 sample's random augmentation is then the same whichever worker loads it, however many
 workers or ranks there are, and after a resume from a checkpoint.
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from shmloader.context import get_worker_info, main_epoch
+from shmloader.context import get_worker_info, main_epoch, worker_epoch_seed
 
 _MASK64 = 2**64 - 1
 _EPOCH_SEED_BOUND = 2**62  # epoch seeds are drawn below this, as the loader always did
@@ -45,12 +47,15 @@ def epoch_seed() -> int | None:
     """The seed of the epoch being loaded, the same in every worker and rank; None
     outside a loader's epoch.
 
-    In a worker it is the worker's seed minus its id; in the main process, the seed of
-    the epoch a ``num_workers=0`` loader is producing; in a torch DataLoader worker, torch's
-    base seed (so a dataset written for shmloader also works under torch's loader)."""
+    In a worker it is the worker's seed minus its id (with persistent workers under
+    torch's RNG, which keep their seed, one derived from it and the epoch); in the main
+    process, the seed of the epoch a ``num_workers=0`` loader is producing; in a torch
+    DataLoader worker, torch's base seed (so a dataset written for shmloader also works
+    under torch's loader)."""
     info = get_worker_info()
     if info is not None:
-        return int(info.seed) - int(info.id)
+        own = worker_epoch_seed()
+        return own if own is not None else int(info.seed) - int(info.id)
     main = main_epoch()
     if main is not None:
         return main[0]

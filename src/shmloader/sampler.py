@@ -1,8 +1,8 @@
 """Samplers: which sample indices make up each batch, in which order.
 
-Same names and meanings as ``torch.utils.data``'s samplers. Randomness comes from a
-numpy ``Generator`` so a loader's ``seed`` fixes every epoch's order; each ``iter()`` of a
-:class:`RandomSampler` draws a new permutation from it.
+Same names and meanings as ``torch.utils.data``'s samplers. A :class:`RandomSampler`
+draws as torch's does from torch's RNG, or from a numpy ``Generator`` (a loader's
+``seed`` then fixes every epoch's order); each ``iter()`` draws a new permutation.
 
 Where torch is imported, a sampler made here is also an instance of its torch counterpart
 (``torch.utils.data.RandomSampler`` for :class:`RandomSampler`, and so on; see
@@ -52,8 +52,11 @@ class SequentialSampler(Sampler):
 class RandomSampler(Sampler):
     """Indices in random order: a new permutation on every ``iter()``.
 
-    ``replacement=True`` draws ``num_samples`` indices with replacement. ``generator``
-    is a numpy ``Generator`` (or None for fresh entropy).
+    ``replacement=True`` draws ``num_samples`` indices with replacement. ``generator``: a
+    ``torch.Generator`` or None with torch imported draws as torch's ``RandomSampler``
+    does, bit for bit (from the generator, or from a generator seeded with one int64 of
+    torch's global RNG, when the iterator is first advanced); a numpy ``Generator``
+    draws from it; None without torch draws from fresh entropy.
     """
 
     _torch_name = "RandomSampler"
@@ -63,7 +66,7 @@ class RandomSampler(Sampler):
         data_source: Sized,
         replacement: bool = False,
         num_samples: int | None = None,
-        generator: np.random.Generator | None = None,
+        generator: Any = None,
     ) -> None:
         if not isinstance(replacement, bool):
             raise TypeError(f"replacement should be a boolean value, but got replacement={replacement!r}")
@@ -81,17 +84,22 @@ class RandomSampler(Sampler):
         """How many indices one pass yields."""
         return len(self.data_source) if self._num_samples is None else self._num_samples
 
-    # Set by the loader that made this sampler: the order of the epoch it is beginning,
-    # for its next iter() only. ``generator`` stays the user's (None as torch's), so a
+    # Set by the loader that made this sampler, for its next iter() only: the order of the
+    # epoch it is beginning (the indices torch's RNG drew, or the seed scheme's generator).
+    # ``generator`` stays what torch's would be (the loader's generator=, or None), so a
     # framework may set a torch Generator and synchronize it (Accelerate does).
+    _epoch_order: list[int] | None = None
     _epoch_rng: np.random.Generator | None = None
 
     def __iter__(self) -> Iterator[int]:
+        order, self._epoch_order = self._epoch_order, None
+        if order is not None:
+            return iter(order)
         rng, self._epoch_rng = self._epoch_rng, None
         if rng is None:
             torch = sys.modules.get("torch")
-            if torch is not None and isinstance(self.generator, torch.Generator):
-                return self._torch_order(torch, self.generator)
+            if torch is not None and (self.generator is None or isinstance(self.generator, torch.Generator)):
+                return self._torch_order(torch)
             rng = self.generator if self.generator is not None else np.random.default_rng()
         n = len(self.data_source)
         if self.replacement:
@@ -103,16 +111,26 @@ class RandomSampler(Sampler):
     def __len__(self) -> int:
         return self.num_samples
 
-    def _torch_order(self, torch: Any, generator: Any) -> Iterator[int]:
-        """torch's RandomSampler's draws from a torch ``Generator`` (one a framework set,
-        as Accelerate does to give every process the same order)."""
+    def _torch_order(self, torch: Any) -> Iterator[int]:
+        """torch's ``RandomSampler.__iter__``, draw for draw and when it draws (at the
+        first ``next()``, and each chunk as it is reached)."""
         n = len(self.data_source)
+        if self.generator is None:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            generator = torch.Generator()
+            generator.manual_seed(seed)
+        else:
+            generator = self.generator
         if self.replacement:
-            return iter(torch.randint(high=n, size=(self.num_samples,), generator=generator).tolist())
-        full, rest = divmod(self.num_samples, n) if n else (0, 0)
-        order = [torch.randperm(n, generator=generator).tolist() for _ in range(full)]
-        order.append(torch.randperm(n, generator=generator).tolist()[:rest])
-        return iter([i for part in order for i in part])
+            for _ in range(self.num_samples // 32):
+                yield from torch.randint(high=n, size=(32,), dtype=torch.int64, generator=generator).tolist()
+            yield from torch.randint(
+                high=n, size=(self.num_samples % 32,), dtype=torch.int64, generator=generator
+            ).tolist()
+        elif n:
+            for _ in range(self.num_samples // n):
+                yield from torch.randperm(n, generator=generator).tolist()
+            yield from torch.randperm(n, generator=generator).tolist()[: self.num_samples % n]
 
 
 class BatchSampler(Sampler):

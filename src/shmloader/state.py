@@ -1,10 +1,13 @@
 """Epoch plans and exact, elastic resume (``DataLoader.state_dict`` / ``load_state_dict``).
 
-An epoch's global order is a pure function of the loader's seed and the epoch number, so
-a loader's position is a handful of numbers: the seed, the epoch and how much of the
-epoch's global order was consumed (samples, or batches of a user ``batch_sampler``). A
-new loader, with any ``num_workers`` and any world size, rebuilds the same order, skips
-what was consumed and splits the rest between its ranks (:mod:`shmloader.distributed`).
+An epoch's global order is a pure function of what was drawn for it (:mod:`shmloader.draws`:
+under torch's RNG the workers' base seed and the order's seed or generator state; under
+shmloader's seed scheme the seed and the epoch number), so a loader's position is a
+handful of numbers: those, the epoch and how much of the epoch's global order was
+consumed (samples, or batches of a user ``batch_sampler``), and the states of the
+loader's generators, from which the following epochs draw. A new loader, with any
+``num_workers`` and any world size, rebuilds the same order, skips what was consumed
+and splits the rest between its ranks (:mod:`shmloader.distributed`).
 
 Batches that workers prefetched but the consumer had not received are not part of the
 state: they are simply produced again after the resume.
@@ -24,6 +27,7 @@ many batches it handed out, and per shard how far each one got.
 
 from __future__ import annotations
 
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -32,6 +36,8 @@ from itertools import islice
 from typing import Any, Protocol
 
 from shmloader import distributed as _dist
+from shmloader import draws as _draws
+from shmloader.draws import Draws, SeedSource
 from shmloader.rng import derive_epoch_seed, order_rng
 
 FORMAT = "shmloader.DataLoader"
@@ -61,25 +67,42 @@ class EpochPlan:
     # epoch's end (nothing left), the iterator begins the next epoch instead.
     resumed: bool = False
     batches: int | None = None  # batches this iteration yields (map-style, length known)
+    # torch's RNG: what it drew for this iteration (None under the seed scheme).
+    draws: Draws | None = None
+    reseed: bool = True  # the workers seed their RNGs at this epoch (see Draws.reseed)
+    sample_seed: int = 0  # the epoch's seed for sample_rng (the epoch seed, but see begin_epoch)
+    shared_seed: int = 0  # a DataPipe graph's shared seed (the epoch seed, or torch's draw)
 
 
 @dataclass
 class Cursor:
     """Where a loader is between and within epochs (the loader holds one; only this
-    module reads or moves it). Every epoch's order and worker seeds are functions of
-    ``seed`` and the epoch; with a ``generator=``, ``seed`` is drawn again from it at each
-    epoch (``draw_seed``), as torch draws its order and base seed, so reseeding the
-    generator before an epoch repeats it."""
+    module reads or moves it).
 
-    seed: int
-    draw_seed: Callable[[], int]
-    reseed_each_epoch: bool
-    own_shuffle: bool  # the loader made the RandomSampler: its order is seeded from here
+    Under torch's RNG (``seeds`` None) each iterator draws what torch's would when it is
+    made (:func:`draw_for_iter`) and its epoch is a function of those draws. Under the
+    seed scheme every epoch's order and worker seeds are functions of ``seed`` and the
+    epoch; with a numpy ``generator=``, ``seed`` is drawn again from it at each epoch, so
+    reseeding the generator before an epoch repeats it."""
+
+    seeds: SeedSource | None  # the seed scheme's source; None: torch's RNG decides
+    own_shuffle: bool  # the loader made the RandomSampler: its order is drawn from here
     own_batching: bool  # the loader made the BatchSampler: positions count samples
+    seed: int | None = None  # the seed scheme's seed (None until the first epoch draws it)
     next_epoch: int = 0  # the epoch the next iter() loads (set_epoch, or one more)
     resume: dict[str, Any] | None = None  # a loaded position, for the next iter()
     plan: EpochPlan | None = None  # the running (or last) epoch
     live: weakref.ref | None = None  # its iterator (or a pending one), which state_dict() asks
+    pending: Draws | None = None  # torch's RNG: what iter() drew for ``live``, until it begins
+    workers_base: int | None = None  # torch's RNG: the base seed the running workers got
+    # torch's RNG, persistent workers: workers_base is a loaded run's, whose workers the
+    # next ones continue (they take its base seed instead of drawing one).
+    loaded_base: bool = False
+
+    @property
+    def torch_rng(self) -> bool:
+        """Whether torch's RNG decides (see :mod:`shmloader.draws`)."""
+        return self.seeds is None
 
 
 class Positioned(Protocol):
@@ -138,47 +161,115 @@ def _midway(resume: dict[str, Any] | None) -> bool:
     )
 
 
-def epoch_starter(loader: Any, cursor: Cursor) -> Callable[[Positioned], EpochPlan]:
+def draw_for_iter(loader: Any, cursor: Cursor, new_workers: bool) -> Draws | None:
+    """What ``iter(loader)`` draws when torch's RNG decides, as torch's DataLoader draws
+    it when it makes (or, persistent, resets) its iterator: a DataPipe's shared seed, the
+    workers' base seed (``new_workers``: workers will start; else the running ones keep
+    theirs) and, with workers, the loader's own shuffle's order (torch primes its
+    prefetch in ``iter()``; in the main process the order is drawn at the first
+    ``next()``). A loaded position whose draws were saved draws nothing: it replays them.
+    None under the seed scheme (nothing is drawn before the epoch begins)."""
+    if not cursor.torch_rng:
+        return None
+    resume = cursor.resume
+    if resume is not None and resume["epoch"] == cursor.next_epoch and resume.get("draws"):
+        draws = Draws.from_state(resume["draws"])
+    else:
+        gen = _torch_generator(loader)
+        shared = _draws.int64(gen) if _is_iter_datapipe(loader.dataset) else None
+        if cursor.workers_base is None or (new_workers and not cursor.loaded_base):
+            draws = Draws(_draws.int64(gen), shared_seed=shared)
+        else:
+            draws = Draws(cursor.workers_base, reseed=new_workers, shared_seed=shared)
+        cursor.loaded_base = False
+        if loader.num_workers > 0 and cursor.own_shuffle:
+            draws.order, draws.indices = _draws.draw_order(loader.sampler)
+    return draws
+
+
+def _torch_generator(loader: Any) -> Any:
+    """The loader's ``generator`` where it is a torch Generator, else None (torch's global
+    RNG: a loader whose numpy generator resumed a run under torch's RNG)."""
+    gen = loader.generator
+    torch = sys.modules.get("torch")
+    return gen if torch is not None and isinstance(gen, torch.Generator) else None
+
+
+def _is_iter_datapipe(dataset: Any) -> bool:
+    from shmloader.torchcompat import is_datapipe
+
+    return is_datapipe(dataset)
+
+
+def epoch_starter(
+    loader: Any, cursor: Cursor, draws: Draws | None = None
+) -> Callable[[Positioned], EpochPlan]:
     """What ``iter(loader)`` gives its iterator to call at its first ``next()``:
-    ``start(it)`` begins the epoch (:func:`begin_epoch`) and makes ``it`` the iterator
-    state_dict() asks. Until then nothing moved: ``iter()`` alone starts no worker,
-    advances no epoch and draws no seed (Lightning calls ``iter()`` once more to probe)."""
+    ``start(it)`` begins the epoch (:func:`begin_epoch`, with ``draws``: what
+    :func:`draw_for_iter` drew for this iterator) and makes ``it`` the iterator
+    state_dict() asks. Until then nothing else moved: ``iter()`` starts no worker and
+    advances no epoch (and under the seed scheme draws no seed: Lightning calls
+    ``iter()`` once more to probe a loader that is not torch's)."""
+    given = [draws]
 
     def start(it: Positioned) -> EpochPlan:
-        plan = begin_epoch(loader, cursor)
+        mine, given[0] = given[0], None  # a second epoch of the iterator (a rollover) draws anew
+        plan = begin_epoch(loader, cursor, mine)
         cursor.live = weakref.ref(it)
+        cursor.pending = None
         return plan
 
     return start
 
 
-def begin_epoch(loader: Any, cursor: Cursor) -> EpochPlan:
+def begin_epoch(loader: Any, cursor: Cursor, draws: Draws | None = None) -> EpochPlan:
     """Start the next iteration of ``loader``: pick its epoch (``set_epoch``, or one more
-    than the last), apply a loaded state, seed the epoch's order. Sets ``cursor.plan``.
-    The iterators call it at their first ``next()`` (see :func:`epoch_starter`)."""
+    than the last), apply a loaded state, seed the epoch's order (from ``draws`` under
+    torch's RNG). Sets ``cursor.plan``. The iterators call it at their first ``next()``
+    (see :func:`epoch_starter`)."""
     epoch = cursor.next_epoch
     cursor.next_epoch = epoch + 1
     resume = cursor.resume if cursor.resume is not None and cursor.resume["epoch"] == epoch else None
     cursor.resume = None
-    # generator=: a new seed from it at each iter(), as torch draws its order and base seed
-    # (a resume within an epoch keeps the saved one); the order is then a function of that
-    # seed alone, so reseeding the generator before an epoch repeats the epoch.
-    reseed = cursor.reseed_each_epoch
-    if reseed and not _midway(resume):
-        cursor.seed = cursor.draw_seed()
-    seed = cursor.seed
-    key = 0 if reseed else epoch  # what the epoch's seeds are derived from, with the seed
+    key = epoch  # what the seed scheme's epoch seeds are derived from, with the seed
+    if cursor.torch_rng:
+        if draws is None:  # an epoch begun without its own iter() (a loaded end rolled over)
+            gen = _torch_generator(loader)
+            shared = _draws.int64(gen) if _is_iter_datapipe(loader.dataset) else None
+            draws = Draws(_draws.int64(gen), shared_seed=shared)
+        epoch_seed = draws.base_seed
+        cursor.workers_base = epoch_seed
+    else:
+        seeds = cursor.seeds
+        # A numpy generator=: a new seed from it at each epoch (a resume within an epoch
+        # keeps the saved one); the order is then a function of that seed alone, so
+        # reseeding the generator before an epoch repeats the epoch.
+        if (seeds.each_epoch and not _midway(resume)) or cursor.seed is None:
+            cursor.seed = seeds.draw()
+        key = 0 if seeds.each_epoch else epoch
+        epoch_seed = derive_epoch_seed(cursor.seed, key)
     unit = _unit(loader, cursor)
     sampler = loader.sampler if unit == "samples" else loader.batch_sampler
     presharded = unit != "iterable" and _dist.is_presharded(sampler)
     plan = EpochPlan(
         epoch=epoch,
-        epoch_seed=derive_epoch_seed(seed, key),
+        epoch_seed=epoch_seed,
         rank=loader.rank,
         world_size=1 if presharded else loader.world_size,
         unit=unit,
         presharded=presharded,
+        draws=draws,
+        sample_seed=epoch_seed,
+        shared_seed=epoch_seed,
     )
+    if draws is not None:
+        plan.reseed = draws.reseed
+        if draws.shared_seed is not None:
+            plan.shared_seed = draws.shared_seed
+        if loader.persistent_workers:
+            # Persistent workers keep torch's base seed across epochs: sample_rng's seed
+            # still changes with the epoch.
+            plan.sample_seed = derive_epoch_seed(epoch_seed, epoch)
     if unit == "iterable":
         plan.stateful = is_stateful(loader.dataset)
         nw = max(loader.num_workers, 1)
@@ -192,7 +283,10 @@ def begin_epoch(loader: Any, cursor: Cursor) -> EpochPlan:
         if unit == "samples":
             plan.step = loader.batch_size if loader.batch_size is not None else 1
             if cursor.own_shuffle:
-                sampler._epoch_rng = order_rng(seed, key)
+                if draws is None:
+                    sampler._epoch_rng = order_rng(cursor.seed, key)
+                else:
+                    sampler._epoch_order = _order_of(draws, sampler)
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
@@ -206,6 +300,17 @@ def begin_epoch(loader: Any, cursor: Cursor) -> EpochPlan:
     plan.resumed = _midway(resume)
     cursor.plan = plan
     return plan
+
+
+def _order_of(draws: Draws, sampler: Any) -> list[int]:
+    """The loader's shuffle's order for ``draws``: drawn now where iter() did not draw it
+    (the main process draws at the first ``next()``, as torch's), else as drawn, or
+    replayed from the record (a resumed epoch)."""
+    if draws.order is None:
+        draws.order, draws.indices = _draws.draw_order(sampler)
+    elif draws.indices is None:
+        draws.indices = _draws.replay_order(sampler, draws.order)
+    return draws.indices
 
 
 def _batch_count(plan: EpochPlan, drop_last: bool) -> int | None:
@@ -225,9 +330,11 @@ def _batch_count(plan: EpochPlan, drop_last: bool) -> int | None:
     return -(-per_rank // step)
 
 
-def attach(cursor: Cursor, it: Positioned) -> None:
-    """``it`` loads ``cursor``'s running epoch: state_dict() asks it for the position."""
+def attach(cursor: Cursor, it: Positioned, draws: Draws | None = None) -> None:
+    """``it`` will load the loader's next epoch (``draws``: what iter() drew for it):
+    state_dict() asks it for the position."""
     cursor.live = weakref.ref(it)
+    cursor.pending = draws
 
 
 def set_epoch(cursor: Cursor, epoch: int) -> None:
@@ -243,18 +350,29 @@ def upcoming_batches(loader: Any, cursor: Cursor) -> list[list[Any]]:
     """The index lists ``loader``'s next epoch loads (after a loaded position: the rest
     of it), worked out without moving the cursor; ``loader`` is any object with the
     loader's sampling attributes (rank 0 of 1 gives the whole epoch's batches, as a torch
-    BatchSampler yields them). What the loader's own batch sampler yields when something
-    else iterates it: a framework that rebuilds a loader over ``loader.batch_sampler``
-    (``accelerate.skip_first_batches``, Accelerate's ``BatchSamplerShard``, which shards
-    them itself) then loads the batches this loader would. With ``generator=`` the next
-    epoch's seed is drawn only when that epoch begins, so the current seed stands in."""
+    BatchSampler yields them; a rank of several, its share). What the loader's own batch
+    sampler yields when something else iterates it: a framework that rebuilds a loader
+    over ``loader.batch_sampler`` (``accelerate.skip_first_batches``, Accelerate's
+    ``BatchSamplerShard``, which shards them itself) then loads the batches this loader
+    would. Under torch's RNG the order is drawn now, as iterating torch's batch sampler
+    draws it (a loaded position replays its saved draws instead); under the seed scheme
+    nothing moves (a numpy generator's next seed is peeked at)."""
     saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
-    cursor.draw_seed = lambda: cursor.seed
+    draws: Draws | None = None
+    if cursor.torch_rng:
+        resume = cursor.resume
+        if resume is not None and resume["epoch"] == cursor.next_epoch and resume.get("draws"):
+            draws = Draws.from_state(resume["draws"])
+        else:
+            draws = Draws(0)  # (no worker is seeded from it)
+    else:
+        cursor.seeds = cursor.seeds.detached()  # type: ignore[union-attr]
     try:
-        plan = begin_epoch(loader, cursor)
+        plan = begin_epoch(loader, cursor, draws)
         batches = list(index_sequence(loader, plan))
         if not batches and plan.resumed:  # a loaded position at its epoch's end: the next one
-            batches = list(index_sequence(loader, begin_epoch(loader, cursor)))
+            plan = begin_epoch(loader, cursor, Draws(0) if cursor.torch_rng else None)
+            batches = list(index_sequence(loader, plan))
         return batches
     finally:
         for name, value in saved.items():
@@ -265,13 +383,20 @@ def plan_ahead(loader: Any, cursor: Cursor) -> tuple[EpochPlan, Iterator[list[An
     """The plan and tasks of ``loader``'s next epoch, worked out now without moving the
     cursor, where they are a function of the seed and the epoch alone: a map-style
     dataset, batched by the loader, its order the loader's shuffle or a
-    ``SequentialSampler``, no ``generator=`` (drawn from when the epoch begins: a user
-    who reseeds it before ``iter()`` must get that epoch) and no loaded position. None
+    ``SequentialSampler``, shmloader's seed scheme without a generator (torch's RNG and a
+    generator are drawn from when the epoch begins: a user who reseeds them before
+    ``iter()`` must get that epoch) and no loaded position. None
     elsewhere. The epoch's real plan, when it begins, must equal this one for the tasks
     to be used (``set_epoch``, a changed dataset length or world size make it differ)."""
     from shmloader.sampler import SequentialSampler
 
-    if loader.iterable or cursor.reseed_each_epoch or not cursor.own_batching or cursor.resume is not None:
+    if (
+        loader.iterable
+        or cursor.torch_rng
+        or cursor.seeds.each_epoch  # type: ignore[union-attr]
+        or not cursor.own_batching
+        or cursor.resume is not None
+    ):
         return None
     if not cursor.own_shuffle and not isinstance(loader.sampler, SequentialSampler):
         return None
@@ -336,7 +461,9 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
     base = {
         "format": FORMAT,
         "version": VERSION,
-        "seed": int(cursor.seed),
+        "rng": "torch" if cursor.torch_rng else "seed",
+        "seed": None if cursor.seed is None else int(cursor.seed),
+        "generators": _generator_states(loader, cursor),
         "unit": _unit(loader, cursor),
         "rank": loader.rank,
         "world_size": loader.world_size,
@@ -351,13 +478,27 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
     # Lightning saves at that step): the position is the start of the next epoch.
     if it is None or plan is None or it.plan is not plan or it.epoch_done or _finished(it, plan):
         if cursor.resume is not None:  # loaded, not iterated yet: the loaded position
-            return {**base, **cursor.resume}
-        return {**base, **_fresh_position(loader, cursor)}
+            position = {**base, **cursor.resume}
+        else:
+            position = {**base, **_fresh_position(loader, cursor)}
+        if it is not None and it.plan is None and cursor.pending is not None:
+            # iter() drew for the epoch it will begin (torch's RNG): a resume replays that.
+            position["draws"] = cursor.pending.to_state()
+        elif (
+            cursor.torch_rng
+            and cursor.workers_base is not None
+            and (cursor.loaded_base or _workers_kept(loader))
+        ):
+            # Persistent workers draw their base seed once: the next epoch draws none.
+            position["workers_base"] = cursor.workers_base
+        return position
     if not loader.in_order:
         raise ValueError(
             "state_dict() needs in_order=True: with in_order=False the batches handed out "
             "so far are not a prefix of the epoch, so no position describes them."
         )
+    if plan.draws is not None:
+        base["draws"] = plan.draws.to_state()
     if plan.unit == "iterable":
         return {**base, "epoch": plan.epoch, **_iterable_position(it, plan)}
     handed = it.handed_out()
@@ -365,6 +506,31 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
     if plan.order_len is not None:
         consumed = min(consumed, plan.order_len)
     return {**base, "epoch": plan.epoch, "consumed": consumed, "presharded": plan.presharded}
+
+
+def _workers_kept(loader: Any) -> bool:
+    """Whether the loader keeps running persistent workers for its next epoch."""
+    it = getattr(loader, "_persistent_iter", None)
+    return bool(loader.persistent_workers) and it is not None and not it.closed
+
+
+def _generator_states(loader: Any, cursor: Cursor) -> dict[str, Any]:
+    """The states of the generators the following epochs draw from, as plain data: under
+    torch's RNG the loader's ``generator`` and, where a framework gave the shuffle another
+    one (Accelerate does), the sampler's; under the seed scheme a numpy ``generator``.
+    torch's global RNG is the program's, not the loader's: it is not saved."""
+    if not cursor.torch_rng:
+        state = cursor.seeds.generator_state()  # type: ignore[union-attr]
+        return {} if state is None else {"numpy": state}
+    torch = sys.modules["torch"]
+    out: dict[str, Any] = {}
+    gen = loader.generator
+    if isinstance(gen, torch.Generator):
+        out["loader"] = _draws.generator_state(gen)
+    own = getattr(loader.sampler, "generator", None) if cursor.own_shuffle else None
+    if isinstance(own, torch.Generator) and own is not gen:
+        out["sampler"] = _draws.generator_state(own)
+    return out
 
 
 def _finished(it: Positioned, plan: EpochPlan) -> bool:
@@ -433,7 +599,9 @@ def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
             f"loader's has {n}: the epoch's order would differ, so the resume cannot be exact."
         )
     resume = {
-        k: state[k] for k in ("epoch", "consumed", "presharded", "workers", "next_worker") if k in state
+        k: state[k]
+        for k in ("epoch", "consumed", "presharded", "workers", "next_worker", "draws")
+        if k in state
     }
     if unit == "iterable":
         _check_iterable(loader, state)
@@ -453,11 +621,46 @@ def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
             f"over {state['world_size']} ranks; it cannot be re-split over {loader.world_size}. "
             "Let shmloader shard (drop the DistributedSampler) to resume with another world size."
         )
+    # The loader adopts the saved run's scheme (torch's RNG, or a seed) and puts its
+    # generators where they were, so this epoch and the following ones draw as that run's.
+    torch_rng = state.get("rng", "seed") == "torch"
+    _set_generator_states(loader, cursor, state.get("generators") or {}, torch_rng)
     loader.shutdown()  # persistent workers start afresh, from the loaded position
-    cursor.seed = int(state["seed"])
+    seed = state.get("seed")
+    if torch_rng:
+        cursor.seeds = None
+    elif cursor.seeds is None:  # a loader under torch's RNG resumes a seeded run: that seed
+        cursor.seeds = SeedSource.of_seed(int(seed)) if seed is not None else SeedSource()
+    cursor.seed = None if seed is None else int(seed)
     cursor.next_epoch = int(state["epoch"])
     cursor.resume = resume
     cursor.live = None
+    cursor.pending = None
+    base = state.get("workers_base")
+    cursor.workers_base = int(base) if torch_rng and base is not None else None
+    cursor.loaded_base = cursor.workers_base is not None
+
+
+def _set_generator_states(loader: Any, cursor: Cursor, states: dict[str, Any], torch_rng: bool) -> None:
+    """Put the loader's generators where a saved state's ``generators`` say."""
+    if "numpy" in states and cursor.seeds is not None and cursor.seeds.generator is not None:
+        cursor.seeds.set_generator_state(states["numpy"])
+    if not torch_rng or not (states.get("loader") or states.get("sampler")):
+        return
+    torch = sys.modules["torch"]
+    for key, gen in (("loader", loader.generator), ("sampler", getattr(loader.sampler, "generator", None))):
+        if states.get(key) is None:
+            continue
+        if isinstance(gen, torch.Generator):
+            _draws.set_generator_state(gen, states[key])
+        else:
+            warnings.warn(
+                f"this state holds the state of the {key}'s torch.Generator, and this loader's "
+                f"{key} has none: the epochs after the resumed one draw from torch's global RNG "
+                "instead of the saved run's generator. Build the loader with generator= as the "
+                "saved run was.",
+                stacklevel=4,
+            )
 
 
 def _check_iterable(loader: Any, state: dict[str, Any]) -> None:

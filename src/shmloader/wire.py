@@ -49,7 +49,7 @@ class Kind(enum.IntEnum):
     TASK_INDICES = 1  # payload: int64 sample indices (a batch of one plain int; see task_payload)
     TASK_KEYS = 2  # payload: the batch's sample keys pickled as the sampler gave them, zero-padded
     TASK_ITER = 3  # iterable dataset: produce the next batch; no payload
-    TASK_EPOCH = 4  # persistent workers, new epoch: payload int64 [base_seed] (epoch_frame)
+    TASK_EPOCH = 4  # persistent workers, new epoch: payload uint64 x4 (epoch_frame)
     TASK_STOP = 5
     TASK_RING = 6  # payload: int64 [num_slots, slot_bytes] (ring_frame); the ring's descriptor comes with it
     TASK_WAKE = 7  # no payload: a task is in the worker's queue and it was asleep (see channel.py)
@@ -97,6 +97,8 @@ TASK_SCALARS = int(Kind.TASK_SCALARS)
 _I64 = struct.Struct("<q")
 _KEYS_PROTOCOL = pickle.HIGHEST_PROTOCOL
 _I64X2 = struct.Struct("<qq")
+_EPOCH = struct.Struct("<QQQQ")  # worker seed, flags, epoch seed, shared seed
+_RESEED, _HAS_EPOCH_SEED, _HAS_SHARED_SEED = 1, 2, 4
 
 
 def pack(kind: int, slot: int = NO_SLOT, seq: int = 0, payload: bytes = b"") -> bytes:
@@ -163,14 +165,37 @@ def ring_info(message: Any) -> tuple[int, int]:
     return _I64X2.unpack_from(message, HEADER_BYTES)
 
 
-def epoch_frame(seed: int) -> bytes:
-    """The framed TASK_EPOCH message: a new epoch whose worker seed is ``seed``."""
-    return frame(pack(TASK_EPOCH, payload=_I64.pack(seed)))
+def epoch_frame(
+    seed: int, reseed: bool = True, epoch_seed: int | None = None, shared_seed: int | None = None
+) -> bytes:
+    """The framed TASK_EPOCH message: a new epoch whose worker seed is ``seed`` (a
+    non-negative int below 2**64); ``reseed``: the worker seeds its RNGs with it (False:
+    they go on, as a persistent torch worker's do); ``epoch_seed`` (what ``sample_rng``
+    draws from) and ``shared_seed`` (a DataPipe's) where they are not the worker's seed
+    minus its id."""
+    flags = (
+        (_RESEED if reseed else 0)
+        | (_HAS_EPOCH_SEED if epoch_seed is not None else 0)
+        | (_HAS_SHARED_SEED if shared_seed is not None else 0)
+    )
+    payload = _EPOCH.pack(seed, flags, epoch_seed or 0, shared_seed or 0)
+    return frame(pack(TASK_EPOCH, payload=payload))
+
+
+def epoch_info(message: Any) -> tuple[int, bool, int | None, int | None]:
+    """A TASK_EPOCH message's ``(seed, reseed, epoch_seed, shared_seed)`` (see epoch_frame)."""
+    seed, flags, epoch, shared = _EPOCH.unpack_from(message, HEADER_BYTES)
+    return (
+        seed,
+        bool(flags & _RESEED),
+        epoch if flags & _HAS_EPOCH_SEED else None,
+        shared if flags & _HAS_SHARED_SEED else None,
+    )
 
 
 def epoch_seed(message: Any) -> int:
-    """A TASK_EPOCH message's seed."""
-    return _I64.unpack_from(message, HEADER_BYTES)[0]
+    """A TASK_EPOCH message's worker seed."""
+    return epoch_info(message)[0]
 
 
 def size_payload(slot_bytes: int, rest: bytes = b"") -> bytes:

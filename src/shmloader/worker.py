@@ -24,7 +24,7 @@ from typing import Any
 from shmloader import _slots, fetch, seeding, wire
 from shmloader.channel import YIELD_MAX_NS, Channel, next_yield_window
 from shmloader.collate import array_views, build_in_memory
-from shmloader.context import WorkerInfo, set_worker_info
+from shmloader.context import WorkerInfo, set_worker_epoch_seed, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
 from shmloader.failures import WorkerFailure
 from shmloader.placement import Placement, Placements
@@ -68,6 +68,10 @@ class WorkerConfig:
     rank: int = 0  # the loader's rank and world size (worker info, global shard ids)
     world_size: int = 1
     resume: dict | None = None  # iterable: this shard's saved record (see state.open_iterable)
+    # The epoch's seed for sample_rng and a DataPipe's shared seed, where they are not
+    # ``seed - worker_id`` (see wire.epoch_frame).
+    epoch_seed: int | None = None
+    shared_seed: int | None = None
     report_state: bool = False  # iterable with shmloader_state_dict(): send it after every batch
     shm_backend: str = "auto"  # the loader's: one-off batch segments use the ring's backend
     # Answered in the consumer as the config is made (a forked worker inherits the answer
@@ -176,17 +180,24 @@ class _Worker:
         self.socket_poller = select.poll()  # (yield_for_work: has a frame come?)
         self.socket_poller.register(self.fd, select.POLLIN)
 
-    def start_epoch(self, seed: int) -> None:
-        """Seed the RNGs, set the worker info and start the iterable dataset afresh."""
+    def start_epoch(
+        self, seed: int, reseed: bool = True, epoch_seed: int | None = None, shared_seed: int | None = None
+    ) -> None:
+        """Begin an epoch: seed the RNGs and set the worker info (unless ``reseed`` is False:
+        a persistent worker under torch's RNG keeps both, as torch's do), set the epoch's
+        seed for sample_rng and start the iterable dataset afresh."""
         cfg = self.cfg
-        seeding.seed_all(seed, cfg.torch_cpu_only)
-        info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset, cfg.rank, cfg.world_size)
-        set_worker_info(info)
+        if reseed:
+            seeding.seed_all(seed, cfg.worker_id, cfg.torch_cpu_only)
+            info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset, cfg.rank, cfg.world_size)
+            set_worker_info(info)
         # The epoch's seed, the same in every worker (a worker's seed is it plus its id).
+        base = seed - cfg.worker_id
+        set_worker_epoch_seed(epoch_seed)
         # torch's numbering of DataPipe shards across ranks and workers.
         fetch.prepare_datapipe(
             cfg.dataset,
-            seed - cfg.worker_id,
+            base if shared_seed is None else shared_seed,
             cfg.world_size * cfg.num_workers,
             cfg.worker_id * cfg.world_size + cfg.rank,
             cfg.datapipe,
@@ -196,7 +207,7 @@ class _Worker:
 
     def run(self) -> None:
         cfg = self.cfg
-        self.start_epoch(cfg.seed)
+        self.start_epoch(cfg.seed, True, cfg.epoch_seed, cfg.shared_seed)
         if cfg.worker_init_fn is not None:
             try:
                 cfg.worker_init_fn(cfg.worker_id)
@@ -301,7 +312,7 @@ class _Worker:
             self.ring = attach_fd(self.reader.take_fd(), num_slots, slot_bytes, populate=False)
             self.views.clear()
         elif kind == wire.TASK_EPOCH:
-            self.start_epoch(wire.epoch_seed(msg))
+            self.start_epoch(*wire.epoch_info(msg))
         else:
             self.do_task(kind, slot, seq, wire.body(msg))
 

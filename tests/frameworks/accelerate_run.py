@@ -12,7 +12,9 @@ Each process writes ``<OUT>/<mode>_rank<r>.json``:
 - single only: ``save_state`` mid-epoch (in the loop, and after a loop that broke out) and
   at an epoch's last step, ``load_state`` in a new Accelerator, the batches after it
   against the uninterrupted run; what
-  ``accelerate.skip_first_batches`` does on a shmloader loader.
+  ``accelerate.skip_first_batches`` does on a shmloader loader;
+- ``skip_<route>`` (every mode): ``accelerator.skip_first_batches`` on this process's
+  prepared loader against that loader's epoch.
 """
 
 from __future__ import annotations
@@ -164,9 +166,38 @@ def skip(record: dict) -> None:
     record["skip_first_batches_kept"]["loader_after"] = [ids(i) for _, _, i in loader][3:]
 
 
+def generator_loader() -> shmloader.DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return shmloader.DataLoader(NumpySamples(), batch_size=BATCH, shuffle=True, num_workers=2, generator=g)
+
+
+def skip_per_rank(record: dict) -> None:
+    """accelerator.skip_first_batches(loader, 2) on every process: per route, this
+    process's batches of a fresh loader's epoch (``expected``) and what the skipping
+    loader yields (``got``). torch's loader through accelerator.prepare is the oracle
+    (it yields the epoch minus its first 2 batches); shmloader's adapter over a seeded
+    loader and over one with a torch generator (the same seed as torch's)."""
+    makers = {
+        "torch": lambda acc: acc.prepare(torch_loader()),
+        "shmloader_seed": lambda acc: prepare(acc, shm_loader()),
+        "shmloader_generator": lambda acc: prepare(acc, generator_loader()),
+    }
+    for route, make in makers.items():
+        accelerator = Accelerator(cpu=True)
+        try:
+            expected = [ids(i) for _, _, i in make(accelerator)]
+            skipped = accelerator.skip_first_batches(make(accelerator), 2)
+            got = [ids(batch[2]) for batch in skipped]
+            record[f"skip_{route}"] = {"expected": expected, "got": got}
+        except Exception as e:
+            record[f"skip_{route}"] = {"error": f"{type(e).__name__}: {e}"}
+        accelerator.free_memory()
+
+
 def main() -> None:
     record: dict = {}
     routes(record)
+    skip_per_rank(record)
     if MODE == "single":
         checkpoints(record, os.path.join(out_dir(), "states"))
         skip(record)

@@ -2,6 +2,8 @@
 
 Usage: ``python lightning_run.py OUT single`` (one device) or ``... OUT ddp`` (two CPU
 processes, strategy="ddp", gloo: Lightning starts rank 1 by running this script again).
+The loaders are seeded with ``seed=0``, or with ``generator=torch.Generator().manual_seed(0)``
+where ``FRAMEWORKS_RNG=generator``.
 
 single: ``Trainer.fit`` for 2 epochs with validation (loader built in
 ``train_dataloader()``), checkpoints every 4 steps (mid-epoch, and at epoch 0's last step,
@@ -44,6 +46,11 @@ EVERY = 3 if MODE == "ddp" else 4  # checkpoint steps: mid-epoch, then epoch 0's
 def make_loader(n: int = N, shuffle: bool = True, **kw) -> shmloader.DataLoader:
     if os.environ.get("FRAMEWORKS_ORACLE") == "torch":  # the scripts' own check: torch's loader
         return torch_loader(n, shuffle)
+    if os.environ.get("FRAMEWORKS_RNG") == "generator":  # torch's RNG decides, from a generator
+        g = torch.Generator().manual_seed(0)
+        return shmloader.DataLoader(
+            NumpySamples(n), batch_size=BATCH, shuffle=shuffle, num_workers=2, generator=g, **kw
+        )
     return shmloader.DataLoader(
         NumpySamples(n), batch_size=BATCH, shuffle=shuffle, num_workers=2, seed=0, **kw
     )

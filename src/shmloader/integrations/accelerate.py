@@ -140,6 +140,17 @@ class AcceleratedLoader:
             raise AttributeError(name)
         return getattr(self.loader, name)
 
+    @property
+    def batch_sampler(self) -> Any:
+        """This process's batches of the loader's next epoch (after a loaded position: the
+        rest of it), as index lists: what ``accelerator.skip_first_batches`` rebuilds a
+        loader over, so it skips into this process's share (the loader's own
+        ``batch_sampler`` gives the whole epoch, which Accelerate's ``prepare`` shards).
+        None for an iterable dataset."""
+        if self.loader.batch_sampler is None:
+            return None
+        return _ShareBatches(self.loader)
+
     def __len__(self) -> int:
         return len(self.loader)
 
@@ -237,3 +248,20 @@ def _shard(loader: Any) -> tuple[int, int]:
     if sampler is not None:
         return int(sampler.rank), int(sampler.num_replicas)
     return int(loader.rank), int(loader.world_size)
+
+
+class _ShareBatches:
+    """This process's index lists of ``loader``'s next epoch (see
+    ``AcceleratedLoader.batch_sampler``). Iterating it moves what iterating torch's batch
+    sampler moves: under torch's RNG the shuffle draws its order, as the epoch would."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        from shmloader import state
+
+        return iter(state.upcoming_batches(self.loader, self.loader._cursor))
+
+    def __len__(self) -> int:
+        return len(self.loader)
