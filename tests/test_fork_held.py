@@ -87,14 +87,26 @@ FORKS = {
 }
 
 
-# Every kind of fork beside the default loader (fork workers); the other start methods
-# with os.fork (each of their epochs starts its workers in ~1 s here).
-CASES = [("fork", how) for how in FORKS] + [("spawn", "os.fork"), ("forkserver", "os.fork")]
+# Every kind of fork beside the default loader (fork workers, not persistent); the other
+# start methods and persistent workers with os.fork (a spawn epoch starts its workers in
+# ~1 s here).
+CASES = [("fork", how, False) for how in FORKS] + [
+    ("spawn", "os.fork", False),
+    ("forkserver", "os.fork", False),
+    ("fork", "os.fork", True),
+    ("fork", "torch", True),
+]
 
 
-@pytest.mark.parametrize(("method", "how"), CASES)
-def test_a_fork_while_the_last_batch_is_held_leaves_the_next_epochs_intact(method, how):
-    dl = DataLoader(D.Squares(24), batch_size=4, num_workers=2, multiprocessing_context=method)
+@pytest.mark.parametrize(("method", "how", "persistent"), CASES)
+def test_a_fork_while_the_last_batch_is_held_leaves_the_next_epochs_intact(method, how, persistent):
+    dl = DataLoader(
+        D.Squares(24),
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context=method,
+        persistent_workers=persistent,
+    )
     expected = [list(range(i, i + 4)) for i in range(0, 24, 4)]
     for _ in range(2):
         held = None

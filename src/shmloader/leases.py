@@ -104,7 +104,11 @@ _forking = threading.local()
 
 
 class Leases:
-    """The rings of one loader: the current one and the retired ones still alive."""
+    """The rings of one loader: the current one and the retired ones still alive.
+
+    Live iterators of one loader (``zip(dl, dl)``) share them: each claims from the
+    current ring, and one whose ring another iterator retired moves to the current ring
+    (:meth:`ring_for_batch`) rather than hand its workers a closed descriptor."""
 
     def __init__(
         self,
