@@ -41,8 +41,11 @@ class Mapping:
             err = ffi.errno
             raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
         # The buffer keeps the ffi.gc pointer alive, which unmaps when it dies; weakref
-        # callbacks on the owner (pinning's unregister) run before that.
-        self.owner = ffi.buffer(ffi.gc(ptr, lambda p: lib.sl_unmap(p, size), size=size), size)
+        # callbacks on the owner (pinning's unregister) run before that. The function is
+        # bound now: a batch kept in a module global dies at interpreter exit, after this
+        # module's globals are gone.
+        unmap = lib.sl_unmap
+        self.owner = ffi.buffer(ffi.gc(ptr, lambda p: unmap(p, size), size=size), size)
         self._ptr = ptr  # not owning: for addresses and typed pointers
         self._view = memoryview(self.owner)
         self.size = size

@@ -104,7 +104,11 @@ _forking = threading.local()
 
 
 class Leases:
-    """The rings of one loader: the current one and the retired ones still alive."""
+    """The rings of one loader: the current one and the retired ones still alive.
+
+    Live iterators of one loader (``zip(dl, dl)``) share them: each claims from the
+    current ring, and one whose ring another iterator retired moves to the current ring
+    (:meth:`ring_for_batch`) rather than hand its workers a closed descriptor."""
 
     def __init__(
         self,
@@ -273,7 +277,18 @@ class Leases:
 
     def ring_for_batch(self, batch_bytes: int, like: Ring | None) -> Ring:
         """A new current ring whose slots hold a batch of ``batch_bytes`` (the first
-        batch, or one that outgrew the slots of ``like``), with ``like``'s slot count."""
+        batch, or one that outgrew the slots of ``like``), with ``like``'s slot count;
+        or the current ring, where another iterator of the loader made it since ``like``
+        and its slots hold such a batch (live iterators share the loader's rings)."""
+        with self._lock:
+            current = self._current
+            if (
+                current is not None
+                and current is not like
+                and current.fd is not None
+                and batch_bytes <= current.slot_bytes
+            ):
+                return current
         num_slots = self.num_slots if like is None else like.num_slots
         return self.new_ring(num_slots, slot_bytes_for(batch_bytes))
 

@@ -110,6 +110,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         self._asleep: list[_WorkerHandle] = []  # workers asleep with tasks queued (_send_task)
         # Workers whose worker_init_fn failed: their exit is expected (exchange._exited).
         self._retired: set[_WorkerHandle] = set()
+        self._unlaunched: dict[int, WorkerConfig] = {}  # configs of workers not started yet
         self._source: Any = None
         self._source_done = True
 
@@ -195,16 +196,38 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         return self.scheduler.rcvd_seq
 
     def _start_workers(self, epoch_seed: int) -> None:
+        # Every config is made before the first fork (pool.start), and each worker gets
+        # tasks as soon as it runs: a task may make a new ring (the old one grew, or a
+        # fork saw a batch held in it) while later workers wait to start. Their configs
+        # take the new ring (_adopt_ring), as the running ones take its frame.
+        unlaunched = self._unlaunched
+
         def config(wid: int, use_pdeathsig: bool) -> WorkerConfig:
             resume = _state.worker_resume(self.plan, wid)
-            return self._worker_config(wid, use_pdeathsig, epoch_seed + wid, resume)
+            made = unlaunched[wid] = self._worker_config(wid, use_pdeathsig, epoch_seed + wid, resume)
+            return made
 
-        self._pool.start(self._ctx, self._loader.num_workers, config, worker_main, started=self._dispatch)
+        def started() -> None:
+            for w in self._workers:
+                unlaunched.pop(w.id, None)
+            self._dispatch()
+
+        try:
+            self._pool.start(self._ctx, self._loader.num_workers, config, worker_main, started=started)
+        finally:
+            unlaunched.clear()
 
     def _worker_config(self, wid: int, use_pdeathsig: bool, seed: int, resume: dict | None) -> WorkerConfig:
         """The config of worker ``wid``, started with the epoch or in place of a dead one."""
         loader = self._loader
         rank, world = loader._worker_shard()
+        ring = self._ring
+        if ring is not None and ring.fd is None:
+            # Another iterator of the loader retired this ring (its descriptor is closed):
+            # every worker moves to the current one, as when the ring grows.
+            ring = loader._leases.usable()
+            if ring is not None:
+                self._adopt_ring(ring)
         return WorkerConfig(
             worker_id=wid,
             # "auto": the most the loader may start (the same in every worker, above every id)
@@ -213,7 +236,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             dataset=loader.dataset,
             recipe=loader._recipe(),
             worker_init_fn=loader.worker_init_fn,
-            ring=self._ring,
+            ring=ring,
             fixed_slot_bytes=loader.slot_bytes is not None,
             parent_pid=os.getpid(),
             use_pdeathsig=use_pdeathsig,
@@ -406,8 +429,9 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         maker, self._ring_maker = self._ring_maker, None
         leases = self._loader._leases
         ring = maker.result() if maker is not None else None
-        if ring is None or wanted > ring.slot_bytes:
-            # A batch larger than the one the maker sized for arrived meanwhile.
+        if ring is None or wanted > ring.slot_bytes or ring.fd is None:
+            # A batch larger than the one the maker sized for arrived meanwhile, or
+            # another iterator of the loader made a ring since (this one is retired).
             ring = leases.ring_for_batch(wanted, ring if ring is not None else self._ring)
         self._adopt_ring(ring)
 
@@ -416,6 +440,8 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         before keep their old ring: each worker reads its socket in order, so it finishes
         them before it switches."""
         self._ring = ring
+        for config in self._unlaunched.values():
+            config.ring = ring
         message = wire.ring_frame(ring.num_slots, ring.slot_bytes)
         for w in self._workers:
             if w.proc.is_alive():  # (a dead worker is reported by its sentinel)

@@ -334,7 +334,7 @@ class Ring:
     def __del__(self) -> None:
         try:
             self.close_fd()
-        except OSError:
+        except Exception:  # (at interpreter exit the modules it needs may be gone: the exit closes it)
             pass
 
 
