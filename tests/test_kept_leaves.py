@@ -124,6 +124,47 @@ def test_main_process_and_copy_batches_keep_labels_apart(copy):
         assert [int(x[0]) for x in labels] == list(range(0, 20 * BATCH, BATCH))
 
 
+class Tokens:
+    """Sample i: 4000 + (37 i mod 500) int32 tokens equal to i (a batch of 16 pads to about
+    280 KiB), its id, and two int16 equal to i."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int):
+        return {"tokens": np.full(length(i), i, np.int32), "id": i, "tiny": np.full(2, i, np.int16)}
+
+
+def length(i: int) -> int:
+    return 4000 + 37 * i % 500
+
+
+@pytest.mark.parametrize("collate", ["pad", "list"])
+def test_ragged_batches_keep_small_leaves_apart(collate):
+    """Padded and listed fields: a padded field's lengths, the ids and the tiny field
+    are their own; the token arrays, of similar sizes, stay views of the slot."""
+    dl = DataLoader(Tokens(), batch_size=16, num_workers=2, collate=collate, output="numpy", **FORK)
+    for b, batch in enumerate(dl):
+        ids = list(range(16 * b, 16 * b + 16))
+        assert batch["id"].tolist() == ids
+        tokens, tiny = batch["tokens"], batch["tiny"]
+        if collate == "pad":
+            assert tokens.lengths.tolist() == [length(i) for i in ids]
+            assert all((row[: length(i)] == i).all() for row, i in zip(tokens.values, ids))
+            tiny = tiny.values
+        else:
+            assert [(len(t), int(t[0])) for t in tokens] == [(length(i), i) for i in ids]
+        assert [t.tolist() for t in tiny] == [[i, i] for i in ids]
+        if b >= 2:  # from the ring (the first two sized it)
+            big = tokens.values if collate == "pad" else tokens[0]
+            assert dl.ring.contains(big)
+            assert owned_bytes(batch["id"]) == 16 * 8
+            assert all(owned_bytes(t) <= 16 * 2 * 2 for t in tiny)
+            if collate == "pad":
+                assert owned_bytes(tokens.lengths) == 16 * 8
+    assert b == 15
+
+
 class RecordingHost:
     """Stands in for pinning.CudaHost without a GPU: records the page-locked copies."""
 

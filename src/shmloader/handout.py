@@ -86,7 +86,7 @@ class Handout:
         if found is None:
             found = self._reader(key, count)
         reader, numbers_struct, apart = found
-        if data_end >= APART_MIN_BYTES and apart is not None:
+        if apart is not None and data_end >= APART_MIN_BYTES:
             reader = apart  # small leaves as copies: keeping them keeps no slot
         numbers = numbers_struct.unpack_from(buffer, wire.numbers_offset(lo, llen))
         objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None

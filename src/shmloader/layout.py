@@ -135,7 +135,7 @@ def read_layout(layout: Layout, root: np.ndarray, objects: list[Any] | None) -> 
     in a batch of at least APART_MIN_BYTES, small leaves are copies (make_apart_reader)."""
     skeleton, numbers = split(layout)
     cached = _cached_apart_reader if root.nbytes >= APART_MIN_BYTES else _cached_reader
-    return cached(skeleton)(root, objects, numbers)
+    return cached(skeleton)(root, objects, tuple(numbers))
 
 
 def _plans(skeleton: Skeleton) -> list[tuple[int, Any, int, int, Any]]:
@@ -204,47 +204,64 @@ def make_apart_reader(
     them) keeps only those, not the slot that holds the images, as torch's loader, whose
     tensors own one segment each, keeps only them. ``pin``: makes a page-locked copy of a
     small leaf that is a tensor (pin_memory; torch's loader pins every tensor). None for
-    a skeleton with fewer than two arrays (nothing is smaller than another)."""
+    a skeleton with fewer than two arrays (nothing is smaller than another). The reader
+    takes ``numbers`` as a tuple (it keys the choice of leaves: the same shapes, the same
+    choice, worked out once)."""
     plans = _plans(skeleton)
     if sum(count for kind, _, _, count, _ in plans if kind != _OBJECT) < 2:
         return None
     build = builder(skeleton.treedef)
     frombuffer = np.frombuffer
+    chosen: dict[tuple[int, ...], tuple[bool, ...]] = {}  # numbers -> per array: copy it
 
-    def read(root: np.ndarray, objects: list[Any] | None, numbers: Sequence[int]) -> Any:
-        out: list[Any] = []
-        arrays = []  # (views list, position, view, to_tensor) of every array
+    def choose(numbers: tuple[int, ...]) -> tuple[bool, ...]:
+        sizes = []
         p = 0
+        for kind, dtype, ndim, count, _ in plans:
+            if kind == _OBJECT:
+                continue
+            for _ in range(count):
+                sizes.append(dtype.itemsize * prod(numbers[p + 1 : p + 1 + ndim]))
+                p += 1 + ndim
+        small = max(sizes) // APART_RATIO
+        if len(chosen) >= _LAYOUT_CHOICES:
+            chosen.clear()  # stay bounded (ragged batches: new shapes every batch)
+        found = chosen[numbers] = tuple(size <= small for size in sizes)
+        return found
+
+    def read(root: np.ndarray, objects: list[Any] | None, numbers: tuple[int, ...]) -> Any:
+        apart = chosen.get(numbers) or choose(numbers)
+        out = []
+        p = a = 0
         for kind, dtype, ndim, count, to_tensor in plans:
             if kind == _OBJECT:
                 out.append(objects[count])  # type: ignore[index]
                 continue
-            views: list[Any] = []
-            for k in range(count):
+            views = []
+            for _ in range(count):
                 offset = numbers[p]
-                shape = tuple(numbers[p + 1 : p + 1 + ndim])
-                view = frombuffer(root, dtype, prod(shape), offset).reshape(shape)
+                if ndim == 1:
+                    view = frombuffer(root, dtype, numbers[p + 1], offset)
+                else:
+                    shape = tuple(numbers[p + 1 : p + 1 + ndim])
+                    view = frombuffer(root, dtype, prod(shape), offset).reshape(shape)
                 p += 1 + ndim
-                views.append(view)
-                arrays.append((views, k, view, to_tensor))
-            out.append(views)
-        small = max(view.nbytes for _, _, view, _ in arrays) // APART_RATIO
-        for views, k, view, to_tensor in arrays:
-            if view.nbytes > small:  # a view of the root: it keeps the slot leased
-                if to_tensor is not None:
-                    views[k] = to_tensor(view)
-            elif to_tensor is None:
-                views[k] = view.copy()
-            elif pin is None:
-                views[k] = to_tensor(view.copy())
-            else:
-                views[k] = pin(to_tensor(view))  # (copied straight into page-locked memory)
-        for i, (kind, _, _, _, _) in enumerate(plans):
-            if kind == _ARRAY:
-                out[i] = out[i][0]
+                if not apart[a]:  # a view of the root: it keeps the slot leased
+                    views.append(to_tensor(view) if to_tensor is not None else view)
+                elif to_tensor is None:
+                    views.append(view.copy())
+                elif pin is None:
+                    views.append(to_tensor(view.copy()))
+                else:
+                    views.append(pin(to_tensor(view)))  # (copied straight into page-locked memory)
+                a += 1
+            out.append(views[0] if kind == _ARRAY else views)
         return build(out)
 
     return read
+
+
+_LAYOUT_CHOICES = 64  # an apart reader's choices kept, one per distinct set of shapes
 
 
 _ARRAY, _RAGGED, _OBJECT = 0, 1, 2
