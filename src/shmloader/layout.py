@@ -118,6 +118,7 @@ def decode(data: bytes) -> Skeleton:
 # copy would be a measurable share of the batch's cost).
 APART_RATIO = 16
 APART_MIN_BYTES = 64 * 1024
+_APART_CHOICES = 64  # an apart reader's choices kept, one per distinct set of shapes
 
 
 @functools.lru_cache(maxsize=256)
@@ -224,7 +225,7 @@ def make_apart_reader(
                 sizes.append(dtype.itemsize * prod(numbers[p + 1 : p + 1 + ndim]))
                 p += 1 + ndim
         small = max(sizes) // APART_RATIO
-        if len(chosen) >= _LAYOUT_CHOICES:
+        if len(chosen) >= _APART_CHOICES:
             chosen.clear()  # stay bounded (ragged batches: new shapes every batch)
         found = chosen[numbers] = tuple(size <= small for size in sizes)
         return found
@@ -259,9 +260,6 @@ def make_apart_reader(
         return build(out)
 
     return read
-
-
-_LAYOUT_CHOICES = 64  # an apart reader's choices kept, one per distinct set of shapes
 
 
 _ARRAY, _RAGGED, _OBJECT = 0, 1, 2
