@@ -3,7 +3,10 @@
 A batch in a slot (of the ring, or of a one-off segment) becomes views of the slot,
 read through a reader made once per batch structure (its layout's skeleton) and cached;
 the slot returns to FREE when the last view dies (a lease on the root array, see
-:mod:`shmloader.leases`). A pickled batch is unpickled; an error is rebuilt and raised.
+:mod:`shmloader.leases`). In a batch of at least ``layout.APART_MIN_BYTES``, arrays much
+smaller than its largest (labels beside images) are copies that own their memory
+(:func:`shmloader.layout.make_apart_reader`): keeping them keeps no slot. A pickled
+batch is unpickled; an error is rebuilt and raised.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from shmloader import _slots, wire
 from shmloader import leases as _leases
 from shmloader import pinning as _pinning
 from shmloader.failures import WorkerFailure, rebuild_error
-from shmloader.layout import decode, make_reader
+from shmloader.layout import APART_MIN_BYTES, decode, make_apart_reader, make_reader
 
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 
@@ -32,8 +35,9 @@ class Handout:
     def __init__(self, loader: Any, copy: bool) -> None:
         self._loader = loader
         self.copy = copy
-        # Per encoded skeleton: its reader, and the struct of its layout numbers.
-        self.readers: dict[bytes, tuple[Callable[[np.ndarray, Any, Any], Any], Any]] = {}
+        # Per encoded skeleton: its reader, the struct of its layout numbers, and its
+        # reader for big batches (small leaves apart), or None where it has one array.
+        self.readers: dict[bytes, tuple[Callable[[np.ndarray, Any, Any], Any], Any, Any]] = {}
 
     def batch(self, kind: int, task: Any, payload: bytes) -> Any:
         """The batch of a result of ``kind`` for ``task`` (its ``ring``, ``slot`` and
@@ -81,7 +85,9 @@ class Handout:
         found = self.readers.get(key)
         if found is None:
             found = self._reader(key, count)
-        reader, numbers_struct = found
+        reader, numbers_struct, apart = found
+        if apart is not None and data_end >= APART_MIN_BYTES:
+            reader = apart  # small leaves as copies: keeping them keeps no slot
         numbers = numbers_struct.unpack_from(buffer, wire.numbers_offset(lo, llen))
         objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
         stats = loader._stats
@@ -96,13 +102,17 @@ class Handout:
             return batch
         return reader(root, objects, numbers)
 
-    def _reader(self, key: bytes, count: int) -> tuple[Callable[[np.ndarray, Any, Any], Any], Any]:
-        """The reader of the skeleton encoded in ``key`` and the struct of its ``count``
-        layout numbers (a skeleton fixes their count), made and cached."""
+    def _reader(self, key: bytes, count: int) -> tuple[Callable[[np.ndarray, Any, Any], Any], Any, Any]:
+        """The readers of the skeleton encoded in ``key`` (views; small leaves apart, or
+        None) and the struct of its ``count`` layout numbers (a skeleton fixes their
+        count), made and cached."""
         if len(self.readers) >= _LAYOUT_CACHE_SIZE:
             self.readers.clear()  # stay bounded (one per batch structure)
+        loader = self._loader
         skeleton = decode(key)
-        if self._loader.output == "torch":
+        if loader.output == "torch":
             skeleton = _pinning.torch_skeleton(skeleton)
-        found = self.readers[key] = (make_reader(skeleton), wire.numbers_struct(count))
+        pinner = loader._pinner
+        apart = make_apart_reader(skeleton, pinner.pinned_copy if pinner is not None else None)
+        found = self.readers[key] = (make_reader(skeleton), wire.numbers_struct(count), apart)
         return found

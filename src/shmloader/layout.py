@@ -125,25 +125,39 @@ def decode(data: bytes) -> Skeleton:
     return pickle.loads(data)
 
 
+# Small leaves apart: an array leaf this many times smaller than the batch's largest is
+# handed out as a copy that owns its memory (see make_apart_reader), in batches whose
+# array data takes at least APART_MIN_BYTES (below that, a kept leaf pins little and the
+# copy would be a measurable share of the batch's cost).
+APART_RATIO = 16
+APART_MIN_BYTES = 64 * 1024
+_APART_CHOICES = 64  # an apart reader's choices kept, one per distinct set of shapes
+
+
 @functools.lru_cache(maxsize=256)
 def _cached_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, Sequence[int]], Any]:
     return make_reader(skeleton)
 
 
+@functools.lru_cache(maxsize=256)
+def _cached_apart_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, Sequence[int]], Any]:
+    return make_apart_reader(skeleton) or make_reader(skeleton)
+
+
 def read_layout(layout: Layout, root: np.ndarray, objects: list[Any] | None) -> Any:
-    """The batch of ``layout`` in ``root``, as views of it (readers cached per skeleton)."""
+    """The batch of ``layout`` in ``root``, as views of it (readers cached per skeleton);
+    in a batch of at least APART_MIN_BYTES, small leaves are copies (make_apart_reader)."""
     skeleton, numbers = split(layout)
-    return _cached_reader(skeleton)(root, objects, numbers)
+    cached = _cached_apart_reader if root.nbytes >= APART_MIN_BYTES else _cached_reader
+    return cached(skeleton)(root, objects, tuple(numbers))
 
 
-def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, Sequence[int]], Any]:
-    """A function ``(root, objects, numbers) -> batch`` that rebuilds a batch of
-    ``skeleton`` from a slot's root array, as views of it (no copy), the unpickled object
-    leaves and the layout's numbers (see :func:`split`)."""
+def _plans(skeleton: Skeleton) -> list[tuple[int, Any, int, int, Any]]:
+    """One plan per leaf of ``skeleton``: (kind, dtype, ndim, count or object index,
+    to_tensor or None)."""
     torch = None
     if any(leaf[-1] for leaf in skeleton.leaves if leaf[0] != "o"):
         import torch  # only when a sample was a tensor: torch is then installed
-    # One plan per leaf: (kind, dtype, ndim, count or object index, to_tensor or None).
     plans = []
     for leaf in skeleton.leaves:
         if leaf[0] == "a":
@@ -152,6 +166,14 @@ def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, S
             plans.append((_RAGGED, np.dtype(leaf[1]), leaf[3], leaf[2], _tensor_maker(torch, leaf[4])))
         else:
             plans.append((_OBJECT, None, 0, leaf[1], None))
+    return plans
+
+
+def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, Sequence[int]], Any]:
+    """A function ``(root, objects, numbers) -> batch`` that rebuilds a batch of
+    ``skeleton`` from a slot's root array, as views of it (no copy), the unpickled object
+    leaves and the layout's numbers (see :func:`split`)."""
+    plans = _plans(skeleton)
     build = builder(skeleton.treedef)
     frombuffer = np.frombuffer
     if len(plans) == 1 and skeleton.treedef is LEAF and plans[0][0] == _ARRAY and plans[0][2] == 1:
@@ -181,6 +203,72 @@ def make_reader(skeleton: Skeleton) -> Callable[[np.ndarray, list[Any] | None, S
                     view = frombuffer(root, dtype, prod(shape), offset).reshape(shape)
                 p += 1 + ndim
                 views.append(to_tensor(view) if to_tensor is not None else view)
+            out.append(views[0] if kind == _ARRAY else views)
+        return build(out)
+
+    return read
+
+
+def make_apart_reader(
+    skeleton: Skeleton, pin: Callable[[Any], Any] | None = None
+) -> Callable[[np.ndarray, list[Any] | None, Sequence[int]], Any] | None:
+    """A reader like :func:`make_reader`'s, except that each array at least
+    :data:`APART_RATIO` times smaller than the batch's largest array is a copy that owns
+    its memory, not a view of the root: a loop that keeps a batch's labels (or a slice of
+    them) keeps only those, not the slot that holds the images, as torch's loader, whose
+    tensors own one segment each, keeps only them. ``pin``: makes a page-locked copy of a
+    small leaf that is a tensor (pin_memory; torch's loader pins every tensor). None for
+    a skeleton with fewer than two arrays (nothing is smaller than another). The reader
+    takes ``numbers`` as a tuple (it keys the choice of leaves: the same shapes, the same
+    choice, worked out once)."""
+    plans = _plans(skeleton)
+    if sum(count for kind, _, _, count, _ in plans if kind != _OBJECT) < 2:
+        return None
+    build = builder(skeleton.treedef)
+    frombuffer = np.frombuffer
+    chosen: dict[tuple[int, ...], tuple[bool, ...]] = {}  # numbers -> per array: copy it
+
+    def choose(numbers: tuple[int, ...]) -> tuple[bool, ...]:
+        sizes = []
+        p = 0
+        for kind, dtype, ndim, count, _ in plans:
+            if kind == _OBJECT:
+                continue
+            for _ in range(count):
+                sizes.append(dtype.itemsize * prod(numbers[p + 1 : p + 1 + ndim]))
+                p += 1 + ndim
+        small = max(sizes) // APART_RATIO
+        if len(chosen) >= _APART_CHOICES:
+            chosen.clear()  # stay bounded (ragged batches: new shapes every batch)
+        found = chosen[numbers] = tuple(size <= small for size in sizes)
+        return found
+
+    def read(root: np.ndarray, objects: list[Any] | None, numbers: tuple[int, ...]) -> Any:
+        apart = chosen.get(numbers) or choose(numbers)
+        out = []
+        p = a = 0
+        for kind, dtype, ndim, count, to_tensor in plans:
+            if kind == _OBJECT:
+                out.append(objects[count])  # type: ignore[index]
+                continue
+            views = []
+            for _ in range(count):
+                offset = numbers[p]
+                if ndim == 1:
+                    view = frombuffer(root, dtype, numbers[p + 1], offset)
+                else:
+                    shape = tuple(numbers[p + 1 : p + 1 + ndim])
+                    view = frombuffer(root, dtype, prod(shape), offset).reshape(shape)
+                p += 1 + ndim
+                if not apart[a]:  # a view of the root: it keeps the slot leased
+                    views.append(to_tensor(view) if to_tensor is not None else view)
+                elif to_tensor is None:
+                    views.append(view.copy())
+                elif pin is None:
+                    views.append(to_tensor(view.copy()))
+                else:
+                    views.append(pin(to_tensor(view)))  # (copied straight into page-locked memory)
+                a += 1
             out.append(views[0] if kind == _ARRAY else views)
         return build(out)
 

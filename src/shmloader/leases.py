@@ -9,6 +9,13 @@ cannot be made. It claims slots for tasks, grows the ring
 when the consumer holds every slot, and leases a handed-out slot to its batch: the slot
 returns to FREE when the batch's root array dies.
 
+A grown ring goes back to the first ring's slot count once the batches that made it
+grow are gone (checked at a claim, every few batches and at each epoch's start): a new
+ring of that size takes the next batches, and the grown one, retired, is freed when its
+last batch dies (its free slots' memory at once). A shrink that the loop's own pattern
+undoes at once (a ring that grows again within the wait) doubles the wait before the
+next mid-epoch check, so a loop that keeps batches in bursts does not remake rings.
+
 Three rules keep a held slot from being rewritten:
 
 - **Only the owning process releases.** A lease's finalizer remembers the pid that took
@@ -101,6 +108,8 @@ def held_slots(ring: Ring) -> int:
 
 _live: weakref.WeakSet = weakref.WeakSet()
 _forking = threading.local()
+_MAX_CHECK_EVERY = 4096  # batches: the longest wait between looks at a grown ring
+_SOON_WAITS = 4  # a shrunk ring that grows again within this many waits: a burst
 
 
 class Leases:
@@ -144,6 +153,13 @@ class Leases:
         self.pinner = pinner
         self._stats = stats
         self._current: Ring | None = None
+        self._steady_slots = num_slots  # the first ring's slots (fewer where memory was short)
+        self._grown: Ring | None = None  # the current ring while it has more slots than that
+        # When to look at a grown ring again, counted in batches handed out (no counting
+        # on the per-batch path): at _check_at; then every _check_every batches.
+        self._check_at = 0
+        self._check_every = num_slots
+        self._shrunk_at: int | None = None  # batches when a shrink made the current ring
         self._lock = threading.Lock()
         self._mappings: list[tuple[weakref.ref, int]] = []  # every ring made: (owner, bytes)
         # The current ring when a fork the loader did not make saw a HELD slot in it.
@@ -209,6 +225,11 @@ class Leases:
             owner = ring.mapping.owner
             self._mappings.append((weakref.ref(owner), len(owner)))
             old, self._current = self._current, ring
+            if old is None:
+                self._steady_slots = self._check_every = num_slots
+            self._grown = ring if num_slots > self._steady_slots else None
+            self._check_at = self._stats.get("batches", 0) + self._check_every
+            self._shrunk_at = None
             if old is not None:
                 old.close_fd()  # its memory stays mapped while batches view it
             return ring
@@ -300,11 +321,16 @@ class Leases:
         if ring is None:
             return None, NO_SLOT
         slot = ring.states.claim(start % ring.num_slots, _slots.FREE, _slots.ASSIGNED)
-        if slot < 0 or self._shared_ring is not None:
+        if slot < 0 or self._shared_ring is not None or self._grown is not None:
             return self._claim_slow(ring, slot)
         return ring, slot
 
     def _claim_slow(self, ring: Ring, slot: int) -> tuple[Ring, int]:
+        if self._grown is ring and slot >= 0:
+            smaller = self._shrink(ring)
+            if smaller is not None:
+                ring.states.store(slot, _slots.FREE)  # (the grown ring takes no new batch)
+                return smaller, smaller.states.claim(0, _slots.FREE, _slots.ASSIGNED)
         shared = self._shared_ring
         if shared is ring:
             # A forked child may view batches in this ring: no new batch goes there (the
@@ -336,9 +362,55 @@ class Leases:
         if slot < 0:
             # Every slot is held by batches the consumer keeps (the loader's own in-flight
             # batches are bounded below num_slots): grow rather than stall.
+            self._note_regrowth()
             ring = self.new_ring(ring.num_slots * 2, ring.slot_bytes, held=held_slots(ring))
             slot = ring.states.claim(0, _slots.FREE, _slots.ASSIGNED)
         return ring, slot
+
+    def _shrink(self, ring: Ring, due: bool = True) -> Ring | None:
+        """A new current ring of the first ring's slot count in place of the grown
+        ``ring``, when it is time to look (``due``: by the schedule, else now) and the
+        slots in use there now (held by the consumer, in flight, the one just claimed)
+        leave that count the slots a steady loop keeps spare; else None (also when the
+        new ring cannot be made now: the grown one serves on). The grown ring retires:
+        its free slots' memory goes back at once, the rest as its batches die."""
+        batches = self._stats.get("batches", 0)
+        if due and batches < self._check_at:
+            return None
+        self._check_at = batches + self._check_every
+        steady = self._steady_slots
+        in_use = ring.num_slots - ring.states.count(_slots.FREE)
+        if in_use + sizing.IN_FLIGHT_EXTRA_SLOTS > steady:
+            return None
+        try:
+            smaller = self.new_ring(steady, ring.slot_bytes)
+        except (RingLimitError, ShmSpaceError):
+            return None  # (the grown ring serves until the memory is there)
+        self._shrunk_at = batches
+        if self.pinner is None:  # (a page-locked ring keeps its pages until unmapped)
+            ring.release_free_slots()
+        if self._shared_ring is ring:
+            self._shared_ring = None
+        return smaller
+
+    def _note_regrowth(self) -> None:
+        """The current ring must grow: when a shrink made it a short while ago (a few
+        waits), the loop keeps batches in bursts: wait twice as long before the next
+        mid-epoch look (else back to the first ring's slot count)."""
+        if self._shrunk_at is None:
+            return
+        soon = self._stats.get("batches", 0) - self._shrunk_at < _SOON_WAITS * self._check_every
+        self._check_every = min(2 * self._check_every, _MAX_CHECK_EVERY) if soon else self._steady_slots
+
+    def new_epoch(self) -> Ring | None:
+        """An epoch begins, nothing of the loader's in flight: a grown ring whose slots in
+        use (batches the loop still holds) leave the first ring's count its spare slots
+        is replaced now, whatever the wait (a loop that kept an epoch's batches dropped
+        them at its end). Returns the new current ring, or None where none was made."""
+        ring = self._current
+        if ring is None or self._grown is not ring:
+            return None
+        return self._shrink(ring, due=False)
 
     def _note_fork(self) -> None:
         ring = self._current

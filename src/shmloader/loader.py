@@ -39,7 +39,9 @@ class DataLoader(Generic[T_co]):
     A drop-in for ``torch.utils.data.DataLoader``'s common use: the same arguments, the
     same validation and the same meaning. Batches are numpy arrays (torch tensors where
     the samples were tensors) that view the ring's memory: zero copies after the worker
-    wrote them. A batch's slot is reused only once no array viewing it is alive.
+    wrote them. A batch's slot is reused only once no array viewing it is alive; in a
+    batch of 64 KiB or more, arrays much smaller than its largest (labels beside images)
+    are copies of their own, so a loop that keeps them keeps no slot (docs/kept-batches.md).
 
     Randomness (docs/randomness.md): without ``seed``, torch's RNG decides as in torch's
     loader, bit for bit and at the same moments (``generator`` a ``torch.Generator``, or
@@ -49,9 +51,11 @@ class DataLoader(Generic[T_co]):
 
     Extra keyword arguments: ``seed`` (see above), ``num_slots``
     (slots in the ring; default ``num_workers * prefetch_factor + 4``; the ring doubles
-    them when the consumer holds every slot), ``slot_bytes`` (bytes per slot; default
-    sized from the first batch, and a later batch that does not fit makes the ring grow to
-    larger slots; when given, a batch that does not fit is an error), ``max_shm_bytes``
+    them when the consumer holds every slot, and goes back to the first ring's count once
+    the held batches are gone: at the next epoch's start, or mid-epoch), ``slot_bytes``
+    (bytes per slot; default sized from the first batch, and a later batch that does not
+    fit makes the ring grow to larger slots; when given, a batch that does not fit is an
+    error), ``max_shm_bytes``
     (the bound on all of the loader's rings; default half of the memory the backend can
     give: the machine's available memory, the container's cgroup headroom and, for
     ``posix``, /dev/shm's free space, when the loader is made; a ring also leaves a margin
@@ -434,8 +438,9 @@ class DataLoader(Generic[T_co]):
         """Counters of this loader, as plain data: ``batches`` handed out, of which
         ``batches_copied`` did not come as views of the ring (each worker's first batch,
         which sizes the ring, and batches that outgrew their slot: views of a one-off
-        segment each; ``copy=True``; main-process loading), ``rings_created`` (the first
-        ring, then one per growth), ``worker_restarts`` (dead or hung workers replaced
+        segment each; ``copy=True``; main-process loading; not a batch whose small leaves
+        alone are copies), ``rings_created`` (the first ring, then one per growth or
+        shrink), ``worker_restarts`` (dead or hung workers replaced
         under ``max_worker_restarts``), ``epochs_ahead`` (``prefetch_next_epoch``: epochs whose
         first batches loaded while the last one's were consumed) and
         ``batches_ahead_dropped`` (so loaded, and not used: ``set_epoch`` or a changed

@@ -124,11 +124,11 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             return
         if not self._launched:
             plan = self._start_epoch(self)
+            self._begin_epoch(plan)  # (first: a grown ring may shrink, see _begin_epoch)
             # A ring whose descriptor is closed (this process was forked from the one that
             # made it) cannot be handed to new workers: the first batch sizes a new one.
             ring = self._loader._ring
             self._ring = ring if ring is not None and ring.fd is not None else None
-            self._begin_epoch(plan)
             self._launched = True
             _live_iterators.add(self)
             try:
@@ -175,6 +175,12 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         self._source = None if loader.iterable else _state.index_sequence(loader, plan)
         self._source_done = False
         self._tasks = {}
+        # Nothing in flight: a ring that grew for batches the loop kept last epoch goes
+        # back to its first size when they are gone (workers already running get it now;
+        # new ones start with it).
+        smaller = loader._leases.new_epoch()
+        if smaller is not None and self._launched:
+            self._adopt_ring(smaller)
         self.plan = plan
         self.epoch_done = False
         self._yielded = 0

@@ -140,6 +140,11 @@ class CudaHost:
         """Undo :meth:`register` (before the memory is unmapped)."""
         self._cudart.cudaHostUnregister(address)
 
+    def pinned_copy(self, tensor: Any) -> Any:
+        """A copy of the CPU ``tensor`` in page-locked memory (torch's caching host
+        allocator, as torch's loader pins each tensor)."""
+        return tensor.pin_memory()
+
     def record(self) -> Any:
         """An event recorded on the current stream: it completes after every copy
         issued on that stream so far."""
@@ -175,6 +180,11 @@ class RingPinner:
         (``states`` keeps the ring mapped until then.)"""
         self._pending.append((self.host.record(), states, slot))
         self.reclaim()
+
+    def pinned_copy(self, tensor: Any) -> Any:
+        """A page-locked copy of ``tensor``: a small leaf handed out apart from its slot
+        (see layout.make_apart_reader) is pinned as torch pins every tensor."""
+        return self.host.pinned_copy(tensor)
 
     def reclaim(self, block: bool = False) -> int:
         """Return to FREE the released slots whose copies have completed; with ``block``,

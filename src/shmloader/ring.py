@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from shmloader import fdguard, memory, segment
-from shmloader._slots import Mapping, StateArray
+from shmloader._slots import FREE, Mapping, StateArray
 from shmloader.errors import ShmSpaceError
 from shmloader.wire import HEADER_WORDS  # the slot header's words (see wire.SlotHeader)
 
@@ -58,6 +58,7 @@ SLOT_ALIGN_BYTES = 64  # slots start on cache lines: no false sharing between wo
 # madvise(2) advice (linux/mman.h): reserve and map a range's pages now, as writes would,
 # and return an error (not a SIGBUS) where they cannot be had. Linux 5.14+.
 _MADV_POPULATE_WRITE = 23
+_MADV_REMOVE = 9  # free a shared range's pages (a hole punched in the segment)
 _libc: Any = None
 _populate_works: bool | None = None  # found out once per process (a forked child inherits it)
 DEFER_ENV = "SHMLOADER_RESERVE_SLOTS_LAZILY"  # "0": reserve every ring whole when made
@@ -305,6 +306,31 @@ class Ring:
                 "Free memory, use a smaller batch_size or fewer num_workers, or raise the "
                 "memory limit (docker run --memory, --shm-size for /dev/shm)."
             )
+
+    def release_free_slots(self) -> int:
+        """Give the memory of this ring's FREE slots back to the system (a retired ring:
+        nothing claims its slots again, so a FREE slot is never written again); the
+        slots still in use keep theirs until the ring is unmapped. Returns the bytes
+        released (0 where the system refuses: they are then freed with the ring)."""
+        load, free = self.states.load, FREE
+        released = 0
+        index = 0
+        while index < self.num_slots:
+            if load(index) != free:
+                index += 1
+                continue
+            end = index + 1
+            while end < self.num_slots and load(end) == free:
+                end += 1
+            # Whole pages inside the run only: a page shared with a slot in use stays.
+            start = _round_up(self.mapping.address + self.slot_offset(index), PAGE_BYTES)
+            stop = (self.mapping.address + self.slot_offset(end)) // PAGE_BYTES * PAGE_BYTES
+            if end == self.num_slots:
+                stop = self.mapping.address + self.total_bytes
+            if stop > start and _madvise(start, stop - start, _MADV_REMOVE) == 0:
+                released += stop - start
+            index = end
+        return released
 
     def contains(self, array: np.ndarray) -> bool:
         """True when ``array``'s memory lies inside this ring's mapping."""
