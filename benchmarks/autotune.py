@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 import shmloader
-from shmloader import DataLoader, autotune
+from shmloader import DataLoader
+from shmloader.tuning import autotune
 
 
 class Burn:

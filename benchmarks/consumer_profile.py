@@ -21,11 +21,11 @@ import time
 from typing import Any
 
 from shmloader import DataLoader
+from shmloader.batch.handout import Handout
 from shmloader.bench.datasets import ScalarDataset
-from shmloader.exchange import Exchange
-from shmloader.handout import Handout
-from shmloader.multiprocess import MultiProcessIter
-from shmloader.pool import WorkerPool
+from shmloader.epoch.exchange import Exchange
+from shmloader.epoch.multiprocess import MultiProcessIter
+from shmloader.workers.pool import WorkerPool
 
 # (label, owner, method name, depth): what --steps times, in the order printed.
 STEPS = [

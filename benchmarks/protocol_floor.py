@@ -1,5 +1,5 @@
 """The floor under W4's per-batch cost: the loader's own exchange (the task and result
-queues of shmloader.channel in shared memory, a wake-up written only to a side that
+queues of shmloader.transport.channel in shared memory, a wake-up written only to a side that
 sleeps, a numpy view of a slot per batch) driven by the least Python that can drive it,
 without anything else the loader does per batch (sampler, scheduler, leases, timing,
 layouts, collate). W4's shape: one int64 a batch, 2 forked workers, round robin, in order.
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from shmloader.channel import Channel
+from shmloader.transport.channel import Channel
 
 _STOP = 99  # a task kind no loader uses: the worker exits
 

@@ -763,7 +763,7 @@ def case_security(method: str) -> dict[str, Any]:
 
     import posix_ipc
 
-    import shmloader.segment as segment_mod
+    import shmloader.system.segment as segment_mod
 
     real_shm = posix_ipc.SharedMemory
     created: list[dict[str, Any]] = []

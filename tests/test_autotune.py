@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import DataLoader, WorkerRestartWarning, _slots, autotune
+from shmloader import DataLoader, WorkerRestartWarning
+from shmloader.system import slots as _slots
+from shmloader.tuning import autotune
 
 pytestmark = pytest.mark.timeout(60)
 

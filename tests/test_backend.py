@@ -24,10 +24,13 @@ import warnings
 
 import pytest
 
-from shmloader import doctor, leases, memory, segment, sizing
-from shmloader import ring as ring_mod
+from shmloader import doctor
 from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
-from shmloader.ring import Ring, ring_bytes
+from shmloader.memory import leases, sizing
+from shmloader.memory import limits as memory
+from shmloader.memory import ring as ring_mod
+from shmloader.memory.ring import Ring, ring_bytes
+from shmloader.system import segment
 
 from . import datasets as D
 from .datasets import NumpyLoader as DataLoader

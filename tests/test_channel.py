@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from shmloader import DataLoader
-from shmloader import worker as worker_module
-from shmloader.channel import MAX_TASK_PAYLOAD, TASK_WORDS, Channel
+from shmloader.transport.channel import MAX_TASK_PAYLOAD, TASK_WORDS, Channel
+from shmloader.workers import worker as worker_module
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@
   the slots it wrote, and each worker writes into its own share of the slots; the ring
   is made sparse (where the kernel has MADV_POPULATE_WRITE): only the slots written are
   reserved.
-- The first ring of big batches is made on a thread (shmloader.ringmaker): its errors come
+- The first ring of big batches is made on a thread (shmloader.memory.ringmaker): its errors come
   out in the consumer, nothing is left running, and a fork waits for a ring being made.
 - Held batches keep their values while claims go worker by worker and the ring grows.
 
@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 
 from shmloader import Dataset, RingLimitError, get_worker_info
-from shmloader.ring import populate_supported
-from shmloader.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
+from shmloader.memory.ring import populate_supported
+from shmloader.memory.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
 
 from .datasets import NumpyLoader as DataLoader
 
@@ -72,7 +72,7 @@ def test_small_first_batches_make_their_ring_in_line(monkeypatch):
 
 
 def _first_batches(method: str, side: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shmloader import multiprocess
+    from shmloader.epoch import multiprocess
 
     made: list[int] = []
 
@@ -237,7 +237,8 @@ def _only_in(pid: int, real):
 @pytest.mark.timeout(60)
 def test_forked_workers_are_told_what_the_consumer_knows(monkeypatch):
     pytest.importorskip("torch")
-    from shmloader import fetch, seeding
+    from shmloader.batch import recipe as fetch
+    from shmloader.workers import seeding
 
     monkeypatch.setattr(seeding, "_cpu_only", _only_in(os.getpid(), seeding._cpu_only))
     monkeypatch.setattr(fetch, "is_datapipe", _only_in(os.getpid(), fetch.is_datapipe))
@@ -249,8 +250,8 @@ def test_forked_workers_are_told_what_the_consumer_knows(monkeypatch):
 def test_a_new_ring_reads_the_memory_budget_once(monkeypatch):
     """The leases' check of a new ring and the ring's own check before it reserves share
     one reading of the budget (cgroup and /proc files: read while the first batch waits)."""
-    from shmloader import memory
-    from shmloader.leases import Leases
+    from shmloader.memory import limits as memory
+    from shmloader.memory.leases import Leases
 
     leases = Leases(8, None, None, {"rings_created": 0}, num_workers=2)
     reads = []

@@ -20,7 +20,7 @@ from shmloader import (
     WorkerDiedError,
     get_worker_info,
 )
-from shmloader.exchange import Exchange
+from shmloader.epoch.exchange import Exchange
 
 from . import datasets as D
 from .datasets import NumpyLoader as DataLoader  # numpy output: these tests check numpy views

@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-from shmloader.ring import ring_bytes
+from shmloader.memory.ring import ring_bytes
 
 from .faultcases import IDLE_POINTS, WIDE_BAD, alive, read_line, wait_gone
 

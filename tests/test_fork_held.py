@@ -23,7 +23,7 @@ import sys
 import numpy as np
 import pytest
 
-from shmloader import _slots
+from shmloader.system import slots as _slots
 
 from . import datasets as D
 from .datasets import NumpyLoader as DataLoader

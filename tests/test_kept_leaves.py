@@ -15,8 +15,11 @@ import os
 import numpy as np
 import pytest
 
-from shmloader import DataLoader, _slots, layout, sizing
-from shmloader.ring import Ring, ring_bytes
+from shmloader import DataLoader
+from shmloader.batch import layout
+from shmloader.memory import sizing
+from shmloader.memory.ring import Ring, ring_bytes
+from shmloader.system import slots as _slots
 
 from . import datasets as D
 
@@ -195,7 +198,7 @@ def test_pinned_small_leaves_are_page_locked_copies(monkeypatch):
     """pin_memory=True: a label handed out apart is copied into page-locked memory (torch's
     loader pins every tensor); the images stay views of the page-locked ring."""
     pytest.importorskip("torch")
-    from shmloader import pinning
+    from shmloader.interop import pinning
 
     host = RecordingHost()
     monkeypatch.setattr(

@@ -15,8 +15,10 @@ import os
 import numpy as np
 import pytest
 
-from shmloader import _slots, doctor, sizing
-from shmloader.ring import ring_bytes
+from shmloader import doctor
+from shmloader.memory import sizing
+from shmloader.memory.ring import ring_bytes
+from shmloader.system import slots as _slots
 
 from . import datasets as D
 from .datasets import NumpyLoader as DataLoader  # numpy output: these tests check numpy views
@@ -249,7 +251,7 @@ def test_a_failing_reader_in_copy_mode_returns_its_slot(monkeypatch):
         raise RuntimeError("reader failed")
 
     it._readers.clear()  # the next batch's layout is decoded again: that raises
-    monkeypatch.setattr("shmloader.handout.decode", failing)
+    monkeypatch.setattr("shmloader.batch.handout.decode", failing)
     with pytest.raises(RuntimeError, match="reader failed"):
         next(it)
     assert_no_slot_held(ring)
@@ -293,8 +295,8 @@ class RecordingPinner:
 
 
 def test_a_lease_frees_its_slot_in_its_own_process_only(monkeypatch):
-    from shmloader import leases
-    from shmloader.ring import Ring
+    from shmloader.memory import leases
+    from shmloader.memory.ring import Ring
 
     ring = Ring.create(2, 4096)
     try:
@@ -317,8 +319,8 @@ def test_a_lease_frees_its_slot_in_its_own_process_only(monkeypatch):
 def test_a_lease_releases_through_the_pinner_it_was_taken_with():
     """A ring first leased without a pinner (copy=True, a segment) and later with one:
     each lease releases as it was taken."""
-    from shmloader import leases
-    from shmloader.ring import Ring
+    from shmloader.memory import leases
+    from shmloader.memory.ring import Ring
 
     ring = Ring.create(2, 4096)
     pinner = RecordingPinner()

@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
-from shmloader import _slots
-from shmloader.ring import Ring
+from shmloader.memory.ring import Ring
+from shmloader.system import slots as _slots
 
 
 def test_state_atomics_on_a_ring():

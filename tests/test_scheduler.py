@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from shmloader.scheduler import Scheduler
+from shmloader.epoch.scheduler import Scheduler
 
 END = 14  # the kind of an iterable worker's end
 OK = 11

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shmloader import DataLoader
-from shmloader.timing import Timing, verdict
+from shmloader.tuning.timing import Timing, verdict
 
 
 def _spin(seconds: float) -> None:

@@ -33,7 +33,7 @@ torch = pytest.importorskip("torch")
 
 import shmloader  # noqa: E402
 from shmloader import errors  # noqa: E402
-from shmloader.fetch import is_torch_default  # noqa: E402
+from shmloader.batch.recipe import is_torch_default  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TorchDataset = torch.utils.data.Dataset
@@ -428,7 +428,7 @@ def test_workers_seed_torch_as_manual_seed_does(ctx):
     """A worker's torch RNG is where ``torch.manual_seed(worker seed)`` puts it, as in
     torch's workers (the oracle), though shmloader seeds only the CPU generator on a
     build with no accelerator (which this CPU build is: the fast path is the one tested)."""
-    from shmloader.seeding import _cpu_only
+    from shmloader.workers.seeding import _cpu_only
 
     assert _cpu_only(torch) == (torch.version.cuda is None and torch.version.hip is None)
     kw = {"batch_size": 1, "num_workers": 2}

@@ -20,16 +20,9 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import (
-    DataLoader,
-    Dataset,
-    IterableDataset,
-    _slots,
-    get_shard_info,
-    get_worker_info,
-    pinning,
-    sample_rng,
-)
+from shmloader import DataLoader, Dataset, IterableDataset, get_shard_info, get_worker_info, sample_rng
+from shmloader.interop import pinning
+from shmloader.system import slots as _slots
 
 from . import datasets as D
 

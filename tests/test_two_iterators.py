@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from shmloader import ring as ring_mod  # noqa: E402
+from shmloader.memory import ring as ring_mod  # noqa: E402
 
 from . import datasets as D  # noqa: E402
 from .datasets import NumpyLoader as DataLoader  # noqa: E402

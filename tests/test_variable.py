@@ -250,7 +250,7 @@ def test_batches_come_pickled_when_no_segment_can_be_made(monkeypatch):
     """A worker that cannot make a one-off segment (e.g. /dev/shm is full) sends the batch
     pickled instead: the same values (fork: the workers inherit the patch)."""
     from shmloader import ShmSpaceError
-    from shmloader.ring import Ring
+    from shmloader.memory.ring import Ring
 
     real_create = Ring.create.__func__
 
@@ -275,7 +275,7 @@ def test_small_batches_outside_the_ring_come_pickled(method):
     """A batch outside the ring of at most PICKLED_MAX_BYTES (a small first batch, which
     sizes the ring) comes pickled in its frame, not in a one-off segment: the same values,
     in process memory; a bigger one that outgrew its slot still comes in a segment."""
-    from shmloader.worker import PICKLED_MAX_BYTES
+    from shmloader.workers.worker import PICKLED_MAX_BYTES
 
     batches = _growing_batches()
     dataset = D.Squares(200, side=32)  # 4 KiB samples: batches of 2 are small, of 20 are not

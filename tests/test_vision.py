@@ -17,6 +17,7 @@ pytest.importorskip("simplejpeg")
 
 from PIL import Image
 
+from shmloader.batch.writeinto import supports
 from shmloader.vision import (
     CenterCrop,
     ImageDecodeError,
@@ -30,7 +31,6 @@ from shmloader.vision import (
 )
 from shmloader.vision import decode as vdecode
 from shmloader.vision.synth import encode_jpeg, synth_image
-from shmloader.writeinto import supports
 
 from .conftest import START_METHODS
 from .datasets import NumpyLoader as DataLoader  # numpy output: these tests check numpy views

@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from shmloader import wire
+from shmloader.transport import wire
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,7 +108,7 @@ def test_frames_decode_what_they_encode():
 
 
 def test_slot_header_round_trips_through_a_ring():
-    from shmloader.ring import Ring
+    from shmloader.memory.ring import Ring
 
     ring = Ring.create(3, 4096)
     numbers = bytes(range(24))

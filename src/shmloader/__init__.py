@@ -1,10 +1,10 @@
 """shmloader: a drop-in DataLoader whose workers write batches straight into one
 shared-memory ring, so the consumer gets zero-copy numpy views."""
 
-from shmloader.collate import Padded
+from shmloader.batch.collate import Padded
+from shmloader.batch.writeinto import ArraySpec
 from shmloader.context import ShardInfo, WorkerInfo, get_worker_info
 from shmloader.dataset import Dataset, IterableDataset
-from shmloader.distributed import get_shard_info
 from shmloader.errors import (
     BatchKeyError,
     BatchLayoutError,
@@ -21,9 +21,15 @@ from shmloader.errors import (
     WorkerRestartWarning,
 )
 from shmloader.loader import DataLoader
-from shmloader.rng import sample_rng
-from shmloader.sampler import BatchSampler, BucketBatchSampler, RandomSampler, Sampler, SequentialSampler
-from shmloader.writeinto import ArraySpec
+from shmloader.sampling.distributed import get_shard_info
+from shmloader.sampling.rng import sample_rng
+from shmloader.sampling.sampler import (
+    BatchSampler,
+    BucketBatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 
 __all__ = [
     "ArraySpec",

@@ -12,9 +12,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from shmloader import autotune, sizing, torchcompat
-from shmloader.collate import COLLATE_MODES
-from shmloader.segment import resolve_backend
+from shmloader.batch.collate import COLLATE_MODES
+from shmloader.interop import torchcompat
+from shmloader.memory import sizing
+from shmloader.system.segment import resolve_backend
+from shmloader.tuning import autotune
 
 OUTPUTS = ("auto", "numpy", "torch")
 

@@ -16,7 +16,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shmloader.memory import shm_problem  # imports nothing else of the package
+from shmloader.memory.limits import shm_problem  # imports nothing else of the package
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -38,7 +38,7 @@ class Check:
 def default_ring_bytes(workers: int, batch_bytes: int) -> tuple[int, int, int]:
     """(total bytes, slots, bytes per slot) of the ring a loader with ``workers`` workers
     and the default prefetch_factor creates for batches of ``batch_bytes``."""
-    from shmloader.sizing import default_ring  # the loader's own sizing policy
+    from shmloader.memory.sizing import default_ring  # the loader's own sizing policy
 
     return default_ring(workers, batch_bytes)
 
@@ -49,7 +49,7 @@ def _mib(n: float) -> str:
 
 def check_native() -> Check:
     try:
-        from shmloader import _slots  # noqa: F401
+        from shmloader.system import slots as _slots  # noqa: F401
     except ImportError as exc:
         return Check(
             "native helper",
@@ -85,7 +85,7 @@ def _budget_text(budget: Any) -> str:
 
 def check_backend(backend: str = "auto") -> Check:
     """Which backend the loader's rings use here, and whether memfd_create is refused."""
-    from shmloader import segment
+    from shmloader.system import segment
 
     kind = segment.resolve_backend(backend)
     if kind == "memfd":
@@ -124,9 +124,10 @@ def check_memory(workers: int, batch_bytes: int, backend: str = "auto") -> Check
     """Whether the default ring fits what the loader lets its first ring take (half of
     what the backend can give, less a margin for the processes: sizing.first_ring_room):
     OK, WARN (the ring gets fewer slots), FAIL (not even the minimum fits)."""
-    from shmloader import memory, sizing
-    from shmloader.ring import ring_bytes
-    from shmloader.segment import resolve_backend
+    from shmloader.memory import limits as memory
+    from shmloader.memory import sizing
+    from shmloader.memory.ring import ring_bytes
+    from shmloader.system.segment import resolve_backend
 
     budget = memory.budget(resolve_backend(backend))
     total, slots, slot_bytes = default_ring_bytes(workers, batch_bytes)
@@ -158,7 +159,7 @@ def check_memory(workers: int, batch_bytes: int, backend: str = "auto") -> Check
 def check_shm(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
     """/dev/shm's size against the default ring: it holds the rings of the posix backend
     only, so it can FAIL only there; with memfd a small /dev/shm is fine."""
-    from shmloader.segment import resolve_backend
+    from shmloader.system.segment import resolve_backend
 
     kind = resolve_backend(backend)
     total, slots, slot_bytes = default_ring_bytes(workers, batch_bytes)
@@ -200,8 +201,8 @@ def check_shm(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
     )
     # The posix backend's default max_shm_bytes is at most half of the free space; a ring
     # that passes it gets fewer slots, down to workers + 2, and fails below that.
-    from shmloader import sizing
-    from shmloader.ring import ring_bytes
+    from shmloader.memory import sizing
+    from shmloader.memory.ring import ring_bytes
 
     limit = free // 2
     if total > limit:
@@ -236,7 +237,7 @@ def check_shm(workers: int, batch_bytes: int, backend: str = "auto") -> Check:
 def check_ring_creation(backend: str = "auto") -> Check:
     """Create, reserve, map and drop a one-slot ring with ``backend``."""
     try:
-        from shmloader.ring import Ring
+        from shmloader.memory.ring import Ring
 
         ring = Ring.create(1, 4096, backend=backend)
         kind = ring.backend
@@ -347,7 +348,7 @@ def check_pdeathsig() -> Check:
             "workers still stop on EOF of their socket when the consumer exits",
         )
     try:
-        from shmloader._slots import set_parent_death_signal
+        from shmloader.system.slots import set_parent_death_signal
     except ImportError as exc:
         return Check("parent-death signal", FAIL, f"cannot import the helper: {exc}")
     if not hasattr(os, "fork"):

@@ -1,8 +1,9 @@
 """The DataLoader: epochs, state and statistics (its argument checks: :mod:`shmloader.arguments`).
 
-An epoch is loaded by :class:`~shmloader.inprocess.InProcessIter` (``num_workers=0``) or
-:class:`~shmloader.multiprocess.MultiProcessIter` (workers writing into the ring), with one recipe
-(:mod:`shmloader.fetch`): ``num_workers`` never changes a batch. Rings and leases: :mod:`shmloader.leases`.
+An epoch is loaded by :class:`~shmloader.epoch.inprocess.InProcessIter` (``num_workers=0``) or
+:class:`~shmloader.epoch.multiprocess.MultiProcessIter` (workers writing into the ring), with one recipe
+(:mod:`shmloader.batch.recipe`): ``num_workers`` never changes a batch. Rings and leases:
+:mod:`shmloader.memory.leases`.
 """
 
 from __future__ import annotations
@@ -12,17 +13,21 @@ from collections.abc import Callable, Iterable, Iterator
 from types import SimpleNamespace
 from typing import Any, Generic, TypeVar
 
-from shmloader import arguments, autotune, fetch, sizing, torchcompat
-from shmloader import distributed as _dist
-from shmloader import draws as _draws
-from shmloader import leases as _leases
-from shmloader import pinning as _pinning
-from shmloader import state as _state
-from shmloader.inprocess import InProcessIter
-from shmloader.multiprocess import MultiProcessIter
-from shmloader.ring import Ring
-from shmloader.sampler import BatchSampler, RandomSampler, SequentialSampler
-from shmloader.timing import Timing
+from shmloader import arguments
+from shmloader.batch import recipe as fetch
+from shmloader.epoch import state as _state
+from shmloader.epoch.inprocess import InProcessIter
+from shmloader.epoch.multiprocess import MultiProcessIter
+from shmloader.interop import pinning as _pinning
+from shmloader.interop import torchcompat
+from shmloader.memory import leases as _leases
+from shmloader.memory import sizing
+from shmloader.memory.ring import Ring
+from shmloader.sampling import distributed as _dist
+from shmloader.sampling import draws as _draws
+from shmloader.sampling.sampler import BatchSampler, RandomSampler, SequentialSampler
+from shmloader.tuning import autotune
+from shmloader.tuning.timing import Timing
 
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 # What torch's DataLoader refuses to change after construction (the epoch plan reads them).
@@ -78,7 +83,7 @@ class DataLoader(Generic[T_co]):
     reads ``"numpy"``); ``"torch"`` or ``"numpy"`` choose (``"torch"`` also makes a
     collate_fn's numeric arrays tensors). Where torch is imported the loader is also an
     instance of ``torch.utils.data.DataLoader`` and its samplers of torch's samplers (see
-    :mod:`shmloader.torchcompat`), so training frameworks treat it as one.
+    :mod:`shmloader.interop.torchcompat`), so training frameworks treat it as one.
 
     Training (docs/training.md): ``pin_memory=True`` page-locks the ring once (CUDA only);
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` give exact resume.
@@ -353,7 +358,7 @@ class DataLoader(Generic[T_co]):
         """``(rank, world_size)`` an epoch's loading code is told (worker info,
         :func:`shmloader.get_shard_info`, a DataPipe's ``sharding_filter``): the loader's,
         except for a torch DataPipe, which is sharded as torch's loader shards it
-        (:func:`shmloader.distributed.datapipe_shard`)."""
+        (:func:`shmloader.sampling.distributed.datapipe_shard`)."""
         if self.iterable and fetch.is_datapipe(self.dataset):
             return _dist.datapipe_shard(self.distributed, self._rank_arg, self._world_arg)
         return self.rank, self.world_size
@@ -449,7 +454,7 @@ class DataLoader(Generic[T_co]):
         ``shmloader_stats()`` counters, when it has that method (e.g.
         ``shmloader.vision.ImageFolder`` counts files skipped under ``on_error="skip"``;
         a method named ``stats`` is the dataset's own, never called), and ``time``: where the time went
-        over the loader's life (see :mod:`shmloader.timing`): ``start_s`` (the first ``next()``
+        over the loader's life (see :mod:`shmloader.tuning.timing`): ``start_s`` (the first ``next()``
         of each epoch: workers starting), ``wait_s`` (the training loop inside the other
         ``next()`` calls), ``loop_s`` (between ``next()`` calls), ``waited_share``,
         ``ready_batches_mean`` (batches already loaded at each ``next()``), per worker
@@ -457,7 +462,7 @@ class DataLoader(Generic[T_co]):
         ``workers_busy_share``, and ``verdict``: one line saying whether the loop is
         data-bound or compute-bound and what to change; with ``num_workers`` or
         ``prefetch_factor`` ``"auto"``, ``autotune``: the counts in use and the changes
-        made (see :mod:`shmloader.autotune`)."""
+        made (see :mod:`shmloader.tuning.autotune`)."""
         out = dict(self._stats)
         dataset = dict(out["dataset"])
         if self.num_workers == 0 and callable(getattr(self.dataset, "shmloader_stats", None)):
@@ -583,7 +588,7 @@ class _PersistentEpoch:
 class _EpochBatches(BatchSampler):
     """The batch sampler a loader makes for itself (``loader.batch_sampler``). Iterated
     by anything but the loader (which reads its sampler directly), it yields the global
-    index lists of the loader's next epoch (:func:`shmloader.state.upcoming_batches`),
+    index lists of the loader's next epoch (:func:`shmloader.epoch.state.upcoming_batches`),
     not a draw of its own: code that rebuilds a loader over it
     (``accelerate.skip_first_batches``, ``accelerator.prepare``) gets this loader's
     batches, and shards them itself. Made anew by a framework (Lightning's sampler

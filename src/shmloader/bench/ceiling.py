@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from shmloader.batch.tree import leaves as tree_leaves
 from shmloader.bench.datasets import CACHE_ITEMS
-from shmloader.tree import leaves as tree_leaves
 
 
 def _sources(dataset: Any, batch_size: int) -> list[np.ndarray]:

@@ -148,7 +148,7 @@ def measure_config(
 ) -> ConfigResult:
     """Time every peer of ``cfg`` side by side, then fresh loaders' short epochs (cold,
     and time to first batch), then memory (``memory``: a fresh process per loader)."""
-    from shmloader.sizing import default_num_slots
+    from shmloader.memory.sizing import default_num_slots
 
     wl = WORKLOADS[cfg.workload]
     if wl.make is None:

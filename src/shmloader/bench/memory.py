@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from shmloader.batch.tree import leaves as tree_leaves
 from shmloader.bench.machine import proc_kb
 from shmloader.bench.peers import close_loader
 from shmloader.bench.workloads import WORKLOADS, Config, loader_options
-from shmloader.tree import leaves as tree_leaves
 
 _PROBE_TIMEOUT_S = 120.0
 _MEM_SAMPLE_INTERVAL_S = 0.005

@@ -65,7 +65,7 @@ def prepare(
     ``dispatch_batches=True``: the loader shards by sample instead; give it
     ``batch_size // num_processes``), or when batches would be numpy arrays that cannot be
     placed on the device (``output="numpy"`` with the default collate)."""
-    from shmloader.fetch import user_collate_fn
+    from shmloader.batch.recipe import user_collate_fn
     from shmloader.loader import DataLoader
 
     if not isinstance(loader, DataLoader):
@@ -233,7 +233,7 @@ class AcceleratedLoader:
 def _presharded(loader: Any) -> Any:
     """The ``DistributedSampler`` that shards ``loader`` (as ``sampler``, or inside its
     ``batch_sampler``), or None."""
-    from shmloader.distributed import is_presharded
+    from shmloader.sampling.distributed import is_presharded
 
     for s in (loader.batch_sampler, loader.sampler):
         if s is not None and is_presharded(s):
@@ -259,7 +259,7 @@ class _ShareBatches:
         self.loader = loader
 
     def __iter__(self) -> Iterator[list[Any]]:
-        from shmloader import state
+        from shmloader.epoch import state
 
         return iter(state.upcoming_batches(self.loader, self.loader._cursor))
 

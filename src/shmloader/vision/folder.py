@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from shmloader.rng import epoch_seed, sample_rng  # noqa: F401 - re-exported by shmloader.vision
+from shmloader.batch.writeinto import ArraySpec
+from shmloader.sampling.rng import epoch_seed, sample_rng  # noqa: F401 - re-exported by shmloader.vision
 from shmloader.vision.decode import Decoder, ImageDecodeError, dct_factor
 from shmloader.vision.region import decoder as region_decoder
 from shmloader.vision.region import region_bounds
 from shmloader.vision.resample import flip_inplace, int_box, resample_into, resolve_backend
 from shmloader.vision.transforms import Compose, Plan, Transform
-from shmloader.writeinto import ArraySpec
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 ON_ERROR = ("raise", "skip")

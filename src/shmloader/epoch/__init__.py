@@ -1,0 +1,1 @@
+"""An epoch's iterators (in the consumer's process or with workers), their plan and resume."""

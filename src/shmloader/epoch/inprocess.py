@@ -1,0 +1,156 @@
+"""The iterator of an epoch loaded in the consumer's own process (``num_workers=0``).
+
+It makes each batch with the recipe a worker uses (:class:`~shmloader.batch.recipe.Recipe`), so
+``num_workers`` never changes a batch, and builds it in this process's memory; while it
+loads, ``sample_rng`` and ``get_shard_info`` see its epoch (:mod:`shmloader.context`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from shmloader import context
+from shmloader.batch import recipe as fetch
+from shmloader.epoch import state as _state
+from shmloader.interop import pinning as _pinning
+from shmloader.sampling import distributed as _dist
+
+
+class InProcessIter:
+    """num_workers=0: fetch and collate in this process; same batches as with workers.
+    A :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
+
+    def __init__(self, loader: Any, start: Callable[[Any], _state.EpochPlan]) -> None:
+        # Nothing happens until the first next(): ``start`` (state.epoch_starter) begins
+        # the epoch then, so iter() alone moves nothing.
+        self._loader = loader
+        self._start_epoch = start
+        self._seq = 0
+        self.plan: _state.EpochPlan | None = None
+        self.epoch_done = False
+        # torch's check: an iterable dataset yielding more batches than the samples its
+        # __len__ reported when len(loader) was called (read as torch does, at iter()).
+        self._len_limit = iterable_len_limit(loader)
+        self._recipe = loader._recipe()
+        # Applied to each batch, in order.
+        self._post: list[Callable[[Any], Any]] = []
+        if loader.output == "torch":
+            self._post.append(_pinning.to_torch)
+        if loader._pinner is not None:
+            self._post.append(_pinning.pin_tree)  # no ring here: pinned per batch, as torch does
+
+    def start(self) -> None:
+        """Begin the epoch now (done by the first ``next()``; idempotent)."""
+        if self.plan is None:
+            self._begin()
+
+    def _begin(self) -> None:
+        loader = self._loader
+        self.plan = plan = self._start_epoch(self)
+        self._seq = 0
+        self._epoch_seed = plan.sample_seed
+        rank, world = loader._worker_shard()
+        self._shard = _dist.ShardInfo(rank, world, 0, 1)
+        if loader.iterable:
+            # A torch DataPipe is seeded and sharded as torch's main process does it.
+            fetch.prepare_datapipe(loader.dataset, plan.shared_seed, world, rank)
+            self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan.workers else None)
+        else:
+            self._source = _state.index_sequence(loader, plan)
+
+    def __iter__(self) -> InProcessIter:
+        return self
+
+    def __next__(self) -> Any:
+        timing = self._loader._timing  # (loading happens inside next() here: its wait)
+        entered = time.perf_counter()
+        timing.entered(entered, 0)
+        try:
+            batch = self._next()
+        except BaseException:
+            timing.paused()
+            raise
+        timing.returned(entered, time.perf_counter())
+        return batch
+
+    def _next(self) -> Any:
+        if self.plan is None:
+            self._begin()
+        context.enter_main_epoch(self._epoch_seed, self._shard)  # another loader may have run between
+        try:
+            batch = self._next_batch()
+        except StopIteration:
+            if self._seq == 1 and self.plan.resumed:
+                # A loaded position at its epoch's end: the next epoch, in full, instead.
+                self._begin()
+                return self._next()
+            self.epoch_done = True
+            context.leave_main_epoch()  # outside an epoch, sample_rng follows np.random
+            raise
+        stats = self._loader._stats
+        stats["batches"] += 1
+        stats["batches_copied"] += 1  # built in this process's memory, not in a ring
+        for convert in self._post:
+            batch = convert(batch)
+        return batch
+
+    def handed_out(self) -> int:
+        """Batches handed out (or raised) this iteration, for state_dict()."""
+        return self._seq
+
+    def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
+        """Iterable datasets: this process is the one shard (see state.Positioned)."""
+        dataset = self._loader.dataset
+        return [self._seq], 0, ({0: dataset.shmloader_state_dict()} if self.plan.stateful else {})  # type: ignore[union-attr]
+
+    def shards_exhausted(self) -> bool:
+        """Not known before StopIteration here (the end is found by asking for more)."""
+        return False
+
+    def _next_batch(self) -> Any:
+        """The next batch, made by the same recipe a worker uses (fetch.Recipe); raises
+        StopIteration only when the sampler or the iterable dataset is exhausted."""
+        recipe = self._recipe
+        seq, self._seq = self._seq, self._seq + 1
+        if self._loader.iterable:
+            samples = recipe.take(self._source, seq)
+            if samples is None:
+                raise StopIteration
+            if seq >= self._len_limit:
+                warn_len_exceeded(self._loader, seq + 1)
+            indices = None
+        else:
+            indices = next(self._source)  # the sampler's end is the epoch's end
+            samples = recipe.fetch(indices, seq)
+        return recipe.in_memory(recipe.collate(samples, indices, seq), samples)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+
+def iterable_len_limit(loader: Any) -> int:
+    """Batches an iterable dataset may yield before torch's warning: what its __len__
+    said when ``len(loader)`` was last called (torch compares batches with samples)."""
+    said = getattr(loader, "_IterableDataset_len_called", None) if loader.iterable else None
+    return sys.maxsize if said is None else said
+
+
+def warn_len_exceeded(loader: Any, yielded: int) -> None:
+    """torch's UserWarning (same condition and text, from its iterator's ``__next__``):
+    an iterable dataset yielded more than ``len(loader)`` reported."""
+    text = (
+        f"Length of IterableDataset {loader.dataset} was reported to be "
+        f"{loader._IterableDataset_len_called}(when accessing len(dataloader)), but {yielded} "
+        "samples have been fetched. "
+    )
+    if loader.num_workers > 0:
+        text += (
+            "For multiprocessing data-loading, this could be caused by not properly configuring "
+            "the IterableDataset replica at each worker. Please see "
+            "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+        )
+    warnings.warn(text, UserWarning, stacklevel=3)

@@ -1,0 +1,699 @@
+"""Epoch plans and exact, elastic resume (``DataLoader.state_dict`` / ``load_state_dict``).
+
+An epoch's global order is a pure function of what was drawn for it (:mod:`shmloader.sampling.draws`:
+under torch's RNG the workers' base seed and the order's seed or generator state; under
+shmloader's seed scheme the seed and the epoch number), so a loader's position is a
+handful of numbers: those, the epoch and how much of the epoch's global order was
+consumed (samples, or batches of a user ``batch_sampler``), and the states of the
+loader's generators, from which the following epochs draw. A new loader, with any
+``num_workers`` and any world size, rebuilds the same order, skips what was consumed
+and splits the rest between its ranks (:mod:`shmloader.sampling.distributed`).
+
+Batches that workers prefetched but the consumer had not received are not part of the
+state: they are simply produced again after the resume.
+
+Iterable datasets have no global order: each shard (worker of a rank) resumes on its own,
+from the dataset's own ``shmloader_state_dict`` when it has one (saved after every batch
+the worker produces), or by fast-forwarding past the samples it had delivered.
+
+The state is plain Python data (dicts, lists, ints, strings), safe in a torch checkpoint
+(``torch.load(..., weights_only=True)``).
+
+The contract between the pieces: the loader holds a :class:`Cursor` (this module's
+record of where it is between and within epochs: nothing here reads the loader's private
+fields), and the iterator of the running epoch is a :class:`Positioned`: it tells how
+many batches it handed out, and per shard how far each one got.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from itertools import islice
+from typing import Any, Protocol
+
+from shmloader.sampling import distributed as _dist
+from shmloader.sampling import draws as _draws
+from shmloader.sampling.draws import Draws, SeedSource
+from shmloader.sampling.rng import derive_epoch_seed, order_rng
+
+FORMAT = "shmloader.DataLoader"
+VERSION = 1
+
+
+@dataclass
+class EpochPlan:
+    """What one iteration of a loader loads: decided by :func:`begin_epoch`."""
+
+    epoch: int
+    epoch_seed: int
+    rank: int
+    world_size: int
+    unit: str  # "samples", "batches" (user batch_sampler) or "iterable"
+    start: int = 0  # units of the global order consumed before this iteration began
+    step: int = 1  # units one batch of one rank covers: the per-rank batch size, or 1
+    order_len: int | None = None  # length of the epoch's global order, when known
+    presharded: bool = False  # the sampler already yields one rank's share
+    # Iterable datasets: one record per local worker {"samples": n, "state": obj or None}
+    # as loaded, and the worker the first batch comes from.
+    workers: list[dict[str, Any]] | None = None
+    start_worker: int = 0
+    stateful: bool = False  # the iterable dataset has shmloader_state_dict / shmloader_load_state_dict
+    shard_states: dict[int, Any] = field(default_factory=dict)
+    # It continues a loaded position from inside its epoch: when that position was the
+    # epoch's end (nothing left), the iterator begins the next epoch instead.
+    resumed: bool = False
+    batches: int | None = None  # batches this iteration yields (map-style, length known)
+    # torch's RNG: what it drew for this iteration (None under the seed scheme).
+    draws: Draws | None = None
+    reseed: bool = True  # the workers seed their RNGs at this epoch (see Draws.reseed)
+    sample_seed: int = 0  # the epoch's seed for sample_rng (the epoch seed, but see begin_epoch)
+    shared_seed: int = 0  # a DataPipe graph's shared seed (the epoch seed, or torch's draw)
+
+
+@dataclass
+class Cursor:
+    """Where a loader is between and within epochs (the loader holds one; only this
+    module reads or moves it).
+
+    Under torch's RNG (``seeds`` None) each iterator draws what torch's would when it is
+    made (:func:`draw_for_iter`) and its epoch is a function of those draws. Under the
+    seed scheme every epoch's order and worker seeds are functions of ``seed`` and the
+    epoch; with a numpy ``generator=``, ``seed`` is drawn again from it at each epoch, so
+    reseeding the generator before an epoch repeats it."""
+
+    seeds: SeedSource | None  # the seed scheme's source; None: torch's RNG decides
+    own_shuffle: bool  # the loader made the RandomSampler: its order is drawn from here
+    own_batching: bool  # the loader made the BatchSampler: positions count samples
+    seed: int | None = None  # the seed scheme's seed (None until the first epoch draws it)
+    next_epoch: int = 0  # the epoch the next iter() loads (set_epoch, or one more)
+    resume: dict[str, Any] | None = None  # a loaded position, for the next iter()
+    plan: EpochPlan | None = None  # the running (or last) epoch
+    live: weakref.ref | None = None  # its iterator (or a pending one), which state_dict() asks
+    pending: Draws | None = None  # torch's RNG: what iter() drew for ``live``, until it begins
+    workers_base: int | None = None  # torch's RNG: the base seed the running workers got
+    # torch's RNG, persistent workers: workers_base is a loaded run's, whose workers the
+    # next ones continue (they take its base seed instead of drawing one).
+    loaded_base: bool = False
+
+    @property
+    def torch_rng(self) -> bool:
+        """Whether torch's RNG decides (see :mod:`shmloader.sampling.draws`)."""
+        return self.seeds is None
+
+
+class Positioned(Protocol):
+    """What an epoch's iterator tells :func:`state_dict`."""
+
+    plan: EpochPlan | None  # the epoch it loads; None until its first next() began it
+    epoch_done: bool  # it raised StopIteration
+
+    def handed_out(self) -> int:
+        """Batches handed out (or raised) so far this epoch."""
+
+    def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
+        """Iterable datasets: per local worker the batches handed out, the worker the
+        next batch comes from, and the dataset states (``shmloader_state_dict()``) after each
+        worker's last handed-out batch, where the dataset has them."""
+
+    def shards_exhausted(self) -> bool:
+        """Iterable datasets: every shard is known to have run out and everything it
+        produced was handed out (the next ``next()`` raises StopIteration)."""
+
+
+def is_stateful(dataset: Any) -> bool:
+    """Whether an iterable dataset saves and restores its own position for the loader:
+    ``shmloader_state_dict`` and ``shmloader_load_state_dict`` (never a ``state_dict`` the
+    dataset has for itself: torch's loader calls none)."""
+    return callable(getattr(dataset, "shmloader_state_dict", None)) and callable(
+        getattr(dataset, "shmloader_load_state_dict", None)
+    )
+
+
+def stateful_hint(dataset: Any) -> str:
+    """A sentence for a dataset that has ``state_dict``/``load_state_dict`` but not the
+    loader's pair (the loader does not call those), else ''."""
+    if is_stateful(dataset) or not callable(getattr(dataset, "state_dict", None)):
+        return ""
+    return (
+        f" ({type(dataset).__name__} has state_dict(), which the loader never calls, as torch's "
+        "does not: name the pair shmloader_state_dict()/shmloader_load_state_dict(), or add "
+        "those two calling yours.)"
+    )
+
+
+def _unit(loader: Any, cursor: Cursor) -> str:
+    if loader.iterable:
+        return "iterable"
+    return "samples" if cursor.own_batching else "batches"
+
+
+def _midway(resume: dict[str, Any] | None) -> bool:
+    """Whether a loaded position is inside its epoch (some of it already consumed)."""
+    if resume is None:
+        return False
+    workers = resume.get("workers") or []
+    return bool(resume.get("consumed")) or any(
+        w.get("samples") or w.get("state") is not None for w in workers
+    )
+
+
+def draw_for_iter(loader: Any, cursor: Cursor, new_workers: bool) -> Draws | None:
+    """What ``iter(loader)`` draws when torch's RNG decides, as torch's DataLoader draws
+    it when it makes (or, persistent, resets) its iterator: a DataPipe's shared seed, the
+    workers' base seed (``new_workers``: workers will start; else the running ones keep
+    theirs) and, with workers, the loader's own shuffle's order (torch primes its
+    prefetch in ``iter()``; in the main process the order is drawn at the first
+    ``next()``). A loaded position whose draws were saved draws nothing: it replays them.
+    None under the seed scheme (nothing is drawn before the epoch begins)."""
+    if not cursor.torch_rng:
+        return None
+    resume = cursor.resume
+    if resume is not None and resume["epoch"] == cursor.next_epoch and resume.get("draws"):
+        draws = Draws.from_state(resume["draws"])
+    else:
+        gen = _torch_generator(loader)
+        shared = _draws.int64(gen) if _is_iter_datapipe(loader.dataset) else None
+        if cursor.workers_base is None or (new_workers and not cursor.loaded_base):
+            draws = Draws(_draws.int64(gen), shared_seed=shared)
+        else:
+            draws = Draws(cursor.workers_base, reseed=new_workers, shared_seed=shared)
+        cursor.loaded_base = False
+        if loader.num_workers > 0 and cursor.own_shuffle:
+            draws.order, draws.indices = _draws.draw_order(loader.sampler)
+    return draws
+
+
+def _torch_generator(loader: Any) -> Any:
+    """The loader's ``generator`` where it is a torch Generator, else None (torch's global
+    RNG: a loader whose numpy generator resumed a run under torch's RNG)."""
+    gen = loader.generator
+    torch = sys.modules.get("torch")
+    return gen if torch is not None and isinstance(gen, torch.Generator) else None
+
+
+def _is_iter_datapipe(dataset: Any) -> bool:
+    from shmloader.interop.torchcompat import is_datapipe
+
+    return is_datapipe(dataset)
+
+
+def epoch_starter(
+    loader: Any, cursor: Cursor, draws: Draws | None = None
+) -> Callable[[Positioned], EpochPlan]:
+    """What ``iter(loader)`` gives its iterator to call at its first ``next()``:
+    ``start(it)`` begins the epoch (:func:`begin_epoch`, with ``draws``: what
+    :func:`draw_for_iter` drew for this iterator) and makes ``it`` the iterator
+    state_dict() asks. Until then nothing else moved: ``iter()`` starts no worker and
+    advances no epoch (and under the seed scheme draws no seed: Lightning calls
+    ``iter()`` once more to probe a loader that is not torch's)."""
+    given = [draws]
+
+    def start(it: Positioned) -> EpochPlan:
+        mine, given[0] = given[0], None  # a second epoch of the iterator (a rollover) draws anew
+        plan = begin_epoch(loader, cursor, mine)
+        cursor.live = weakref.ref(it)
+        cursor.pending = None
+        return plan
+
+    return start
+
+
+def begin_epoch(loader: Any, cursor: Cursor, draws: Draws | None = None) -> EpochPlan:
+    """Start the next iteration of ``loader``: pick its epoch (``set_epoch``, or one more
+    than the last), apply a loaded state, seed the epoch's order (from ``draws`` under
+    torch's RNG). Sets ``cursor.plan``. The iterators call it at their first ``next()``
+    (see :func:`epoch_starter`)."""
+    epoch = cursor.next_epoch
+    cursor.next_epoch = epoch + 1
+    resume = cursor.resume if cursor.resume is not None and cursor.resume["epoch"] == epoch else None
+    cursor.resume = None
+    key = epoch  # what the seed scheme's epoch seeds are derived from, with the seed
+    if cursor.torch_rng:
+        if draws is None:  # an epoch begun without its own iter() (a loaded end rolled over)
+            gen = _torch_generator(loader)
+            shared = _draws.int64(gen) if _is_iter_datapipe(loader.dataset) else None
+            draws = Draws(_draws.int64(gen), shared_seed=shared)
+        epoch_seed = draws.base_seed
+        cursor.workers_base = epoch_seed
+    else:
+        seeds = cursor.seeds
+        # A numpy generator=: a new seed from it at each epoch (a resume within an epoch
+        # keeps the saved one); the order is then a function of that seed alone, so
+        # reseeding the generator before an epoch repeats the epoch.
+        if (seeds.each_epoch and not _midway(resume)) or cursor.seed is None:
+            cursor.seed = seeds.draw()
+        key = 0 if seeds.each_epoch else epoch
+        epoch_seed = derive_epoch_seed(cursor.seed, key)
+    unit = _unit(loader, cursor)
+    sampler = loader.sampler if unit == "samples" else loader.batch_sampler
+    presharded = unit != "iterable" and _dist.is_presharded(sampler)
+    plan = EpochPlan(
+        epoch=epoch,
+        epoch_seed=epoch_seed,
+        rank=loader.rank,
+        world_size=1 if presharded else loader.world_size,
+        unit=unit,
+        presharded=presharded,
+        draws=draws,
+        sample_seed=epoch_seed,
+        shared_seed=epoch_seed,
+    )
+    if draws is not None:
+        plan.reseed = draws.reseed
+        if draws.shared_seed is not None:
+            plan.shared_seed = draws.shared_seed
+        if loader.persistent_workers:
+            # Persistent workers keep torch's base seed across epochs: sample_rng's seed
+            # still changes with the epoch.
+            plan.sample_seed = derive_epoch_seed(epoch_seed, epoch)
+    if unit == "iterable":
+        plan.stateful = is_stateful(loader.dataset)
+        nw = max(loader.num_workers, 1)
+        if resume is not None:
+            plan.workers = [dict(w) for w in resume["workers"]]
+            plan.start_worker = int(resume["next_worker"]) % nw
+        else:
+            plan.workers = [{"samples": 0, "state": None} for _ in range(nw)]
+        plan.step = loader.batch_size if loader.batch_size is not None else 1
+    else:
+        if unit == "samples":
+            plan.step = loader.batch_size if loader.batch_size is not None else 1
+            if cursor.own_shuffle:
+                if draws is None:
+                    sampler._epoch_rng = order_rng(cursor.seed, key)
+                else:
+                    sampler._epoch_order = _order_of(draws, sampler)
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        try:
+            plan.order_len = len(sampler)
+        except TypeError:
+            plan.order_len = None
+        if resume is not None:
+            plan.start = int(resume["consumed"])
+        plan.batches = _batch_count(plan, loader.drop_last)
+    plan.resumed = _midway(resume)
+    cursor.plan = plan
+    return plan
+
+
+def _order_of(draws: Draws, sampler: Any) -> list[int]:
+    """The loader's shuffle's order for ``draws``: drawn now where iter() did not draw it
+    (the main process draws at the first ``next()``, as torch's), else as drawn, or
+    replayed from the record (a resumed epoch)."""
+    if draws.order is None:
+        draws.order, draws.indices = _draws.draw_order(sampler)
+    elif draws.indices is None:
+        draws.indices = _draws.replay_order(sampler, draws.order)
+    return draws.indices
+
+
+def _batch_count(plan: EpochPlan, drop_last: bool) -> int | None:
+    """Batches :func:`index_sequence` yields for ``plan`` (map-style), None when the
+    sampler has no length."""
+    if plan.order_len is None:
+        return None
+    rest = max(plan.order_len - plan.start, 0)
+    world, step = plan.world_size, plan.step
+    if plan.unit == "batches":
+        return -(-rest // world)
+    if world == 1:
+        return rest // step if drop_last else -(-rest // step)
+    if drop_last:
+        return rest // (world * step)
+    per_rank = -(-rest // world)  # padded to a multiple of the world size
+    return -(-per_rank // step)
+
+
+def attach(cursor: Cursor, it: Positioned, draws: Draws | None = None) -> None:
+    """``it`` will load the loader's next epoch (``draws``: what iter() drew for it):
+    state_dict() asks it for the position."""
+    cursor.live = weakref.ref(it)
+    cursor.pending = draws
+
+
+def set_epoch(cursor: Cursor, epoch: int) -> None:
+    """The next iteration loads ``epoch``; see ``DataLoader.set_epoch``."""
+    if not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch should be a non-negative integer (got {epoch!r}).")
+    if cursor.resume is not None and cursor.resume["epoch"] != epoch:
+        cursor.resume = None  # moving to another epoch than the loaded one
+    cursor.next_epoch = epoch
+
+
+def upcoming_batches(loader: Any, cursor: Cursor) -> list[list[Any]]:
+    """The index lists ``loader``'s next epoch loads (after a loaded position: the rest
+    of it), worked out without moving the cursor; ``loader`` is any object with the
+    loader's sampling attributes (rank 0 of 1 gives the whole epoch's batches, as a torch
+    BatchSampler yields them; a rank of several, its share). What the loader's own batch
+    sampler yields when something else iterates it: a framework that rebuilds a loader
+    over ``loader.batch_sampler`` (``accelerate.skip_first_batches``, Accelerate's
+    ``BatchSamplerShard``, which shards them itself) then loads the batches this loader
+    would. Under torch's RNG the order is drawn now, as iterating torch's batch sampler
+    draws it (a loaded position replays its saved draws instead); under the seed scheme
+    nothing moves (a numpy generator's next seed is peeked at)."""
+    saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
+    draws: Draws | None = None
+    if cursor.torch_rng:
+        resume = cursor.resume
+        if resume is not None and resume["epoch"] == cursor.next_epoch and resume.get("draws"):
+            draws = Draws.from_state(resume["draws"])
+        else:
+            draws = Draws(0)  # (no worker is seeded from it)
+    else:
+        cursor.seeds = cursor.seeds.detached()  # type: ignore[union-attr]
+    try:
+        plan = begin_epoch(loader, cursor, draws)
+        batches = list(index_sequence(loader, plan))
+        if not batches and plan.resumed:  # a loaded position at its epoch's end: the next one
+            plan = begin_epoch(loader, cursor, Draws(0) if cursor.torch_rng else None)
+            batches = list(index_sequence(loader, plan))
+        return batches
+    finally:
+        for name, value in saved.items():
+            setattr(cursor, name, value)
+
+
+def plan_ahead(loader: Any, cursor: Cursor) -> tuple[EpochPlan, Iterator[list[Any]]] | None:
+    """The plan and tasks of ``loader``'s next epoch, worked out now without moving the
+    cursor, where they are a function of the seed and the epoch alone: a map-style
+    dataset, batched by the loader, its order the loader's shuffle or a
+    ``SequentialSampler``, shmloader's seed scheme without a generator (torch's RNG and a
+    generator are drawn from when the epoch begins: a user who reseeds them before
+    ``iter()`` must get that epoch) and no loaded position. None
+    elsewhere. The epoch's real plan, when it begins, must equal this one for the tasks
+    to be used (``set_epoch``, a changed dataset length or world size make it differ)."""
+    from shmloader.sampling.sampler import SequentialSampler
+
+    if (
+        loader.iterable
+        or cursor.torch_rng
+        or cursor.seeds.each_epoch  # type: ignore[union-attr]
+        or not cursor.own_batching
+        or cursor.resume is not None
+    ):
+        return None
+    if not cursor.own_shuffle and not isinstance(loader.sampler, SequentialSampler):
+        return None
+    saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
+    try:
+        plan = begin_epoch(loader, cursor)
+        return plan, index_sequence(loader, plan)
+    finally:
+        for name, value in saved.items():
+            setattr(cursor, name, value)
+
+
+def took_ahead(loader: Any, cursor: Cursor) -> None:
+    """The epoch that began took over the tasks :func:`plan_ahead` made: the order
+    :func:`begin_epoch` seeded for it was drawn then, so the loader's shuffle forgets
+    the seed it just got (a later ``iter(loader.sampler)`` draws afresh, as ever)."""
+    if cursor.own_shuffle:
+        loader.sampler._epoch_rng = None
+
+
+def index_sequence(loader: Any, plan: EpochPlan) -> Iterator[list[Any]]:
+    """This rank's tasks of the iteration: lists of sample keys, one per batch."""
+    drop_last = loader.drop_last
+    if plan.unit == "batches":
+        source = iter(loader.batch_sampler)
+        if plan.world_size == 1:
+            return islice(source, plan.start, None)
+        order = list(source)
+        rest = order[plan.start :]
+        return iter(_dist.rank_share(rest, order, plan.rank, plan.world_size, 1, False) if rest else [])
+    if plan.world_size == 1:
+        source = iter(loader.sampler)
+        if plan.start:
+            next(islice(source, plan.start, plan.start), None)  # skip what was consumed
+        return _dist.chunks(source, plan.step, drop_last)
+    order = list(loader.sampler)
+    rest = order[plan.start :]
+    if not rest:
+        return iter(())
+    mine = _dist.rank_share(rest, order, plan.rank, plan.world_size, plan.step, drop_last)
+    return _dist.chunks(mine, plan.step, False)
+
+
+def sharded_len(loader: Any, cursor: Cursor) -> int:
+    """Batches one rank gets in a whole epoch (map-style, world_size > 1)."""
+    world = loader.world_size
+    if cursor.own_batching:
+        n = len(loader.sampler)
+        size = loader.batch_size if loader.batch_size is not None else 1
+        if loader.drop_last:
+            return n // (world * size)
+        per_rank = -(-n // world)  # padded to a multiple of the world size
+        return -(-per_rank // size)
+    return -(-len(loader.batch_sampler) // world)
+
+
+# --- saving -----------------------------------------------------------------------------
+
+
+def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
+    """The loader's position; see ``DataLoader.state_dict``."""
+    base = {
+        "format": FORMAT,
+        "version": VERSION,
+        "rng": "torch" if cursor.torch_rng else "seed",
+        "seed": None if cursor.seed is None else int(cursor.seed),
+        "generators": _generator_states(loader, cursor),
+        "unit": _unit(loader, cursor),
+        "rank": loader.rank,
+        "world_size": loader.world_size,
+        "num_workers": loader.num_workers,
+        "batch_size": loader.batch_size,
+        "dataset_len": _dataset_len(loader),
+    }
+    it: Positioned | None = cursor.live() if cursor.live is not None else None
+    plan = cursor.plan
+    # No epoch running (none yet, or iter() called but no next() yet: nothing moved), or
+    # the running one handed out its last batch (StopIteration may not have been raised:
+    # Lightning saves at that step): the position is the start of the next epoch.
+    if it is None or plan is None or it.plan is not plan or it.epoch_done or _finished(it, plan):
+        if cursor.resume is not None:  # loaded, not iterated yet: the loaded position
+            position = {**base, **cursor.resume}
+        else:
+            position = {**base, **_fresh_position(loader, cursor)}
+        if it is not None and it.plan is None and cursor.pending is not None:
+            # iter() drew for the epoch it will begin (torch's RNG): a resume replays that.
+            position["draws"] = cursor.pending.to_state()
+        elif (
+            cursor.torch_rng
+            and cursor.workers_base is not None
+            and (cursor.loaded_base or _workers_kept(loader))
+        ):
+            # Persistent workers draw their base seed once: the next epoch draws none.
+            position["workers_base"] = cursor.workers_base
+        return position
+    if not loader.in_order:
+        raise ValueError(
+            "state_dict() needs in_order=True: with in_order=False the batches handed out "
+            "so far are not a prefix of the epoch, so no position describes them."
+        )
+    if plan.draws is not None:
+        base["draws"] = plan.draws.to_state()
+    if plan.unit == "iterable":
+        return {**base, "epoch": plan.epoch, **_iterable_position(it, plan)}
+    handed = it.handed_out()
+    consumed = plan.start + handed * plan.world_size * plan.step
+    if plan.order_len is not None:
+        consumed = min(consumed, plan.order_len)
+    return {**base, "epoch": plan.epoch, "consumed": consumed, "presharded": plan.presharded}
+
+
+def _workers_kept(loader: Any) -> bool:
+    """Whether the loader keeps running persistent workers for its next epoch."""
+    it = getattr(loader, "_persistent_iter", None)
+    return bool(loader.persistent_workers) and it is not None and not it.closed
+
+
+def _generator_states(loader: Any, cursor: Cursor) -> dict[str, Any]:
+    """The states of the generators the following epochs draw from, as plain data: under
+    torch's RNG the loader's ``generator`` and, where a framework gave the shuffle another
+    one (Accelerate does), the sampler's; under the seed scheme a numpy ``generator``.
+    torch's global RNG is the program's, not the loader's: it is not saved."""
+    if not cursor.torch_rng:
+        state = cursor.seeds.generator_state()  # type: ignore[union-attr]
+        return {} if state is None else {"numpy": state}
+    torch = sys.modules["torch"]
+    out: dict[str, Any] = {}
+    gen = loader.generator
+    if isinstance(gen, torch.Generator):
+        out["loader"] = _draws.generator_state(gen)
+    own = getattr(loader.sampler, "generator", None) if cursor.own_shuffle else None
+    if isinstance(own, torch.Generator) and own is not gen:
+        out["sampler"] = _draws.generator_state(own)
+    return out
+
+
+def _finished(it: Positioned, plan: EpochPlan) -> bool:
+    """Whether ``it`` handed out every batch of its epoch."""
+    if plan.unit == "iterable":
+        return it.shards_exhausted()
+    return plan.batches is not None and it.handed_out() >= plan.batches
+
+
+def _dataset_len(loader: Any) -> int | None:
+    try:
+        return len(loader.dataset)
+    except TypeError:
+        return None
+
+
+def _fresh_position(loader: Any, cursor: Cursor) -> dict[str, Any]:
+    epoch = cursor.next_epoch
+    if loader.iterable:
+        nw = max(loader.num_workers, 1)
+        return {
+            "epoch": epoch,
+            "workers": [{"samples": 0, "state": None} for _ in range(nw)],
+            "next_worker": 0,
+        }
+    sampler = loader.sampler if cursor.own_batching else loader.batch_sampler
+    return {"epoch": epoch, "consumed": 0, "presharded": _dist.is_presharded(sampler)}
+
+
+def _iterable_position(it: Positioned, plan: EpochPlan) -> dict[str, Any]:
+    workers = [dict(w) for w in plan.workers]  # type: ignore[union-attr]
+    counts, next_worker, states = it.shard_positions()
+    for wid, n in enumerate(counts):
+        workers[wid]["samples"] += n * plan.step
+    for wid, state in states.items():
+        workers[wid]["state"] = state
+    return {"workers": workers, "next_worker": next_worker}
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
+    """Make the loader's next iteration continue from ``state``; see
+    ``DataLoader.load_state_dict``."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(
+            "load_state_dict expects a dict made by shmloader's DataLoader.state_dict() "
+            f"(got {type(state).__name__} without format={FORMAT!r})."
+        )
+    if state.get("version") != VERSION:
+        raise ValueError(
+            f"loader state version {state.get('version')!r} is not supported (expected {VERSION})."
+        )
+    unit = _unit(loader, cursor)
+    if state["unit"] != unit:
+        raise ValueError(
+            f"this state was saved by a loader over {state['unit']} and this loader iterates "
+            f"{unit}: load it into a loader built like the saved one (same dataset kind, and "
+            "batch_sampler given or not in both)."
+        )
+    n = _dataset_len(loader)
+    if state.get("dataset_len") is not None and n is not None and n != state["dataset_len"]:
+        raise ValueError(
+            f"this state was saved with a dataset of {state['dataset_len']} samples, this "
+            f"loader's has {n}: the epoch's order would differ, so the resume cannot be exact."
+        )
+    resume = {
+        k: state[k]
+        for k in ("epoch", "consumed", "presharded", "workers", "next_worker", "draws")
+        if k in state
+    }
+    if unit == "iterable":
+        _check_iterable(loader, state)
+        if not is_stateful(loader.dataset):
+            skipped = sum(w["samples"] for w in state["workers"])
+            if skipped:
+                warnings.warn(
+                    f"{type(loader.dataset).__name__} has no shmloader_state_dict()/"
+                    f"shmloader_load_state_dict(): resuming by fast-forwarding {skipped} samples "
+                    "(the workers read them again and drop them). Give the dataset those two "
+                    f"methods to resume without rereading.{stateful_hint(loader.dataset)}",
+                    stacklevel=3,
+                )
+    elif state.get("presharded") and state["world_size"] != loader.world_size:
+        raise ValueError(
+            "this state was saved with a sampler that shards by itself (DistributedSampler) "
+            f"over {state['world_size']} ranks; it cannot be re-split over {loader.world_size}. "
+            "Let shmloader shard (drop the DistributedSampler) to resume with another world size."
+        )
+    # The loader adopts the saved run's scheme (torch's RNG, or a seed) and puts its
+    # generators where they were, so this epoch and the following ones draw as that run's.
+    torch_rng = state.get("rng", "seed") == "torch"
+    _set_generator_states(loader, cursor, state.get("generators") or {}, torch_rng)
+    loader.shutdown()  # persistent workers start afresh, from the loaded position
+    seed = state.get("seed")
+    if torch_rng:
+        cursor.seeds = None
+    elif cursor.seeds is None:  # a loader under torch's RNG resumes a seeded run: that seed
+        cursor.seeds = SeedSource.of_seed(int(seed)) if seed is not None else SeedSource()
+    cursor.seed = None if seed is None else int(seed)
+    cursor.next_epoch = int(state["epoch"])
+    cursor.resume = resume
+    cursor.live = None
+    cursor.pending = None
+    base = state.get("workers_base")
+    cursor.workers_base = int(base) if torch_rng and base is not None else None
+    cursor.loaded_base = cursor.workers_base is not None
+
+
+def _set_generator_states(loader: Any, cursor: Cursor, states: dict[str, Any], torch_rng: bool) -> None:
+    """Put the loader's generators where a saved state's ``generators`` say."""
+    if "numpy" in states and cursor.seeds is not None and cursor.seeds.generator is not None:
+        cursor.seeds.set_generator_state(states["numpy"])
+    if not torch_rng or not (states.get("loader") or states.get("sampler")):
+        return
+    torch = sys.modules["torch"]
+    for key, gen in (("loader", loader.generator), ("sampler", getattr(loader.sampler, "generator", None))):
+        if states.get(key) is None:
+            continue
+        if isinstance(gen, torch.Generator):
+            _draws.set_generator_state(gen, states[key])
+        else:
+            warnings.warn(
+                f"this state holds the state of the {key}'s torch.Generator, and this loader's "
+                f"{key} has none: the epochs after the resumed one draw from torch's global RNG "
+                "instead of the saved run's generator. Build the loader with generator= as the "
+                "saved run was.",
+                stacklevel=4,
+            )
+
+
+def _check_iterable(loader: Any, state: dict[str, Any]) -> None:
+    saved = (state["rank"], state["world_size"], max(state["num_workers"], 1))
+    now = (loader.rank, loader.world_size, max(loader.num_workers, 1))
+    if saved != now:
+        raise ValueError(
+            "an iterable dataset resumes shard by shard, and this state was saved by rank "
+            f"{saved[0]} of {saved[1]} with {saved[2]} worker(s) per rank; this loader is rank "
+            f"{now[0]} of {now[1]} with {now[2]}. Resume with the same rank, world size and "
+            "num_workers (each shard's dataset copy splits its data by those numbers)."
+        )
+
+
+def open_iterable(dataset: Any, record: dict[str, Any] | None) -> Iterator[Any]:
+    """``iter(dataset)`` positioned where ``record`` (a worker's saved record) left it:
+    the dataset's own state is loaded first when saved, else the delivered samples are
+    skipped."""
+    if record is not None and record.get("state") is not None and is_stateful(dataset):
+        dataset.shmloader_load_state_dict(record["state"])
+        return iter(dataset)
+    it = iter(dataset)
+    skip = int(record["samples"]) if record is not None else 0
+    if skip:
+        next(islice(it, skip, skip), None)
+    return it
+
+
+def worker_resume(plan: EpochPlan | None, wid: int) -> dict[str, Any] | None:
+    """What worker ``wid`` resumes from in ``plan``'s epoch (None: from the start)."""
+    if plan is None or plan.workers is None:
+        return None
+    record = plan.workers[wid]
+    if not record.get("samples") and record.get("state") is None:
+        return None
+    return record

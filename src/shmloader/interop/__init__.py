@@ -1,0 +1,1 @@
+"""torch where torch is in use: its types, its samplers, pinned memory."""

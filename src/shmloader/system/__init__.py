@@ -1,0 +1,3 @@
+"""The operating system's side: shared-memory segments, descriptors kept from forks, and the
+typed wrapper over the C helper (atomic slot flags, the parent-death signal).
+"""

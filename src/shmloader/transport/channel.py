@@ -1,0 +1,265 @@
+"""A worker's channel: its task and result queues in shared memory, beside its socket.
+
+Each worker has a small shared segment of its own (made by the consumer with the worker's
+socket, sent to it as the first frame: a restarted worker gets a fresh one) holding two
+single-producer single-consumer queues of int64 records (``native/slots.c``): tasks from
+the consumer (the submission queue) and results from the worker (the completion queue).
+A busy consumer and busy workers exchange batches through them without a system call:
+the socket carries a byte only when the side that must act sleeps (its "sleeping" flag,
+set with a full fence before it looks at the queue one last time and blocks in ``poll``
+or ``read``; see ``sl_q_arm``: no wake-up is lost).
+
+What stays on the socket: the rare messages (errors, shard states, stats, batches in
+one-off segments, new rings and epochs: anything that carries a descriptor or a pickle,
+or is too large for the queue), the wake-ups, and the lifeline (EOF when a side dies).
+
+**Order.** The worker must act on frames and queue records in the order the consumer sent
+them (a task for a slot of a new ring after that ring's frame). Each task record carries
+the count of frames the consumer had sent to that worker before it (its *stamp*); the
+worker acts on a record only after that many frames (:meth:`Channel.take_tasks` gives
+the records, the worker compares). A frame needs no stamp: every record pushed before it
+was sent is visible to the worker once it has read the frame (the socket orders them), so
+the worker pops the queue before acting on a frame and finishes the records stamped
+before it. Results are stamped the same way, with the frames the worker had sent before
+each: the consumer reads the socket up to that count before it acts on a queued result,
+so a frame about a batch (its shard state, an error, stats) is never overtaken by that
+batch's result, nor a result sent by frame (a batch in a one-off segment, a full queue) by
+a later one from the queue (``in_order=False`` hands batches out in the order they came).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+from shmloader._native import ffi, lib
+from shmloader.memory.ring import Ring
+from shmloader.system import fdguard
+from shmloader.system.segment import memfd_usable
+from shmloader.system.slots import Mapping
+
+TASK_WORDS = 16384  # the submission queue: 128 KiB of int64 words
+RESULT_WORDS = 4096  # the completion queue: 512 results of 8 words
+RECORD_WORDS = 5  # n, kind, slot, seq, stamp; then the payload
+# The largest task payload (wire.task_payload's words) that goes by the queue; larger ones go by frame
+# (a quarter of the queue: a few of them fit at once).
+MAX_TASK_PAYLOAD = TASK_WORDS // 4 * 8
+_CTL_BYTES = 3 * 64  # head, tail, sleeping flag: a cache line each
+_HEAD_WORD, _TAIL_WORD = 0, 8  # their uint64 words (native/slots.c: SL_Q_HEAD, SL_Q_TAIL)
+_TASK_CTL = 0
+_RESULT_CTL = _CTL_BYTES
+_TASK_DATA = 2 * _CTL_BYTES
+_RESULT_DATA = _TASK_DATA + 8 * TASK_WORDS
+CHANNEL_BYTES = _RESULT_DATA + 8 * RESULT_WORDS
+_RESULT = struct.Struct("<8q")  # n, kind, slot, seq, stamp, fetch_ns, collate_ns, idle_ns
+_RESULT_BYTES = _RESULT.size
+
+# Results popped by the consumer at once (more wait for the next pop).
+_POP_RESULTS = 64
+
+# Before either side sleeps on its socket it yields its CPU, looking at its queue between
+# yields, for up to a window (exchange.Exchange._yield_for, worker._Worker.yield_for_work):
+# the other side's next record is often that close, and a side asleep costs the other a
+# wake-up write. The window adapts to the sleeps that follow (next_yield_window).
+YIELD_MAX_NS = 200_000
+YIELD_MIN_NS = 2_000
+
+
+def next_yield_window(window_ns: int, slept_ns: int, maximum_ns: int = YIELD_MAX_NS) -> int:
+    """The window to yield for before the next sleep, after a sleep of ``slept_ns``: the
+    whole ``maximum_ns`` again when yielding that long would have caught what woke it,
+    else half of ``window_ns``, none below YIELD_MIN_NS (a loop whose waits last
+    milliseconds soon sleeps at once: no CPU spent yielding)."""
+    if slept_ns <= maximum_ns:
+        return maximum_ns
+    return window_ns // 2 if window_ns >= YIELD_MIN_NS else 0
+
+
+class Channel:
+    """One worker's queues (see the module's doc). The consumer makes it
+    (:meth:`create`), the worker maps it from the descriptor it received (:meth:`attach`).
+    Each side calls only its own half of the methods."""
+
+    __slots__ = (
+        "__weakref__",
+        "_fd",
+        "_mapping",
+        "_out",
+        "_out_ptr",
+        "_result_ctl",
+        "_result_data",
+        "_task_ctl",
+        "_task_data",
+        "frames_sent",
+        "offset",
+        "size",
+    )
+
+    def __init__(self, mapping: Mapping, offset: int, fd: int | None, out_words: int) -> None:
+        self._mapping = mapping  # keeps the segment mapped while the pointers below are used
+        self._fd = fd
+        self.offset = offset  # where the queues start in the segment
+        self.size = mapping.size
+        self._task_ctl = mapping.pointer(offset + _TASK_CTL, "uint64_t *")
+        self._result_ctl = mapping.pointer(offset + _RESULT_CTL, "uint64_t *")
+        self._task_data = mapping.pointer(offset + _TASK_DATA, "int64_t *")
+        self._result_data = mapping.pointer(offset + _RESULT_DATA, "int64_t *")
+        # Where pops copy records to: this side's own memory, read with struct.
+        self._out = bytearray(8 * out_words)
+        self._out_ptr = ffi.from_buffer("int64_t[]", self._out)  # (holds the export: no resize)
+        self.frames_sent = 0  # consumer: frames sent to the worker since the channel (stamps)
+
+    @classmethod
+    def create(cls) -> Channel:
+        """A new channel, for the consumer (send :attr:`fd` to the worker, then
+        :meth:`close_fd`). A memfd wherever the system allows one, whatever shm_backend
+        says (that choice is about batch memory): nothing named in /dev/shm per worker,
+        and no more than a mapping to make (a worker's start waits for it)."""
+        fd = None
+        if memfd_usable():
+            try:
+                fd = os.memfd_create("shmloader-channel", os.MFD_CLOEXEC)
+            except OSError:
+                fd = None  # (refused here: Ring.create below knows the fallback)
+        if fd is None:
+            ring = Ring.create(1, CHANNEL_BYTES, populate=True, whole=True)
+            channel = cls(ring.mapping, ring.slot_offset(0), os.dup(ring.fd), _POP_RESULTS * 8)  # type: ignore[arg-type]
+            ring.close_fd()
+        else:
+            try:
+                os.ftruncate(fd, CHANNEL_BYTES)
+                channel = cls(Mapping(fd, CHANNEL_BYTES, populate=True), 0, fd, _POP_RESULTS * 8)
+            except BaseException:
+                os.close(fd)
+                raise
+        fdguard.register(channel, channel._fd, closer="close_fd")  # type: ignore[arg-type]
+        return channel
+
+    @classmethod
+    def attach(cls, fd: int, offset: int, size: int) -> Channel:
+        """The worker's side of a channel from its descriptor (closed here), the queues at
+        ``offset`` of its ``size`` bytes."""
+        try:
+            mapping = Mapping(fd, size, populate=True)
+        finally:
+            os.close(fd)
+        return cls(mapping, offset, None, TASK_WORDS)
+
+    @property
+    def fd(self) -> int | None:
+        """The segment's descriptor (the consumer's, until :meth:`close_fd`)."""
+        return self._fd
+
+    def close_fd(self) -> None:
+        """Close the descriptor (the mapping stays while this object lives)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fdguard.unregister(fd)
+            os.close(fd)
+
+    # --- the consumer's half -------------------------------------------------------------
+
+    def push_task(self, kind: int, slot: int, seq: int, payload: bytes) -> int:
+        """Queue a task (``payload``: whole 8-byte words, at most MAX_TASK_PAYLOAD), stamped with
+        :attr:`frames_sent`. 0: no room now (send it by frame); 1: queued; 2: queued and
+        the worker sleeps: it stays asleep until :meth:`take_sleeper` says to wake it (the
+        consumer may queue more first: one wake-up for several tasks)."""
+        return lib.sl_q_push(
+            self._task_ctl,
+            self._task_data,
+            TASK_WORDS,
+            kind,
+            slot,
+            seq,
+            self.frames_sent,
+            payload,
+            len(payload) >> 3,
+            0,
+        )
+
+    def take_sleeper(self) -> bool:
+        """Whether the worker still sleeps with tasks queued (then write it a wake-up now:
+        this cleared its flag); False when it woke meanwhile (it takes them anyway)."""
+        return bool(lib.sl_q_take_sleeper(self._task_ctl))
+
+    def take_results(self) -> list[tuple[int, int, int, int, int, int, int]]:
+        """Results the worker published, oldest first: (kind, slot, seq, stamp, fetch_ns,
+        collate_ns, idle_ns) each (at most a few dozen per call)."""
+        words = lib.sl_q_pop(
+            self._result_ctl, self._result_data, RESULT_WORDS, self._out_ptr, _POP_RESULTS * 8
+        )
+        if not words:
+            return []
+        if words == 8:  # the common case: one result
+            return [_RESULT.unpack_from(self._out)[1:]]
+        return [r[1:] for r in _RESULT.iter_unpack(memoryview(self._out)[: 8 * words])]
+
+    def arm_results(self) -> bool:
+        """The consumer is about to sleep on the worker's socket: True when it may (the
+        worker will write a wake-up with its next result), False when a result came
+        meanwhile (take it instead)."""
+        return bool(lib.sl_q_arm(self._result_ctl))
+
+    def disarm_results(self) -> None:
+        """The consumer is awake: the worker need not wake it."""
+        lib.sl_q_disarm(self._result_ctl)
+
+    # --- the worker's half ---------------------------------------------------------------
+
+    def take_tasks(self) -> list[tuple[int, int, int, int, Any]]:
+        """Tasks queued for this worker, oldest first: (kind, slot, seq, stamp, payload)
+        each, the payload a memoryview of its words (valid until the next call)."""
+        words = lib.sl_q_pop(self._task_ctl, self._task_data, TASK_WORDS, self._out_ptr, TASK_WORDS)
+        if not words:
+            return []
+        out = memoryview(self._out)
+        tasks = []
+        pos = 0
+        end = 8 * words
+        while pos < end:
+            n, kind, slot, seq, stamp = _HEAD.unpack_from(out, pos)
+            tasks.append((kind, slot, seq, stamp, out[pos + 40 : pos + 8 * n]))
+            pos += 8 * n
+        return tasks
+
+    def push_result(
+        self, kind: int, slot: int, seq: int, stamp: int, fetch: int, collate: int, idle: int
+    ) -> int:
+        """Publish a result and the worker's clocks (ns: fetch, collate, idle), stamped with
+        the frames the worker sent before it; 0: no room, send it by frame; 1: published;
+        2: published and the consumer sleeps: write it a wake-up."""
+        return lib.sl_q_push3(
+            self._result_ctl, self._result_data, RESULT_WORDS, kind, slot, seq, stamp, fetch, collate, idle
+        )
+
+    def arm_tasks(self) -> bool:
+        """The worker is about to block reading its socket: True when it may (the consumer
+        will write a wake-up with its next task), False when a task came meanwhile."""
+        return bool(lib.sl_q_arm(self._task_ctl))
+
+    def disarm_tasks(self) -> None:
+        """The worker is awake: the consumer need not wake it."""
+        lib.sl_q_disarm(self._task_ctl)
+
+    def pending_tasks(self) -> int:
+        """Task words queued and not yet taken (a snapshot, for tests)."""
+        return lib.sl_q_used(self._task_ctl)
+
+    def queued_seqs(self) -> list[int]:
+        """The batch numbers of the tasks queued and not yet taken by the worker, oldest
+        first: after the worker died, the batches it never started (off the per-batch
+        path; a record that does not parse ends the list)."""
+        ctl, data = self._task_ctl, self._task_data
+        pos, tail = ctl[_HEAD_WORD], ctl[_TAIL_WORD]
+        seqs = []
+        while pos < tail:
+            n = data[pos % TASK_WORDS]
+            if n < RECORD_WORDS or pos + n > tail:
+                break
+            seqs.append(data[(pos + 3) % TASK_WORDS])
+            pos += n
+        return seqs
+
+
+_HEAD = struct.Struct("<5q")
