@@ -10,7 +10,8 @@ of it dies. Beside that path: the workers' start (:class:`~shmloader.epoch.crew.
 restart policy (:class:`~shmloader.epoch.restarts.Restarts`), the next epoch's prefetch
 (:class:`~shmloader.epoch.ahead.Ahead`) and the tuner (:class:`~shmloader.epoch.tuning.Tuning`).
 
-Only :class:`_LoaderLink` reads the loader; the pieces get explicit values and objects.
+Only :class:`~shmloader.epoch.link.LoaderLink` reads the loader; the pieces get explicit values
+and objects.
 """
 
 from __future__ import annotations
@@ -21,26 +22,21 @@ import os
 import pickle
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from shmloader.batch.handout import Handout
 from shmloader.epoch import state as _state
 from shmloader.epoch.ahead import Ahead
 from shmloader.epoch.collector import Collector
 from shmloader.epoch.courier import Courier
-from shmloader.epoch.crew import Crew, WorkerSpec
+from shmloader.epoch.crew import Crew
 from shmloader.epoch.inflight import InFlight
-from shmloader.epoch.inprocess import iterable_len_limit, warn_len_exceeded
+from shmloader.epoch.link import LoaderLink, Settings
 from shmloader.epoch.restarts import Restarts
 from shmloader.epoch.rings import RingKeeper
 from shmloader.epoch.tuning import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
-from shmloader.memory.leases import Leases
 from shmloader.transport import wire
-from shmloader.tuning.autotune import Tuner
-from shmloader.tuning.timing import Timing
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 
 _live_iterators: weakref.WeakSet = weakref.WeakSet()
@@ -67,110 +63,6 @@ def _forget_workers_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
-@dataclass(frozen=True)
-class _Settings:
-    """The loader's arguments an iterator works with, read once, when it is made."""
-
-    num_workers: int  # in use now (a tuner may raise it)
-    prefetch_factor: int
-    in_order: bool
-    iterable: bool
-    timeout: float
-    max_worker_restarts: int
-    persistent_workers: bool
-    prefetch_next_epoch: bool
-    shm_backend: str
-    fixed_slot_bytes: bool
-    context: Any  # the multiprocessing context workers start from
-
-
-class _LoaderLink:
-    """The one place the iterator reads (and reports to) its loader: settings, the objects
-    of the loader's runtime, and the loader-wide functions of :mod:`shmloader.epoch.state`."""
-
-    __slots__ = ("_loader",)
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader  # (a weak proxy for a persistent loader's iterator)
-
-    def settings(self) -> _Settings:
-        loader = self._loader
-        ctx = loader.multiprocessing_context
-        if ctx is None or isinstance(ctx, str):
-            ctx = multiprocessing.get_context(ctx)
-        return _Settings(
-            num_workers=loader.num_workers,
-            prefetch_factor=loader.prefetch_factor,
-            in_order=loader.in_order,
-            iterable=loader.iterable,
-            timeout=loader.timeout,
-            max_worker_restarts=loader.max_worker_restarts,
-            persistent_workers=bool(loader.persistent_workers),
-            prefetch_next_epoch=bool(loader.prefetch_next_epoch),
-            shm_backend=loader.shm_backend,
-            fixed_slot_bytes=loader.slot_bytes is not None,
-            context=ctx,
-        )
-
-    def worker_spec(self) -> WorkerSpec:
-        """What workers start with; read as each epoch begins (the rank may change)."""
-        loader = self._loader
-        rank, world = loader._worker_shard()
-        tuner = loader._tuner
-        return WorkerSpec(
-            dataset=loader.dataset,
-            recipe=loader._recipe(),
-            worker_init_fn=loader.worker_init_fn,
-            fixed_slot_bytes=loader.slot_bytes is not None,
-            rank=rank,
-            world_size=world,
-            shm_backend=loader.shm_backend,
-            num_workers=loader.num_workers if tuner is None else tuner.settings.max_workers,
-        )
-
-    def handout(self, copy: bool) -> Handout:
-        return Handout(self._loader, copy)
-
-    def dataset(self) -> Any:
-        return self._loader.dataset
-
-    def stats(self) -> dict[str, Any]:
-        return self._loader._stats
-
-    def timing(self) -> Timing:
-        return self._loader._timing
-
-    def tuner(self) -> Tuner | None:
-        return self._loader._tuner
-
-    def leases(self) -> Leases:
-        return self._loader._leases
-
-    def publish_counts(self, num_workers: int, prefetch_factor: int | None) -> None:
-        """The counts a tuner set, which the loader reports (``loader.num_workers``...)."""
-        self._loader.num_workers = num_workers
-        self._loader.prefetch_factor = prefetch_factor
-
-    def length(self) -> int:
-        return len(self._loader)
-
-    def len_limit(self) -> int:
-        return iterable_len_limit(self._loader)
-
-    def warn_len_exceeded(self, yielded: int) -> None:
-        warn_len_exceeded(self._loader, yielded)
-
-    def index_sequence(self, plan: _state.EpochPlan) -> Iterator[Any] | None:
-        """The epoch's index lists (None: an iterable dataset)."""
-        return None if self._loader.iterable else _state.index_sequence(self._loader, plan)
-
-    def plan_next(self) -> tuple[_state.EpochPlan, Iterator[Any]] | None:
-        return _state.plan_ahead(self._loader, self._loader._cursor)
-
-    def took_next(self) -> None:
-        _state.took_ahead(self._loader, self._loader._cursor)
-
-
 def _weak(method: Callable[..., Any]) -> Callable[[], None]:
     """``method()`` while its object lives, without keeping it alive (the pieces call back
     into the iterator: a strong reference would make a cycle, and ``del it`` would stop
@@ -192,8 +84,7 @@ class MultiProcessIter:
     def __init__(self, loader: Any, start: Callable[[Any], _state.EpochPlan], copy: bool) -> None:
         # Nothing starts here: the first next() calls ``start`` (state.epoch_starter) to
         # begin the epoch and starts the workers, so iter() alone moves nothing.
-        link = self._link = _LoaderLink(loader)
-        s = link.settings()
+        link = self._link = LoaderLink(loader)
         self._handout = link.handout(copy)
         self._start_epoch = start
         self._pid = os.getpid()
@@ -202,11 +93,15 @@ class MultiProcessIter:
         self.epoch_done = False
         self._idle = True  # until the first next() of an epoch and after close(): __next__'s one check
         self._launched = False  # the workers were started (once per iterator)
-        self._persistent = s.persistent_workers
         self._len_limit = link.len_limit()  # torch's check on iterable datasets' lengths
         self._yielded = 0
         self._timing = link.timing()  # where the time goes, the loader's for its life
+        self._compose(link, link.settings())
+
+    def _compose(self, link: LoaderLink, s: Settings) -> None:
+        """Make the pieces, each given what it works with."""
         stats = link.stats()
+        self._persistent = s.persistent_workers
         self._pool = pool = WorkerPool()
         courier = self._courier = Courier(pool)
         rings = self._rings = RingKeeper(link.leases(), courier, s.fixed_slot_bytes)
@@ -215,33 +110,19 @@ class MultiProcessIter:
         )
         crew = self._crew = Crew(pool, s.context, rings)  # (its spec is read as each epoch begins)
         restarts = Restarts(
-            s.max_worker_restarts,
-            s.iterable,
-            link.dataset(),
-            stats,
-            inflight,
-            crew,
-            abort=_weak(self._abort),
+            s.max_worker_restarts, s.iterable, link.dataset(), stats, inflight, crew, _weak(self._abort)
         )
-        self._collector = Collector(
+        collector = self._collector = Collector(
             pool, courier, inflight, rings, restarts, self._timing, stats["dataset"], s.timeout, s.in_order
         )
+        ahead_on = s.persistent_workers and s.prefetch_next_epoch and not s.iterable
         self._ahead = Ahead(
-            s.persistent_workers and s.prefetch_next_epoch and not s.iterable,
-            pool,
-            courier,
-            inflight,
-            rings,
-            self._collector,
-            link.plan_next,
-            link.took_next,
-            stats,
+            ahead_on, pool, courier, inflight, rings, collector, link.plan_next, link.took_next, stats
         )
         tuner = link.tuner()
-        self._tuning = (
-            None
-            if tuner is None
-            else Tuning(
+        self._tuning: Tuning | None = None
+        if tuner is not None:
+            self._tuning = Tuning(
                 tuner,
                 self._timing,
                 pool,
@@ -252,7 +133,6 @@ class MultiProcessIter:
                 link.publish_counts,
                 _weak(self.close),
             )
-        )
 
     # --- read-only views, for tests and tools ----------------------------------------------
 
