@@ -23,18 +23,19 @@ from typing import Any
 from shmloader import DataLoader
 from shmloader.batch.handout import Handout
 from shmloader.bench.datasets import ScalarDataset
-from shmloader.epoch.exchange import Exchange
+from shmloader.epoch.collector import Collector
+from shmloader.epoch.inflight import InFlight
 from shmloader.epoch.multiprocess import MultiProcessIter
 from shmloader.workers.pool import WorkerPool
 
 # (label, owner, method name, depth): what --steps times, in the order printed.
 STEPS = [
     ("next()", MultiProcessIter, "__next__", 0),
-    ("dispatch (tasks out)", MultiProcessIter, "_dispatch", 1),
+    ("dispatch (tasks out)", InFlight, "fill", 1),
     ("wake-up writes", WorkerPool, "wake", 2),
-    ("wait for results", Exchange, "_wait", 1),
+    ("wait for results", Collector, "wait", 1),
     ("poll (blocked)", WorkerPool, "wait", 2),
-    ("take queued results", Exchange, "_collect", 1),
+    ("take queued results", Collector, "_collect", 1),
     ("hand-out (views)", Handout, "from_slot", 1),
 ]
 

@@ -466,7 +466,7 @@ def _ring_info(loader: Any) -> dict[str, Any] | None:
 
 
 def _worker_pids(it: Any) -> list[int]:
-    workers = getattr(it, "_workers", [])
+    workers = getattr(it, "workers", [])
     return [getattr(w, "proc", w).pid for w in workers]
 
 

@@ -96,7 +96,7 @@ def worker_pids(it: Any) -> list[int]:
     """The pids of an iterator's workers (read from the loader's internals). Starts its
     epoch first (as the first next() would): iter() alone starts no worker."""
     it.start()
-    return [w.proc.pid for w in it._workers]
+    return [w.proc.pid for w in it.workers]
 
 
 def fd_set() -> set[int]:
@@ -490,7 +490,7 @@ def case_timeout(method: str) -> dict[str, Any]:
     pids = worker_pids(it)
     # Wait until each worker has sent its first batch (0 and 1), however long a start
     # takes on a loaded machine, so the timeout that fires is the slow sample's (batch 2).
-    for w in it._workers:
+    for w in it.workers:
         assert w.conn.poll(60), "a worker sent nothing within 60 s"
     n, err = 0, None
     t0 = time.monotonic()
@@ -662,7 +662,7 @@ def case_victim(method: str, mode: str) -> dict[str, Any]:
     else:
         # Wait until each worker has started sending its 16 MiB error: it is then
         # blocked writing (the socket buffer holds far less), whatever the machine's load.
-        for w in it._workers:
+        for w in it.workers:
             w.conn.poll(60)
     print("READY", json.dumps(pids), flush=True)
     time.sleep(60)
@@ -1117,9 +1117,9 @@ def _epoch(dl: DataLoader, kills: dict[int, int], seen: set[int]) -> list[list[i
         out.append(
             b.tolist() if b.shape[1] <= 4 else [b[:, :4].tolist(), hashlib.sha1(b.tobytes()).hexdigest()]
         )
-        seen.update(w.proc.pid for w in it._workers)
+        seen.update(w.proc.pid for w in it.workers)
         if k in kills:
-            os.kill(it._workers[kills[k]].proc.pid, signal.SIGKILL)
+            os.kill(it.workers[kills[k]].proc.pid, signal.SIGKILL)
     del it
     return out
 
@@ -1173,7 +1173,7 @@ def case_restart_kill(
         for e in range(epochs):
             got.append(_epoch(dl, plan[e], seen))
             if between and e < epochs - 1:
-                victim = dl._persistent_iter._workers[1].proc.pid
+                victim = dl._persistent_iter.workers[1].proc.pid
                 os.kill(victim, signal.SIGKILL)
                 wait_gone([victim], 2.0)
     restarts = dl.stats()["worker_restarts"]
@@ -1298,7 +1298,7 @@ def _idle_death_run(
     err, t_err, pids = None, 0.0, set()
 
     def kill(it: Any) -> None:
-        proc = it._workers[victim].proc
+        proc = it.workers[victim].proc
         os.kill(proc.pid, signal.SIGKILL)
         # Dead as the consumer sees it: its sentinel is ready (the process and all its
         # threads are gone; under forkserver, once the fork server wrote its status).
@@ -1314,7 +1314,7 @@ def _idle_death_run(
                 it = iter(dl)
                 for k, batch in enumerate(it):
                     got.append(np.asarray(batch)[:, 0].tolist())
-                    pids.update(w.proc.pid for w in it._workers)
+                    pids.update(w.proc.pid for w in it.workers)
                     if epoch == 0 and (point, k) in (("idle_mid_epoch", 1), ("after_last", 3)):
                         kill(it)
                 if epoch == 0 and point.startswith("between_epochs"):

@@ -350,8 +350,8 @@ def test_a_worker_killed_with_the_next_epochs_tasks_in_flight_is_replaced_exactl
                 batches.append(_plain(batch))
                 if e == 0 and k == 8:  # this epoch's last task and the next one's first are out
                     it = loader._persistent_iter
-                    assert it._ahead is not None
-                    os.kill(it._workers[0].proc.pid, signal.SIGKILL)
+                    assert it.prefetching_next_epoch
+                    os.kill(it.workers[0].proc.pid, signal.SIGKILL)
             got.append(batches)
     del batch  # (its slot is HELD while it lives)
     assert got == _epochs(DataLoader(data, **kwargs), 2)

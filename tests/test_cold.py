@@ -72,7 +72,7 @@ def test_small_first_batches_make_their_ring_in_line(monkeypatch):
 
 
 def _first_batches(method: str, side: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shmloader.epoch import multiprocess
+    from shmloader.epoch import rings
 
     made: list[int] = []
 
@@ -81,7 +81,7 @@ def _first_batches(method: str, side: int, monkeypatch: pytest.MonkeyPatch) -> N
             made.append(batch_bytes)
             super().__init__(leases, batch_bytes, like)
 
-    monkeypatch.setattr(multiprocess, "RingMaker", Counted)
+    monkeypatch.setattr(rings, "RingMaker", Counted)
     dl = DataLoader(Tagged(48, side), batch_size=4, num_workers=2, multiprocessing_context=method)
     in_ring = []
     for b, batch in enumerate(dl):
@@ -273,7 +273,7 @@ def test_no_worker_holds_another_workers_socket():
     dl = DataLoader(Tagged(64, 4), batch_size=4, num_workers=2, multiprocessing_context="fork")
     it = iter(dl)
     next(it)
-    last = it._pool.workers[-1]
+    last = it.workers[-1]
     os.kill(last.proc.pid, signal.SIGKILL)
     last.proc.join(10)
     poller = select.poll()

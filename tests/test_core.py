@@ -20,7 +20,7 @@ from shmloader import (
     WorkerDiedError,
     get_worker_info,
 )
-from shmloader.epoch.exchange import Exchange
+from shmloader.epoch.collector import Collector
 
 from . import datasets as D
 from .datasets import NumpyLoader as DataLoader  # numpy output: these tests check numpy views
@@ -266,7 +266,7 @@ def test_a_consumer_waiting_for_slow_batches_blocks_instead_of_spinning(monkeypa
     it soon blocks at once. Over two epochs of 120 such batches it yields for a few ms
     in all, not the 48 ms of a fixed 200 us per wait."""
     yielding = [0.0, 0]
-    original = Exchange._yield_for
+    original = Collector._yield_for
 
     def timed(self, window_ns):
         t0 = time.perf_counter()
@@ -276,7 +276,7 @@ def test_a_consumer_waiting_for_slow_batches_blocks_instead_of_spinning(monkeypa
             yielding[0] += time.perf_counter() - t0
             yielding[1] += 1
 
-    monkeypatch.setattr(Exchange, "_yield_for", timed)
+    monkeypatch.setattr(Collector, "_yield_for", timed)
     dl = DataLoader(
         D.Sleepy(120, 0.005), num_workers=1, persistent_workers=True, multiprocessing_context="fork"
     )
@@ -538,7 +538,7 @@ def test_iteration_end_reaps_workers(method, how):
     dl = DataLoader(D.Squares(40), batch_size=2, num_workers=2, multiprocessing_context=method)
     it = iter(dl)
     next(it)
-    kids = [psutil.Process(w.proc.pid) for w in it._workers]
+    kids = [psutil.Process(w.proc.pid) for w in it.workers]
     assert len(kids) == 2
     if how == "break":
         for n, _ in enumerate(it):
@@ -560,7 +560,7 @@ def test_closing_is_prompt_when_later_forks_inherited_our_descriptors():
     first = DataLoader(D.Squares(400), batch_size=2, num_workers=2, multiprocessing_context="fork")
     it = iter(first)
     next(it), next(it)  # the ring is made after the first batch
-    ours = {w.conn.fileno() for w in it._workers} | {first.ring.fd}
+    ours = {w.conn.fileno() for w in it.workers} | {first.ring.fd}
     # Workers of a second loader are forked while the first one's sockets are open: the
     # at-fork hook closes those in every child, so the first's workers still see EOF.
     second = DataLoader(D.Squares(400), batch_size=2, num_workers=2, multiprocessing_context="fork")
@@ -570,7 +570,7 @@ def test_closing_is_prompt_when_later_forks_inherited_our_descriptors():
     # its first task before worker 1 is forked, so batch 0 alone can come before that.
     next(it2), next(it2)
     our_files = {os.readlink(f"/proc/self/fd/{fd}") for fd in ours}  # socket:[inode], the ring
-    for w in it2._workers:
+    for w in it2.workers:
         theirs = set()
         for fd in os.listdir(f"/proc/{w.proc.pid}/fd"):
             try:

@@ -250,7 +250,7 @@ def test_a_failing_reader_in_copy_mode_returns_its_slot(monkeypatch):
     def failing(key):
         raise RuntimeError("reader failed")
 
-    it._readers.clear()  # the next batch's layout is decoded again: that raises
+    it.readers.clear()  # the next batch's layout is decoded again: that raises
     monkeypatch.setattr("shmloader.batch.handout.decode", failing)
     with pytest.raises(RuntimeError, match="reader failed"):
         next(it)
@@ -386,7 +386,7 @@ def test_a_ring_limit_when_a_persistent_epoch_starts_stops_the_workers():
     )
     kept = list(dl)  # 5 batches held in 8 slots
     it = dl._persistent_iter
-    pids = [w.proc.pid for w in it._workers]
+    pids = [w.proc.pid for w in it.workers]
     again = iter(dl)
     with pytest.raises(MemoryError, match="max_shm_bytes"):
         next(again)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shmloader.memory.limits import shm_problem  # imports nothing else of the package
+from shmloader.system.cores import usable_cores  # (nor this)
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -303,23 +304,8 @@ def check_start_method() -> Check:
     return Check("start method", WARN, detail, remedy)
 
 
-def _usable_cores() -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    try:  # cgroup v2 CPU quota (containers)
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return cores
-
-
 def check_cores(workers: int) -> Check:
-    cores = _usable_cores()
+    cores = usable_cores()
     detail = f"{cores} usable core(s) for {workers} worker(s) plus the consumer"
     if workers > cores:
         return Check(
@@ -460,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     args = parser.parse_args(argv)
-    workers = args.workers if args.workers is not None else _usable_cores()
+    workers = args.workers if args.workers is not None else usable_cores()
     if workers < 1:
         parser.error("--workers must be at least 1")
     if args.batch_mb <= 0:

@@ -375,7 +375,7 @@ def attach_fd(fd: int, num_slots: int, slot_bytes: int, *, populate: bool = Fals
     ``populate`` pre-faults the whole mapping. Workers do not: pages are mapped per
     process (~2 us a page here), so a worker maps only the slots it writes, on its first
     write into each (it writes into its own share of the slots first: see
-    multiprocess._claim_slot); the consumer's reads fault pages in 16 at a time."""
+    rings.RingKeeper.claim); the consumer's reads fault pages in 16 at a time."""
     try:
         ring = Ring(fd, num_slots, slot_bytes, populate=populate)
     except BaseException:

@@ -59,7 +59,7 @@ _RESULT_BYTES = _RESULT.size
 _POP_RESULTS = 64
 
 # Before either side sleeps on its socket it yields its CPU, looking at its queue between
-# yields, for up to a window (exchange.Exchange._yield_for, worker._Worker.yield_for_work):
+# yields, for up to a window (collector.Collector._yield_for, worker._Worker.yield_for_work):
 # the other side's next record is often that close, and a side asleep costs the other a
 # wake-up write. The window adapts to the sleeps that follow (next_yield_window).
 YIELD_MAX_NS = 200_000

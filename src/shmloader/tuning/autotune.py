@@ -32,12 +32,12 @@ use, from the start (``prefetch_factor="auto"`` still tunes). What changed and w
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from shmloader.memory import limits as memory
 from shmloader.memory import sizing
+from shmloader.system.cores import affinity_cpus, usable_cores
 from shmloader.tuning.timing import DATA_BOUND_SHARE, WORKERS_SATURATED, Timing
 
 AUTO = "auto"
@@ -79,15 +79,6 @@ def settings(num_workers: Any, prefetch_factor: Any, iterable: bool) -> Settings
     else:
         start_pf = top_pf = prefetch_factor
     return Settings(auto_workers, auto_prefetch, start, top, start_pf, top_pf)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity; all of them where the system
-    has no affinity)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this system: all cores
-        return os.cpu_count() or 0
 
 
 @dataclass
@@ -236,8 +227,8 @@ def _worker_ns(timing: Timing) -> tuple[int, int]:
 def _cpu_idle() -> tuple[int, int] | None:
     """(idle, total) jiffies of the cores this process may use, from /proc/stat; None
     where it cannot be read."""
+    mine = {f"cpu{c}" for c in affinity_cpus()}
     try:
-        mine = {f"cpu{c}" for c in os.sched_getaffinity(0)}
         idle = total = 0
         with open("/proc/stat") as f:
             for line in f:
@@ -250,7 +241,7 @@ def _cpu_idle() -> tuple[int, int] | None:
                 idle += values[3] + values[4]  # idle, iowait
                 total += sum(values)
         return (idle, total) if total else None
-    except (OSError, AttributeError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError):
         return None
 
 
@@ -262,59 +253,4 @@ def _free_cores(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     idle, total = after[0] - before[0], after[1] - before[1]
     if total <= 0:
         return None
-    cores = len(os.sched_getaffinity(0))
-    return cores * idle / total
-
-
-class Tuning:
-    """The tuning half of the epoch iterator (a mixin of
-    :class:`~shmloader.epoch.multiprocess.MultiProcessIter`, working on its pool, scheduler and
-    ring): :meth:`_tune` is called from ``next()`` when the tuner's window is due."""
-
-    # (Attributes and methods of MultiProcessIter, used here.)
-    _loader: Any
-    _pool: Any
-    _ring: Any
-    _ctx: Any
-    _workers: list
-    _idle: bool
-    closed: bool
-    plan: Any
-    scheduler: Any
-
-    def _tune(self, now: float) -> None:
-        """Decide on the window that ends ``now`` and apply it: a worker more (started
-        now, given tasks at once) or a larger prefetch (tasks sent at once)."""
-        if self._idle or self.closed or getattr(self, "_ahead", None) is not None:
-            return  # (with the next epoch's tasks out, the pool stays as it is: ahead.py)
-        loader = self._loader
-        tuner: Tuner = loader._tuner
-        action = tuner.decide(now, loader._timing, Room(self._ring, loader.shm_backend))
-        if action == "worker":
-            self._add_worker()
-        elif action == "prefetch":
-            loader.prefetch_factor = tuner.prefetch
-            self._dispatch()  # type: ignore[attr-defined]
-
-    def _add_worker(self) -> None:
-        """Start one more worker, mid-epoch (map-style datasets: its id is the next one,
-        its seed the epoch's plus its id), and give it tasks."""
-        from shmloader.workers.worker import worker_main
-
-        loader = self._loader
-        wid = len(self._workers)
-        seed = self.plan.epoch_seed + wid
-        try:
-            self._pool.add(
-                self._ctx,
-                wid,
-                lambda w, pdeath: self._worker_config(w, pdeath, seed, None),  # type: ignore[attr-defined]
-                worker_main,
-            )
-        except BaseException:
-            self.close()  # type: ignore[attr-defined]
-            raise
-        loader.num_workers = wid + 1
-        loader._timing.num_workers = wid + 1
-        self.scheduler.grow(wid + 1)
-        self._dispatch()  # type: ignore[attr-defined]
+    return len(affinity_cpus()) * idle / total

@@ -18,8 +18,9 @@ data-bound or compute-bound, and what to change.
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from shmloader.system.cores import usable_cores
 
 NS = 1e-9
 
@@ -110,10 +111,10 @@ def verdict(figures: dict[str, Any], num_workers: int, in_process: bool = False)
         advice = "; fewer workers would do" if busy < 0.5 and num_workers > 1 else ""
         return f"compute-bound: {share}; workers busy {busy:.0%}{advice}."
     if in_process or not num_workers:
-        return f"data-bound: {share}, loading in the main process: set num_workers (e.g. {_cpus()})."
+        return f"data-bound: {share}, loading in the main process: set num_workers (e.g. {usable_cores()})."
     busy = figures["workers_busy_share"]
     if busy >= WORKERS_SATURATED:
-        cpus = _cpus()
+        cpus = usable_cores()
         if num_workers < cpus:
             todo = f"add workers (num_workers={num_workers}, {cpus} CPUs)"
         else:
@@ -123,10 +124,3 @@ def verdict(figures: dict[str, Any], num_workers: int, in_process: bool = False)
         f"data-bound: {share}, yet workers were busy only {busy:.0%}: the per-batch hand-over is "
         "the limit (larger batches), or prefetch runs dry (raise prefetch_factor)."
     )
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1

@@ -1,0 +1,110 @@
+"""Starting an iterator's workers: all of them as its first epoch begins, one more for the
+tuner, one in place of a dead or hung one; and the config each is started with.
+
+Every config is made before the first fork (:meth:`~shmloader.workers.pool.WorkerPool.start`)
+and each worker gets tasks as soon as it runs, while the next one is forked. A task may
+make a new ring meanwhile (the old one grew, or a fork saw a batch held in it): the
+configs of the workers not started yet take it (:class:`~shmloader.epoch.rings.RingKeeper`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shmloader.batch.recipe import Recipe
+from shmloader.epoch import state as _state
+from shmloader.epoch.rings import RingKeeper
+from shmloader.epoch.state import EpochPlan
+from shmloader.workers.pool import WorkerHandle, WorkerPool
+from shmloader.workers.worker import WorkerConfig, worker_main
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every worker of a loader is started with, whatever its id and epoch."""
+
+    dataset: Any
+    recipe: Recipe  # how batches are made: the loader's, the same as in the main process
+    worker_init_fn: Callable[[int], None] | None
+    fixed_slot_bytes: bool  # the user chose slot_bytes
+    rank: int  # the rank and world size the epoch's loading code is told
+    world_size: int
+    shm_backend: str
+    # get_worker_info().num_workers: the loader's count, or with num_workers="auto" the
+    # most it may start (the same in every worker, above every id).
+    num_workers: int
+
+
+class Crew:
+    """Starts the workers of one pool from ``ctx`` (a multiprocessing context) with
+    :attr:`spec`, which the iterator sets as each epoch begins (the rank is read then)."""
+
+    __slots__ = ("_ctx", "_pool", "_rings", "spec")
+
+    def __init__(self, pool: WorkerPool, ctx: Any, rings: RingKeeper) -> None:
+        self._pool = pool
+        self._ctx = ctx
+        self._rings = rings
+        self.spec: WorkerSpec | None = None
+
+    def config(self, wid: int, use_pdeathsig: bool, plan: EpochPlan, resume: dict | None) -> WorkerConfig:
+        """The config of worker ``wid`` in the epoch of ``plan`` (``resume``: where its
+        iterable shard resumes)."""
+        spec = self.spec
+        if spec is None:
+            raise RuntimeError("workers are started once an epoch began: it sets their spec")
+        return WorkerConfig(
+            worker_id=wid,
+            num_workers=spec.num_workers,
+            seed=plan.epoch_seed + wid,
+            dataset=spec.dataset,
+            recipe=spec.recipe,
+            worker_init_fn=spec.worker_init_fn,
+            ring=self._rings.for_new_worker(),
+            fixed_slot_bytes=spec.fixed_slot_bytes,
+            parent_pid=os.getpid(),
+            use_pdeathsig=use_pdeathsig,
+            rank=spec.rank,
+            world_size=spec.world_size,
+            resume=resume,
+            epoch_seed=plan.sample_seed,
+            shared_seed=plan.shared_seed,
+            report_state=plan.stateful,
+            shm_backend=spec.shm_backend,
+        )
+
+    def start(self, count: int, plan: EpochPlan, started: Callable[[], None]) -> None:
+        """Start ``count`` workers for the epoch of ``plan``, calling ``started()`` as each
+        one runs (to give it tasks while the next is forked)."""
+        rings = self._rings
+
+        def config(wid: int, use_pdeathsig: bool) -> WorkerConfig:
+            made = self.config(wid, use_pdeathsig, plan, _state.worker_resume(plan, wid))
+            rings.starting(wid, made)
+            return made
+
+        def one_started() -> None:
+            for w in self._pool.workers:
+                rings.started(w.id)
+            started()
+
+        try:
+            self._pool.start(self._ctx, count, config, worker_main, started=one_started)
+        finally:
+            rings.forget_starting()
+
+    def add(self, wid: int, plan: EpochPlan) -> WorkerHandle:
+        """Start worker ``wid`` mid-epoch (the pool grows); nothing is sent to it."""
+        return self._pool.add(
+            self._ctx, wid, lambda w, pdeath: self.config(w, pdeath, plan, None), worker_main
+        )
+
+    def replace(self, old: WorkerHandle, plan: EpochPlan, resume: dict | None) -> WorkerHandle:
+        """Reap ``old`` (killed first if it still runs) and start a worker with its id in its
+        place, for the epoch of ``plan``; nothing is sent to it."""
+        return self._pool.replace(
+            old, self._ctx, lambda wid, pdeath: self.config(wid, pdeath, plan, resume), worker_main
+        )
