@@ -250,7 +250,7 @@ def test_a_failing_reader_in_copy_mode_returns_its_slot(monkeypatch):
     def failing(key):
         raise RuntimeError("reader failed")
 
-    it._readers.clear()  # the next batch's layout is decoded again: that raises
+    it.readers.clear()  # the next batch's layout is decoded again: that raises
     monkeypatch.setattr("shmloader.batch.handout.decode", failing)
     with pytest.raises(RuntimeError, match="reader failed"):
         next(it)

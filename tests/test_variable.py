@@ -212,7 +212,7 @@ def test_ragged_batches_share_one_decoded_skeleton(collate):
         else:
             assert [v.tolist() for v in batch] == [w.tolist() for w in want]
         n += 1
-    assert n == 50 and len(it._readers) == 1
+    assert n == 50 and len(it.readers) == 1
 
 
 def _growing_batches() -> list[list[int]]:

@@ -41,6 +41,7 @@ class Ahead:
 
     # (Attributes and methods of MultiProcessIter, used here.)
     _loader: Any
+    _runtime: Any  # the loader's LoaderRuntime (shmloader.runtime)
     _pool: Any
     _tasks: dict
     _ring: Any
@@ -77,7 +78,7 @@ class Ahead:
         """Begin sending the next epoch's tasks (see the module's docstring), where its
         plan is known now."""
         self._ahead_tried = self.plan  # once per epoch: plan_ahead draws the epoch's order
-        ahead = _state.plan_ahead(self._loader, self._loader._cursor)
+        ahead = _state.plan_ahead(self._runtime.config, self._runtime.cursor, self._runtime.now())
         if ahead is None:
             return
         plan, source = ahead
@@ -121,7 +122,7 @@ class Ahead:
         ahead, self._ahead = self._ahead, None
         for _, task, _ in sched.drop_before(sched.limit):
             _leases.give_back(task.ring, task.slot)
-        stats = self._loader._stats
+        stats = self._runtime.stats
         if ahead != plan:
             while self._tasks:
                 self._wait()  # type: ignore[attr-defined]
@@ -129,7 +130,7 @@ class Ahead:
             stats["batches_ahead_dropped"] += len(sched.results)
             return False
         stats["epochs_ahead"] += 1
-        _state.took_ahead(self._loader, self._loader._cursor)
+        _state.took_ahead(self._runtime.config)
         sched.take_next(plan.start_worker)
         gate = self._source
         if isinstance(gate, _Gate):  # the epoch's own now: its tasks may grow the ring
@@ -138,7 +139,7 @@ class Ahead:
         self.plan = plan
         self.epoch_done = False
         self._yielded = 0
-        tuner = self._loader._tuner
+        tuner = self._runtime.tuner
         if tuner is not None:
             tuner.window = None  # its first window begins with the epoch's batches
         self._dispatch()  # type: ignore[attr-defined]

@@ -49,6 +49,7 @@ class Exchange:
 
     # (Attributes and methods of MultiProcessIter, used here.)
     _loader: Any
+    _runtime: Any  # the loader's LoaderRuntime (shmloader.runtime)
     _pool: Any
     _tasks: dict
     _workers: list
@@ -233,7 +234,7 @@ class Exchange:
                 self._shard_state(worker, seq, wire.body(msg))
                 return
             if kind == wire.RES_STATS:
-                counts = self._loader._stats["dataset"]
+                counts = self._runtime.stats["dataset"]
                 for name, gained in pickle.loads(wire.body(msg)).items():
                     counts[name] = counts.get(name, 0) + gained
                 return

@@ -21,7 +21,7 @@ import pickle
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmloader.batch.handout import Handout
 from shmloader.epoch import state as _state
@@ -39,6 +39,9 @@ from shmloader.transport import wire
 from shmloader.tuning.autotune import Tuning
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 from shmloader.workers.worker import WorkerConfig, worker_main
+
+if TYPE_CHECKING:
+    from shmloader.runtime import LoaderRuntime
 
 _WorkerHandle = WorkerHandle  # (the pool's)
 
@@ -71,11 +74,14 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
     """Iterator over one epoch with worker processes (reused across epochs when
     persistent); a :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
 
-    def __init__(self, loader: Any, start: Callable[[Any], _state.EpochPlan], copy: bool) -> None:
+    def __init__(
+        self, loader: Any, runtime: LoaderRuntime, start: Callable[[Any], _state.EpochPlan], copy: bool
+    ) -> None:
         # Nothing starts here: the first next() calls ``start`` (state.epoch_starter) to
         # begin the epoch and starts the workers, so iter() alone moves nothing.
         self._loader = loader
-        self._handout = Handout(loader, copy)
+        self._runtime = runtime
+        self._handout = Handout(loader, runtime, copy)
         self._start_epoch = start
         self._pid = os.getpid()
         self.closed = False
@@ -86,14 +92,13 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         self._launched = False  # the workers were started (once per iterator)
         # torch's check on iterable datasets: batches handed out this epoch against what
         # len(loader) said (see inprocess.warn_len_exceeded).
-        self._len_limit = iterable_len_limit(loader)
+        self._len_limit = iterable_len_limit(runtime)
         self._yielded = 0
-        self._timing = loader._timing  # where the time goes (timing.py), the loader's for its life
-        self._tuner = loader._tuner  # num_workers or prefetch_factor "auto" (autotune.py), or None
+        self._timing = runtime.timing  # where the time goes (timing.py), the loader's for its life
+        self._tuner = runtime.tuner  # num_workers or prefetch_factor "auto" (autotune.py), or None
         # Start, watch (sockets and sentinels in one poll), stop; _workers is its list.
         self._pool = WorkerPool()
         self._workers = self._pool.workers
-        self._readers = self._handout.readers  # (one reader per batch structure)
         self._ring_wanted = 0  # bytes a batch that came outside the ring needs: a ring to make
         self._ring_maker: RingMaker | None = None  # making that ring meanwhile, on a thread
         ctx = loader.multiprocessing_context
@@ -114,6 +119,12 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         self._source: Any = None
         self._source_done = True
 
+    @property
+    def readers(self) -> dict[bytes, Any]:
+        """The layout readers the hand-out made, one per batch structure seen (clearing
+        it makes the next batch's layout be decoded again)."""
+        return self._handout.readers
+
     # --- set-up -------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -127,7 +138,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             self._begin_epoch(plan)  # (first: a grown ring may shrink, see _begin_epoch)
             # A ring whose descriptor is closed (this process was forked from the one that
             # made it) cannot be handed to new workers: the first batch sizes a new one.
-            ring = self._loader._ring
+            ring = self._runtime.leases.current
             self._ring = ring if ring is not None and ring.fd is not None else None
             self._launched = True
             _live_iterators.add(self)
@@ -172,13 +183,13 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
 
     def _begin_epoch(self, plan: _state.EpochPlan) -> None:
         loader = self._loader
-        self._source = None if loader.iterable else _state.index_sequence(loader, plan)
+        self._source = None if loader.iterable else _state.index_sequence(self._runtime.config, plan)
         self._source_done = False
         self._tasks = {}
         # Nothing in flight: a ring that grew for batches the loop kept last epoch goes
         # back to its first size when they are gone (workers already running get it now;
         # new ones start with it).
-        smaller = loader._leases.new_epoch()
+        smaller = self._runtime.leases.new_epoch()
         if smaller is not None and self._launched:
             self._adopt_ring(smaller)
         self.plan = plan
@@ -226,12 +237,12 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
     def _worker_config(self, wid: int, use_pdeathsig: bool, seed: int, resume: dict | None) -> WorkerConfig:
         """The config of worker ``wid``, started with the epoch or in place of a dead one."""
         loader = self._loader
-        rank, world = loader._worker_shard()
+        rank, world = self._runtime.worker_shard()
         ring = self._ring
         if ring is not None and ring.fd is None:
             # Another iterator of the loader retired this ring (its descriptor is closed):
             # every worker moves to the current one, as when the ring grows.
-            ring = loader._leases.usable()
+            ring = self._runtime.leases.usable()
             if ring is not None:
                 self._adopt_ring(ring)
         return WorkerConfig(
@@ -240,7 +251,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             num_workers=loader.num_workers if self._tuner is None else self._tuner.settings.max_workers,
             seed=seed,
             dataset=loader.dataset,
-            recipe=loader._recipe(),
+            recipe=self._runtime.recipe(),
             worker_init_fn=loader.worker_init_fn,
             ring=ring,
             fixed_slot_bytes=loader.slot_bytes is not None,
@@ -319,7 +330,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         # keeps writing the few slots it already faulted in (pages are mapped per process,
         # ~2 us a page on first write), instead of every worker faulting in every slot.
         start = wid * ring.num_slots // self._loader.num_workers
-        ring, slot = self._loader._leases.claim(start)
+        ring, slot = self._runtime.leases.claim(start)
         if ring is not self._ring and ring is not None:
             self._adopt_ring(ring)
         return slot
@@ -393,7 +404,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
             batch = self._handout.batch(kind, task, payload)
         self._yielded = yielded = self._yielded + 1
         if yielded > self._len_limit:
-            warn_len_exceeded(self._loader, yielded)
+            warn_len_exceeded(self._runtime, yielded, self._loader.num_workers)
         return batch
 
     def _next_result(self) -> tuple[int, _Task, bytes] | None:
@@ -420,7 +431,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         in line at the next call, after this batch is handed out."""
         self._ring_wanted = max(self._ring_wanted, needed)
         if self._ring_maker is None and needed >= BACKGROUND_MIN_BATCH_BYTES:
-            self._ring_maker = RingMaker(self._loader._leases, needed, self._ring)
+            self._ring_maker = RingMaker(self._runtime.leases, needed, self._ring)
 
     def _ring_ready(self) -> bool:
         """True when the wanted ring can be taken without waiting for its maker."""
@@ -433,7 +444,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         hand it to the workers. A maker's error (no room, max_shm_bytes) is raised here."""
         wanted, self._ring_wanted = self._ring_wanted, 0
         maker, self._ring_maker = self._ring_maker, None
-        leases = self._loader._leases
+        leases = self._runtime.leases
         ring = maker.result() if maker is not None else None
         if ring is None or wanted > ring.slot_bytes or ring.fd is None:
             # A batch larger than the one the maker sized for arrived meanwhile, or
@@ -504,7 +515,7 @@ class MultiProcessIter(Ahead, Restarts, Tuning, Exchange):
         ``__init__`` it moves nothing: the epoch begins at the next ``next()``."""
         self._start_epoch = start
         self._handout.copy = copy
-        self._len_limit = iterable_len_limit(self._loader)
+        self._len_limit = iterable_len_limit(self._runtime)
         self.plan = None
         self.epoch_done = False
         self._idle = True

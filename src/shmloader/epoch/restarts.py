@@ -35,6 +35,7 @@ class Restarts:
 
     # (Attributes and methods of MultiProcessIter, used here.)
     _loader: Any
+    _runtime: Any  # the loader's LoaderRuntime (shmloader.runtime)
     _pool: Any
     _tasks: dict
     _results: dict
@@ -52,7 +53,7 @@ class Restarts:
         would have) or the worker has nothing of it left to load this epoch (the next
         epoch starts it afresh)."""
         loader = self._loader
-        if loader._stats["worker_restarts"] >= loader.max_worker_restarts:
+        if self._runtime.stats["worker_restarts"] >= loader.max_worker_restarts:
             return False
         if not loader.iterable or self.plan is None or self.plan.stateful:
             return True
@@ -75,7 +76,7 @@ class Restarts:
         if not self._may_restart(worker):
             if not limit:
                 raise self._death_error(worker)
-            if loader._stats["worker_restarts"] >= limit:
+            if self._runtime.stats["worker_restarts"] >= limit:
                 note = (
                     f" It was not restarted: the loader already replaced max_worker_restarts={limit} "
                     "worker(s), its limit."
@@ -113,7 +114,7 @@ class Restarts:
         except BaseException:
             self.close(graceful=False)  # no worker in its place: the epoch cannot go on
             raise
-        loader._stats["worker_restarts"] += 1
+        self._runtime.stats["worker_restarts"] += 1
         # Its tasks again, in their order: a slot of the current ring is reused as it is
         # (the old worker is reaped: nothing writes it now, and the consumer hands it out
         # only on the new worker's result); a slot of a retired ring goes back, and the
@@ -137,7 +138,7 @@ class Restarts:
         warnings.warn(
             f"DataLoader worker {worker.id} (pid {old_pid}) {how}{what}. Started worker "
             f"{worker.id} again (pid {new.proc.pid}){again}: restart "
-            f"{loader._stats['worker_restarts']} of max_worker_restarts={limit}.",
+            f"{self._runtime.stats['worker_restarts']} of max_worker_restarts={limit}.",
             WorkerRestartWarning,
             stacklevel=_caller_level(),  # the loop calling next()
         )

@@ -273,6 +273,7 @@ class Tuning:
 
     # (Attributes and methods of MultiProcessIter, used here.)
     _loader: Any
+    _runtime: Any  # the loader's LoaderRuntime (shmloader.runtime)
     _pool: Any
     _ring: Any
     _ctx: Any
@@ -288,8 +289,8 @@ class Tuning:
         if self._idle or self.closed or getattr(self, "_ahead", None) is not None:
             return  # (with the next epoch's tasks out, the pool stays as it is: ahead.py)
         loader = self._loader
-        tuner: Tuner = loader._tuner
-        action = tuner.decide(now, loader._timing, Room(self._ring, loader.shm_backend))
+        tuner: Tuner = self._runtime.tuner
+        action = tuner.decide(now, self._runtime.timing, Room(self._ring, loader.shm_backend))
         if action == "worker":
             self._add_worker()
         elif action == "prefetch":
@@ -315,6 +316,6 @@ class Tuning:
             self.close()  # type: ignore[attr-defined]
             raise
         loader.num_workers = wid + 1
-        loader._timing.num_workers = wid + 1
+        self._runtime.timing.num_workers = wid + 1
         self.scheduler.grow(wid + 1)
         self._dispatch()  # type: ignore[attr-defined]
