@@ -82,7 +82,7 @@ class LoaderConfig:
     def checked(self) -> LoaderConfig:
         """This config validated and filled in (see the class docstring). Raises
         ValueError or TypeError naming the argument, in torch's words where torch checks
-        the same, in the order torch checks them."""
+        the same, in the order torch checks them. Call it once, on the config as given."""
         iterable = is_iterable_dataset(self.dataset)
         tuner = autotune.settings(self.num_workers, self.prefetch_factor, iterable)
         num_workers, prefetch_factor = _worker_counts(self, tuner)

@@ -220,14 +220,20 @@ class DataLoader(Generic[T_co]):
         self._set_public_attributes(config)
         self._runtime = LoaderRuntime(config, self)
         self._persistent_iter: MultiProcessIter | None = None
-        if config.own_batching and config.batch_sampler is not None:
-            # Iterated by anything but the loader, the batch sampler the loader made
-            # yields the loader's next epoch: its whole global order (rank 0 of 1).
-            whole = _state.Now(num_workers=config.num_workers, generator=config.generator)  # type: ignore[arg-type]
-            upcoming = functools.partial(_state.upcoming_batches, config, self._runtime.cursor, whole)
-            config.batch_sampler.follow(upcoming)
+        self._bind_batch_sampler(config)
         self._initialized = True
         warn_if_more_workers_than_cores(config.num_workers)  # type: ignore[arg-type]
+
+    def _bind_batch_sampler(self, config: LoaderConfig) -> None:
+        """Make the batch sampler the loader made for itself, iterated by anything but the
+        loader, yield the loader's next epoch: its whole global order (rank 0 of 1). It
+        gets the config and the cursor, not the loader (whose ring and workers must go
+        when it is dropped)."""
+        if not config.own_batching or config.batch_sampler is None:
+            return  # no batch sampler, or the user's
+        whole = _state.Now(num_workers=config.num_workers, generator=config.generator)  # type: ignore[arg-type]
+        upcoming = functools.partial(_state.upcoming_batches, config, self._runtime.cursor, whole)
+        config.batch_sampler.follow(upcoming)
 
     def _set_public_attributes(self, config: LoaderConfig) -> None:
         """torch's public attributes, and shmloader's, from ``config``.

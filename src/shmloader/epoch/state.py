@@ -437,9 +437,7 @@ def upcoming_batches(config: Sampling, cursor: Cursor, now: Now) -> list[list[An
             setattr(cursor, name, value)
 
 
-def plan_ahead(
-    config: Sampling, cursor: Cursor, now: Now
-) -> tuple[EpochPlan, Iterator[list[Any]]] | None:
+def plan_ahead(config: Sampling, cursor: Cursor, now: Now) -> tuple[EpochPlan, Iterator[list[Any]]] | None:
     """The plan and tasks of the loader's next epoch, worked out now without moving the
     cursor, where they are a function of the seed and the epoch alone: a map-style
     dataset, batched by the loader, its order the loader's shuffle or a
