@@ -450,12 +450,9 @@ def _make_loader(args: dict[str, Any], ds: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def _ring_info(loader: Any) -> dict[str, Any] | None:
-    """The current ring's slot count and bytes, read from the loader's internals (None
-    where they are not there: torch, or a changed layout)."""
-    try:
-        ring = loader._leases.current
-    except AttributeError:
-        return None
+    """The current ring's slot count and bytes (None where there is none: torch's
+    loader, or no ring yet)."""
+    ring = getattr(loader, "ring", None)
     if ring is None:
         return None
     info = {"num_slots": ring.num_slots, "slot_bytes": ring.slot_bytes}

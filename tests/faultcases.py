@@ -1178,7 +1178,7 @@ def case_restart_kill(
                 wait_gone([victim], 2.0)
     restarts = dl.stats()["worker_restarts"]
     gc.collect()
-    ring = dl._leases.current
+    ring = dl.ring
     # Slots are checked after shutdown(), which frees any still READY with the workers
     # (the next epoch's first batches, where prefetch_next_epoch=True loaded them).
     dl.shutdown()

@@ -165,7 +165,7 @@ def test_pin_memory_without_cuda_warns_once_and_loads():
         assert [int(v) for _ in range(2) for _, y in dl for v in y] == list(range(20)) * 2
     texts = [str(w.message) for w in caught]
     assert texts.count(pinning.NO_CUDA_WARNING) == 1, texts
-    assert dl._pinner is None
+    assert dl.runtime.pinner is None
 
 
 class FakeEvent:
@@ -213,7 +213,7 @@ def test_pinned_ring_is_registered_once_and_slots_wait_for_their_copies(monkeypa
     ring = dl.ring
     address, size = ring.mapping.address, ring.mapping.size
     assert host.registered == [(address, size)], "the whole ring, registered once"
-    pinner = dl._pinner
+    pinner = dl.runtime.pinner
     labels = []
     for x, y in dl:
         labels.extend(y.tolist())
@@ -256,7 +256,7 @@ def test_pinned_ring_copies_to_cuda_straight_from_the_slot():  # runs on a GPU m
         sampler=range(2048),
         **FORK,
     )
-    assert dl._pinner is not None
+    assert dl.runtime.pinner is not None
     for _ in range(2):  # two epochs: new workers forked after the registration
         out = []
         for x in dl:

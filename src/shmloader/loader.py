@@ -1,35 +1,30 @@
-"""The DataLoader: epochs, state and statistics (its argument checks: :mod:`shmloader.arguments`).
+"""The DataLoader: epochs, state and statistics.
 
-An epoch is loaded by :class:`~shmloader.epoch.inprocess.InProcessIter` (``num_workers=0``) or
-:class:`~shmloader.epoch.multiprocess.MultiProcessIter` (workers writing into the ring), with one recipe
-(:mod:`shmloader.batch.recipe`): ``num_workers`` never changes a batch. Rings and leases:
-:mod:`shmloader.memory.leases`.
+Its arguments are checked once into a frozen :class:`~shmloader.config.LoaderConfig`;
+what it works with (counters, clocks, rings and leases, pinning, autotune, the epoch
+cursor) is one :class:`~shmloader.runtime.LoaderRuntime`, which its iterators receive. An
+epoch is loaded by :class:`~shmloader.epoch.inprocess.InProcessIter` (``num_workers=0``)
+or :class:`~shmloader.epoch.multiprocess.MultiProcessIter` (workers writing into the
+ring), with one recipe (:mod:`shmloader.batch.recipe`): ``num_workers`` never changes a
+batch. Rings and leases: :mod:`shmloader.memory.leases`.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from types import SimpleNamespace
 from typing import Any, Generic, TypeVar
 
-from shmloader import arguments
-from shmloader.batch import recipe as fetch
+from shmloader.config import LoaderConfig, mp_context, warn_if_more_workers_than_cores
 from shmloader.epoch import state as _state
 from shmloader.epoch.inprocess import InProcessIter
 from shmloader.epoch.multiprocess import MultiProcessIter
-from shmloader.interop import pinning as _pinning
 from shmloader.interop import torchcompat
-from shmloader.memory import leases as _leases
-from shmloader.memory import sizing
 from shmloader.memory.ring import Ring
+from shmloader.runtime import LoaderRuntime
 from shmloader.sampling import distributed as _dist
-from shmloader.sampling import draws as _draws
-from shmloader.sampling.sampler import BatchSampler, RandomSampler, SequentialSampler
-from shmloader.tuning import autotune
-from shmloader.tuning.timing import Timing
 
-_LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 # What torch's DataLoader refuses to change after construction (the epoch plan reads them).
 _FIXED_AFTER_INIT = frozenset(
     {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
@@ -188,134 +183,110 @@ class DataLoader(Generic[T_co]):
         max_worker_restarts: int = 0,
         prefetch_next_epoch: bool = False,
     ) -> None:
-        args = arguments.check(
-            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, drop_last, timeout,
-            generator, prefetch_factor, persistent_workers, seed, num_slots, slot_bytes, collate,
-            max_shm_bytes, shm_backend, output, max_worker_restarts, prefetch_next_epoch,
-        )  # fmt: skip
-        dataset, shuffle, batch_size, drop_last = args.dataset, args.shuffle, args.batch_size, args.drop_last
-        output_arg = output  # as given: "auto" depends on the collate_fn too (below)
-        num_workers, prefetch_factor, output = args.num_workers, args.prefetch_factor, args.output
-        self.iterable = args.iterable
-        # num_workers or prefetch_factor "auto": the counts in use now, tuned as epochs run.
-        self._tuner = autotune.Tuner.of(args.tuner) if args.tuner is not None else None
-        most_workers = args.tuner.max_workers if args.tuner is not None else num_workers
-        most_prefetch = args.tuner.max_prefetch if args.tuner is not None else prefetch_factor
-
-        # Public attributes hold the constructor's arguments under their own names (torch's
-        # do): frameworks re-create a loader from them with another sampler (Lightning's
-        # DistributedSampler injection), so each must mean what it meant here.
-        self.dataset = dataset
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self.pin_memory = pin_memory
-        self.pin_memory_device = pin_memory_device
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context  # validated as torch does
-        self.persistent_workers = persistent_workers
-        self.prefetch_next_epoch = prefetch_next_epoch
-        self.in_order = in_order
-        self.max_worker_restarts = max_worker_restarts
-        # None: the default collate (torch reports its default_collate/default_convert).
-        auto_collation = batch_sampler is not None or batch_size is not None
-        self.collate_fn = (
-            collate_fn if collate_fn is not None else torchcompat.default_collate_of(auto_collation)
-        )
-        self.drop_last = drop_last
-        self.shm_backend = shm_backend
-        # (Sized for the most workers and prefetch "auto" may reach: slots nothing writes
-        # take no memory where rings are sparse.)
-        self.num_slots = num_slots or sizing.default_num_slots(
-            most_workers, most_prefetch or sizing.DEFAULT_PREFETCH_FACTOR
-        )
-        self.slot_bytes = slot_bytes
-        self.collate = collate
-        self.pad_value = pad_value
-        self.copy = copy
-        self.generator = generator
-        self.seed = seed
-        # Where the loader is between and within epochs: state.py's record (where every
-        # epoch's order and worker seeds come from, the next epoch, a loaded position).
-        # Nothing is drawn here (see draws.py): torch's loader draws at iter().
-        torch_rng = _draws.uses_torch_rng(seed, generator)
-        self._cursor = _state.Cursor(
-            seeds=None if torch_rng else _draws.SeedSource(seed, generator),
-            own_shuffle=not self.iterable and sampler is None and shuffle,
-            own_batching=not self.iterable and batch_sampler is None,
-        )
-        # "auto": tensors exactly where torch makes them (its default collate and convert);
-        # a collate_fn's output is torch's as it is returned, its numpy arrays included.
-        user_collate = fetch.user_collate_fn(collate_fn, auto_collation)
-        self.output = "numpy" if output_arg == "auto" and user_collate else output
-        # Rank and world size are read at each epoch (and len()), not frozen here: a loader
-        # made before torch.distributed is initialized shards once it is. Checked now, so a
-        # bad argument is an error at construction.
-        _dist.detect(distributed, rank, world_size)
-        self.distributed = distributed
-        self._rank_arg, self._world_arg = rank, world_size
-
-        if self.iterable:
-            self.sampler = None
-            self.batch_sampler = None
-            self.batch_size = batch_size
-        else:
-            if sampler is None:
-                if shuffle:  # (as torch's: the loader's torch generator is the sampler's)
-                    sampler = RandomSampler(dataset, generator=generator if torch_rng else None)
-                else:
-                    sampler = SequentialSampler(dataset)
-            if batch_size is not None and batch_sampler is None:
-                batch_sampler = _EpochBatches(sampler, batch_size, drop_last)
-                # What it needs of this loader to tell its next epoch (the cursor, and
-                # the sampling attributes, fixed after construction): no reference to
-                # the loader, whose ring and workers must go when it is dropped.
-                batch_sampler._epoch_of = (
-                    self._cursor,
-                    SimpleNamespace(
-                        iterable=False,
-                        sampler=sampler,
-                        batch_sampler=None,
-                        batch_size=batch_size,
-                        drop_last=drop_last,
-                        dataset=dataset,
-                        num_workers=num_workers,
-                        persistent_workers=persistent_workers,
-                        generator=generator,
-                        rank=0,
-                        world_size=1,
-                    ),
-                )
-            self.sampler = sampler
-            self.batch_sampler = batch_sampler
-            self.batch_size = batch_size
-        # Counters for stats(): plain ints bumped on the hand-out path (no locks, no syscalls).
-        self._stats: dict[str, Any] = {"batches": 0, "batches_copied": 0, "rings_created": 0, "dataset": {}}
-        self._stats["worker_restarts"] = 0  # workers replaced (max_worker_restarts), in the loader's life
-        # Persistent workers (ahead.py): epochs whose first batches loaded during the last
-        # one, and batches so loaded that the epoch could not use (its plan changed).
-        self._stats["epochs_ahead"] = 0
-        self._stats["batches_ahead_dropped"] = 0
-        self._timing = Timing(most_workers)  # where the time goes: stats()["time"]
-        self._pinner = _pinning.make_pinner(pin_memory)  # None: off, or no CUDA (warned)
-        # The rings (current and retired), slot claims and leases; see leases.py.
-        self._leases = _leases.Leases(
-            self.num_slots,
-            max_shm_bytes,
-            self._pinner,
-            self._stats,
-            backend=shm_backend,
-            # The default slot count adapts to the memory there; one the user gave is kept.
-            min_slots=sizing.min_num_slots(num_workers) if num_slots is None else None,
-            num_workers=most_workers,
-        )
-        if slot_bytes is not None and num_workers > 0:
-            # Sized by the user: reserve it now, so a too-small /dev/shm is an error here.
-            self._leases.new_ring(self.num_slots, slot_bytes)
+        config = LoaderConfig(
+            dataset=dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+            seed=seed,
+            num_slots=num_slots,
+            slot_bytes=slot_bytes,
+            collate=collate,
+            pad_value=pad_value,
+            copy=copy,
+            max_shm_bytes=max_shm_bytes,
+            shm_backend=shm_backend,
+            output=output,
+            distributed=distributed,
+            rank=rank,
+            world_size=world_size,
+            max_worker_restarts=max_worker_restarts,
+            prefetch_next_epoch=prefetch_next_epoch,
+        ).checked()
+        self._config = config
+        self._set_public_attributes(config)
+        self._runtime = LoaderRuntime(config, self)
         self._persistent_iter: MultiProcessIter | None = None
-        self._IterableDataset_len_called: int | None = None  # len(dataset) at the last len(loader)
+        self._bind_batch_sampler(config)
         self._initialized = True
-        arguments.warn_if_more_workers_than_cores(num_workers)
+        warn_if_more_workers_than_cores(config.num_workers)  # type: ignore[arg-type]
+
+    def _bind_batch_sampler(self, config: LoaderConfig) -> None:
+        """Make the batch sampler the loader made for itself, iterated by anything but the
+        loader, yield the loader's next epoch: its whole global order (rank 0 of 1). It
+        gets the config and the cursor, not the loader (whose ring and workers must go
+        when it is dropped)."""
+        if not config.own_batching or config.batch_sampler is None:
+            return  # no batch sampler, or the user's
+        whole = _state.Now(num_workers=config.num_workers, generator=config.generator)  # type: ignore[arg-type]
+        upcoming = functools.partial(_state.upcoming_batches, config, self._runtime.cursor, whole)
+        config.batch_sampler.follow(upcoming)
+
+    def _set_public_attributes(self, config: LoaderConfig) -> None:
+        """torch's public attributes, and shmloader's, from ``config``.
+
+        They hold the constructor's arguments under their own names (torch's do):
+        frameworks re-create a loader from them with another sampler (Lightning's
+        DistributedSampler injection), so each must mean what it meant here. Those not
+        fixed after construction may be set later, as torch allows; ``num_workers`` and
+        ``prefetch_factor`` report the counts in use ("auto" tunes them)."""
+        self.iterable = config.iterable
+        self.dataset = config.dataset
+        self.num_workers = config.num_workers
+        self.prefetch_factor = config.prefetch_factor
+        self.pin_memory = config.pin_memory
+        self.pin_memory_device = config.pin_memory_device
+        self.timeout = config.timeout
+        self.worker_init_fn = config.worker_init_fn
+        self._mp_context = config.multiprocessing_context  # checked: a context, or None
+        self.persistent_workers = config.persistent_workers
+        self.prefetch_next_epoch = config.prefetch_next_epoch
+        self.in_order = config.in_order
+        self.max_worker_restarts = config.max_worker_restarts
+        self.collate_fn = config.collate_fn
+        self.drop_last = config.drop_last
+        self.shm_backend = config.shm_backend
+        self.num_slots = config.num_slots
+        self.slot_bytes = config.slot_bytes
+        self.collate = config.collate
+        self.pad_value = config.pad_value
+        self.copy = config.copy
+        self.generator = config.generator
+        self.seed = config.seed
+        self.output = config.output
+        # Rank and world size are read at each epoch (and len()), not frozen here: a loader
+        # made before torch.distributed is initialized shards once it is.
+        self.distributed = config.distributed
+        self.sampler = config.sampler
+        self.batch_sampler = config.batch_sampler
+        self.batch_size = config.batch_size
+
+    @property
+    def config(self) -> LoaderConfig:
+        """The loader's arguments as checked and filled in when it was made
+        (:class:`~shmloader.config.LoaderConfig`): ``config.num_workers`` is the count it
+        started with, ``num_workers`` the one in use."""
+        return self._config
+
+    @property
+    def runtime(self) -> LoaderRuntime:
+        """What the loader and its iterators work with (:class:`~shmloader.runtime.LoaderRuntime`):
+        counters, clocks, rings and leases, the CUDA pinner, the autotuner, the epoch
+        cursor. For integrations and tests; its parts are not a stable API."""
+        return self._runtime
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED_AFTER_INIT and self._initialized:
@@ -333,7 +304,7 @@ class DataLoader(Generic[T_co]):
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, context: Any) -> None:
-        self._mp_context = arguments.mp_context(context, self.num_workers)
+        self._mp_context = mp_context(context, self.num_workers)
 
     @property
     def rank(self) -> int:
@@ -341,63 +312,32 @@ class DataLoader(Generic[T_co]):
         given, else with ``distributed="auto"`` (or True) torch.distributed's or the
         ``RANK`` environment variable's, else 0 (the default: the loader does not shard;
         a ``DistributedSampler`` may)."""
-        return _dist.detect(self.distributed, self._rank_arg, self._world_arg)[0]
+        return self._runtime.now().rank
 
     @property
     def world_size(self) -> int:
         """Ranks the loader splits each epoch between, read now (as :attr:`rank`); 1 where
         it does not shard by itself (the default, and outside a distributed job)."""
-        return _dist.detect(self.distributed, self._rank_arg, self._world_arg)[1]
-
-    def _sharding_asked(self) -> bool:
-        """Whether the constructor asked the loader to shard by itself (``distributed``
-        "auto" or True, ``rank`` or ``world_size``)."""
-        return _dist.asked(self.distributed, self._rank_arg, self._world_arg)
-
-    def _worker_shard(self) -> tuple[int, int]:
-        """``(rank, world_size)`` an epoch's loading code is told (worker info,
-        :func:`shmloader.get_shard_info`, a DataPipe's ``sharding_filter``): the loader's,
-        except for a torch DataPipe, which is sharded as torch's loader shards it
-        (:func:`shmloader.sampling.distributed.datapipe_shard`)."""
-        if self.iterable and fetch.is_datapipe(self.dataset):
-            return _dist.datapipe_shard(self.distributed, self._rank_arg, self._world_arg)
-        return self.rank, self.world_size
+        return self._runtime.now().world_size
 
     @property
-    def _auto_collation(self) -> bool:
-        """Whether samples are batched: batch_size or batch_sampler was given."""
-        if self.iterable:
-            return self.batch_size is not None
-        return self.batch_sampler is not None
-
-    def _recipe(self) -> fetch.Recipe:
-        """How this loader's batches are made: the one recipe of the main process and of
-        every worker (so num_workers never changes a batch)."""
-        return fetch.Recipe(
-            self.dataset,
-            iterable=self.iterable,
-            auto_collation=self._auto_collation,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            # torch's default collate (what collate_fn reports when none was given) is made
-            # by shmloader's own, straight into the ring (fetch.is_torch_default).
-            collate_fn=self.collate_fn,
-            collate=self.collate,
-            pad_value=self.pad_value,
-            output=self.output,
-        )
+    def _IterableDataset_len_called(self) -> int | None:
+        """torch's (private) name for an iterable dataset's length at the last
+        ``len(loader)``, None before it."""
+        return self._runtime.iterable_len
 
     def __len__(self) -> int:
         if self.iterable:
             # What torch records for its warning when an iterable dataset yields more
             # (the iterators compare their batches with it).
-            n = self._IterableDataset_len_called = len(self.dataset)
+            n = self._runtime.iterable_len = len(self.dataset)
             if self.batch_size is None:
                 return n
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         sharded = self.batch_sampler if self.batch_sampler is not None else self.sampler
-        if not _dist.is_presharded(sharded) and self.world_size > 1:
-            return _state.sharded_len(self, self._cursor)  # this rank's share
+        world = self.world_size
+        if not _dist.is_presharded(sharded) and world > 1:
+            return _state.sharded_len(self._config, world)  # this rank's share
         if self.batch_sampler is not None:
             return len(self.batch_sampler)  # type: ignore[arg-type]
         return len(self.sampler)  # type: ignore[arg-type]
@@ -410,8 +350,11 @@ class DataLoader(Generic[T_co]):
         loader's ``copy`` for this epoch (True: batches own their memory and release
         their slot at once, for consumers that keep them)."""
         copy = self.copy if copy is None else copy
+        config, runtime = self._config, self._runtime
+        cursor = runtime.cursor
         # Nothing moves until the iterator's first next(): it calls ``start`` then (the
-        # epoch begins, workers start or persistent ones switch epochs).
+        # epoch begins, workers start or persistent ones switch epochs, the settings
+        # that may change are read).
         if self.persistent_workers:
             # The loader keeps this iterator (and its workers) between epochs, so the
             # iterator sees the loader through a weak proxy: no reference cycle, and a
@@ -421,22 +364,22 @@ class DataLoader(Generic[T_co]):
             it = self._persistent_iter
             new_workers = it is None or it.closed
             # Under torch's RNG, what torch draws as it makes (or resets) its iterator.
-            draws = _state.draw_for_iter(self, self._cursor, new_workers)
-            start = _state.epoch_starter(proxy, self._cursor, draws)
+            draws = _state.draw_for_iter(config, cursor, runtime.now(), new_workers)
+            start = _state.epoch_starter(config, cursor, runtime.now, draws)
             if new_workers:
-                it = self._persistent_iter = MultiProcessIter(proxy, start, copy)
+                it = self._persistent_iter = MultiProcessIter(proxy, runtime, start, copy)
             else:
                 it.reset(start, copy)
             # pending: state_dict() describes the epoch it will begin
-            _state.attach(self._cursor, it, draws)
+            _state.attach(cursor, it, draws)
             return _PersistentEpoch(it, self)
-        draws = _state.draw_for_iter(self, self._cursor, True)
-        start = _state.epoch_starter(self, self._cursor, draws)
+        draws = _state.draw_for_iter(config, cursor, runtime.now(), True)
+        start = _state.epoch_starter(config, cursor, runtime.now, draws)
         if self.num_workers == 0:
-            it: Any = InProcessIter(self, start)
+            it: Any = InProcessIter(self, runtime, start)
         else:
-            it = MultiProcessIter(self, start, copy)
-        _state.attach(self._cursor, it, draws)
+            it = MultiProcessIter(self, runtime, start, copy)
+        _state.attach(cursor, it, draws)
         return it
 
     def stats(self) -> dict[str, Any]:
@@ -463,18 +406,19 @@ class DataLoader(Generic[T_co]):
         data-bound or compute-bound and what to change; with ``num_workers`` or
         ``prefetch_factor`` ``"auto"``, ``autotune``: the counts in use and the changes
         made (see :mod:`shmloader.tuning.autotune`)."""
-        out = dict(self._stats)
+        runtime = self._runtime
+        out = dict(runtime.stats)
         dataset = dict(out["dataset"])
         if self.num_workers == 0 and callable(getattr(self.dataset, "shmloader_stats", None)):
             dataset = dict(self.dataset.shmloader_stats())  # loaded in this process: its own counters
         out["dataset"] = dataset
-        ring = self._leases.current
+        ring = runtime.leases.current
         out["num_slots"] = ring.num_slots if ring is not None else 0
         out["slot_bytes"] = ring.slot_bytes if ring is not None else 0
         out["pinned_shm_bytes"] = self.pinned_shm_bytes()
-        out["time"] = self._timing.report(in_process=self.num_workers == 0)
-        if self._tuner is not None:
-            out["autotune"] = self._tuner.report()
+        out["time"] = runtime.timing.report(in_process=self.num_workers == 0)
+        if runtime.tuner is not None:
+            out["autotune"] = runtime.tuner.report()
         return out
 
     def set_epoch(self, epoch: int) -> None:
@@ -483,7 +427,7 @@ class DataLoader(Generic[T_co]):
         are functions of the loader's seed and ``epoch``, the same on every rank (under
         torch's RNG they are drawn at ``iter()``, whatever the epoch); a sampler with
         ``set_epoch`` is given it. Without it, epochs count up from 0 by themselves."""
-        _state.set_epoch(self._cursor, epoch)
+        _state.set_epoch(self._runtime.cursor, epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, as plain Python data (safe in a torch checkpoint).
@@ -496,7 +440,9 @@ class DataLoader(Generic[T_co]):
         survives a change of ``num_workers`` and of the world size: the rest of the epoch
         is split between the new ranks. Iterable datasets resume shard by shard (same
         rank, world size and ``num_workers``)."""
-        return _state.state_dict(self, self._cursor)
+        it = self._persistent_iter
+        kept = self.persistent_workers and it is not None and not it.closed
+        return _state.state_dict(self._config, self._runtime.cursor, self._runtime.now(), kept)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`) when the next epoch begins (the
@@ -505,33 +451,29 @@ class DataLoader(Generic[T_co]):
         torch's RNG drew for the saved epoch) and puts its ``torch.Generator`` back where
         the saved run's was, so the order and random draws of this epoch and the following
         ones match the saved run's."""
-        _state.load_state_dict(self, self._cursor, state)
+        runtime = self._runtime
+        _state.load_state_dict(self._config, runtime.cursor, runtime.now(), state, self.shutdown)
 
     @property
     def ring(self) -> Ring | None:
         """The shared-memory ring new batches go to, once a multi-worker iteration has
         created it."""
-        return self._leases.current
-
-    @property
-    def _ring(self) -> Ring | None:
-        """The current ring (as ``ring``), for the iterators."""
-        return self._leases.current
+        return self._runtime.leases.current
 
     @property
     def max_shm_bytes(self) -> int:
         """The bound on the shared memory of all this loader's rings together (default:
         half of /dev/shm's free space when the loader was made)."""
-        return self._leases.max_shm_bytes
+        return self._runtime.leases.max_shm_bytes
 
     @max_shm_bytes.setter
     def max_shm_bytes(self, value: int) -> None:
-        self._leases.max_shm_bytes = value
+        self._runtime.leases.max_shm_bytes = value
 
     def pinned_shm_bytes(self) -> int:
         """Bytes of shared memory this loader's rings hold now: the current ring, and
         retired rings that batches the consumer still references keep alive."""
-        return self._leases.pinned_bytes()
+        return self._runtime.leases.pinned_bytes()
 
     def shutdown(self) -> None:
         """Stop persistent workers now (they also stop when the loader is collected)."""
@@ -583,21 +525,3 @@ class _PersistentEpoch:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)
-
-
-class _EpochBatches(BatchSampler):
-    """The batch sampler a loader makes for itself (``loader.batch_sampler``). Iterated
-    by anything but the loader (which reads its sampler directly), it yields the global
-    index lists of the loader's next epoch (:func:`shmloader.epoch.state.upcoming_batches`),
-    not a draw of its own: code that rebuilds a loader over it
-    (``accelerate.skip_first_batches``, ``accelerator.prepare``) gets this loader's
-    batches, and shards them itself. Made anew by a framework (Lightning's sampler
-    injection), it is a plain :class:`~shmloader.BatchSampler`."""
-
-    _epoch_of: tuple[Any, SimpleNamespace] | None = None  # (cursor, sampling attributes)
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        if self._epoch_of is None:
-            return super().__iter__()
-        cursor, shape = self._epoch_of
-        return iter(_state.upcoming_batches(shape, cursor))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,17 +24,22 @@ from shmloader.system import slots as _slots
 from shmloader.transport import wire
 from shmloader.workers.failures import WorkerFailure, rebuild_error
 
+if TYPE_CHECKING:
+    from shmloader.runtime import LoaderRuntime
+
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
 
 
 class Handout:
-    """Batches from results, for one iterator of ``loader`` (``copy``: batches that own
-    their memory, the slot freed at once)."""
+    """Batches from results, for one iterator of ``loader`` (read for its ``output``),
+    counted in and pinned by its ``runtime`` (``copy``: batches that own their memory,
+    the slot freed at once)."""
 
-    __slots__ = ("_loader", "copy", "readers")
+    __slots__ = ("_loader", "_runtime", "copy", "readers")
 
-    def __init__(self, loader: Any, copy: bool) -> None:
+    def __init__(self, loader: Any, runtime: LoaderRuntime, copy: bool) -> None:
         self._loader = loader
+        self._runtime = runtime
         self.copy = copy
         # Per encoded skeleton: its reader, the struct of its layout numbers, and its
         # reader for big batches (small leaves apart), or None where it has one array.
@@ -46,20 +51,20 @@ class Handout:
         error for an error result."""
         if kind == wire.RES_READY:
             return self.from_slot(task)
-        loader = self._loader
+        runtime = self._runtime
         if kind == wire.RES_SEGMENT:
             batch = self.from_slot(task, segment=True)
             task.ring = None  # the segment lives as long as the batch's views, no longer
-            if loader._pinner is not None:
+            if runtime.pinner is not None:
                 batch = _pinning.pin_tree(batch)  # not in a registered ring: pinned by copy
             return batch
         if kind == wire.RES_PICKLED:
-            loader._stats["batches"] += 1
-            loader._stats["batches_copied"] += 1
+            runtime.stats["batches"] += 1
+            runtime.stats["batches_copied"] += 1
             batch = pickle.loads(wire.pickled_batch(payload))
-            if loader.output == "torch":
+            if self._loader.output == "torch":
                 batch = _pinning.to_torch(batch)
-            if loader._pinner is not None:
+            if runtime.pinner is not None:
                 batch = _pinning.pin_tree(batch)  # not in the ring: pinned by copy
             return batch
         failure: WorkerFailure = pickle.loads(payload)
@@ -70,7 +75,7 @@ class Handout:
         ``segment``: the slot is a one-off segment's, not the ring's."""
         ring = task.ring
         slot = task.slot
-        loader = self._loader
+        runtime = self._runtime
         ring.states.store(slot, _slots.HELD)
         buffer = ring.slot_buffer(slot)  # (a memoryview: struct and slicing read it fastest)
         root = np.frombuffer(buffer, np.uint8)
@@ -78,7 +83,7 @@ class Handout:
         # i.e. when the last view of it does, or when this returns (copy=True: the batch
         # does not view the root) or raises. Every view keeps the mapping alive (its .base
         # chain ends at the mapping's owner).
-        _leases.lease(root, ring, slot, None if segment or self.copy else loader._pinner)
+        _leases.lease(root, ring, slot, None if segment or self.copy else runtime.pinner)
         data_end, lo, llen, ooff, olen, seq, count = wire.read_header(ring, slot)
         if seq != task.seq:
             raise RuntimeError(f"slot {slot} holds batch {seq}, expected {task.seq}")
@@ -91,7 +96,7 @@ class Handout:
             reader = apart  # small leaves as copies: keeping them keeps no slot
         numbers = numbers_struct.unpack_from(buffer, wire.numbers_offset(lo, llen))
         objects = pickle.loads(root[ooff : ooff + olen].tobytes()) if olen else None
-        stats = loader._stats
+        stats = runtime.stats
         stats["batches"] += 1
         if segment:
             stats["batches_copied"] += 1  # not in the ring (in its own segment)
@@ -109,11 +114,10 @@ class Handout:
         count), made and cached."""
         if len(self.readers) >= _LAYOUT_CACHE_SIZE:
             self.readers.clear()  # stay bounded (one per batch structure)
-        loader = self._loader
         skeleton = decode(key)
-        if loader.output == "torch":
+        if self._loader.output == "torch":
             skeleton = _pinning.torch_skeleton(skeleton)
-        pinner = loader._pinner
+        pinner = self._runtime.pinner
         apart = make_apart_reader(skeleton, pinner.pinned_copy if pinner is not None else None)
         found = self.readers[key] = (make_reader(skeleton), wire.numbers_struct(count), apart)
         return found

@@ -11,7 +11,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmloader import context
 from shmloader.batch import recipe as fetch
@@ -19,28 +19,33 @@ from shmloader.epoch import state as _state
 from shmloader.interop import pinning as _pinning
 from shmloader.sampling import distributed as _dist
 
+if TYPE_CHECKING:
+    from shmloader.runtime import LoaderRuntime
+
 
 class InProcessIter:
     """num_workers=0: fetch and collate in this process; same batches as with workers.
     A :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
 
-    def __init__(self, loader: Any, start: Callable[[Any], _state.EpochPlan]) -> None:
-        # Nothing happens until the first next(): ``start`` (state.epoch_starter) begins
-        # the epoch then, so iter() alone moves nothing.
+    def __init__(self, loader: Any, runtime: LoaderRuntime, start: Callable[[Any], _state.EpochPlan]) -> None:
+        """An epoch of ``loader`` (read for its public attributes), working with its
+        ``runtime``; ``start`` (state.epoch_starter) begins the epoch at the first
+        ``next()``, so iter() alone moves nothing."""
         self._loader = loader
+        self._runtime = runtime
         self._start_epoch = start
         self._seq = 0
         self.plan: _state.EpochPlan | None = None
         self.epoch_done = False
         # torch's check: an iterable dataset yielding more batches than the samples its
         # __len__ reported when len(loader) was called (read as torch does, at iter()).
-        self._len_limit = iterable_len_limit(loader)
-        self._recipe = loader._recipe()
+        self._len_limit = iterable_len_limit(runtime)
+        self._recipe = runtime.recipe()
         # Applied to each batch, in order.
         self._post: list[Callable[[Any], Any]] = []
         if loader.output == "torch":
             self._post.append(_pinning.to_torch)
-        if loader._pinner is not None:
+        if runtime.pinner is not None:
             self._post.append(_pinning.pin_tree)  # no ring here: pinned per batch, as torch does
 
     def start(self) -> None:
@@ -49,24 +54,24 @@ class InProcessIter:
             self._begin()
 
     def _begin(self) -> None:
-        loader = self._loader
+        config = self._runtime.config
         self.plan = plan = self._start_epoch(self)
         self._seq = 0
         self._epoch_seed = plan.sample_seed
-        rank, world = loader._worker_shard()
+        rank, world = self._runtime.worker_shard()
         self._shard = _dist.ShardInfo(rank, world, 0, 1)
-        if loader.iterable:
+        if config.iterable:
             # A torch DataPipe is seeded and sharded as torch's main process does it.
-            fetch.prepare_datapipe(loader.dataset, plan.shared_seed, world, rank)
-            self._source = _state.open_iterable(loader.dataset, plan.workers[0] if plan.workers else None)
+            fetch.prepare_datapipe(config.dataset, plan.shared_seed, world, rank)
+            self._source = _state.open_iterable(config.dataset, plan.workers[0] if plan.workers else None)
         else:
-            self._source = _state.index_sequence(loader, plan)
+            self._source = _state.index_sequence(config, plan)
 
     def __iter__(self) -> InProcessIter:
         return self
 
     def __next__(self) -> Any:
-        timing = self._loader._timing  # (loading happens inside next() here: its wait)
+        timing = self._runtime.timing  # (loading happens inside next() here: its wait)
         entered = time.perf_counter()
         timing.entered(entered, 0)
         try:
@@ -91,7 +96,7 @@ class InProcessIter:
             self.epoch_done = True
             context.leave_main_epoch()  # outside an epoch, sample_rng follows np.random
             raise
-        stats = self._loader._stats
+        stats = self._runtime.stats
         stats["batches"] += 1
         stats["batches_copied"] += 1  # built in this process's memory, not in a ring
         for convert in self._post:
@@ -104,7 +109,7 @@ class InProcessIter:
 
     def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
         """Iterable datasets: this process is the one shard (see state.Positioned)."""
-        dataset = self._loader.dataset
+        dataset = self._runtime.config.dataset
         return [self._seq], 0, ({0: dataset.shmloader_state_dict()} if self.plan.stateful else {})  # type: ignore[union-attr]
 
     def shards_exhausted(self) -> bool:
@@ -116,12 +121,12 @@ class InProcessIter:
         StopIteration only when the sampler or the iterable dataset is exhausted."""
         recipe = self._recipe
         seq, self._seq = self._seq, self._seq + 1
-        if self._loader.iterable:
+        if self._runtime.config.iterable:
             samples = recipe.take(self._source, seq)
             if samples is None:
                 raise StopIteration
             if seq >= self._len_limit:
-                warn_len_exceeded(self._loader, seq + 1)
+                warn_len_exceeded(self._runtime, seq + 1, num_workers=0)
             indices = None
         else:
             indices = next(self._source)  # the sampler's end is the epoch's end
@@ -132,22 +137,23 @@ class InProcessIter:
         return len(self._loader)
 
 
-def iterable_len_limit(loader: Any) -> int:
+def iterable_len_limit(runtime: LoaderRuntime) -> int:
     """Batches an iterable dataset may yield before torch's warning: what its __len__
     said when ``len(loader)`` was last called (torch compares batches with samples)."""
-    said = getattr(loader, "_IterableDataset_len_called", None) if loader.iterable else None
+    said = runtime.iterable_len if runtime.config.iterable else None
     return sys.maxsize if said is None else said
 
 
-def warn_len_exceeded(loader: Any, yielded: int) -> None:
+def warn_len_exceeded(runtime: LoaderRuntime, yielded: int, num_workers: int) -> None:
     """torch's UserWarning (same condition and text, from its iterator's ``__next__``):
-    an iterable dataset yielded more than ``len(loader)`` reported."""
+    an iterable dataset yielded more than ``len(loader)`` reported (``num_workers``: the
+    loader's, in use)."""
     text = (
-        f"Length of IterableDataset {loader.dataset} was reported to be "
-        f"{loader._IterableDataset_len_called}(when accessing len(dataloader)), but {yielded} "
+        f"Length of IterableDataset {runtime.config.dataset} was reported to be "
+        f"{runtime.iterable_len}(when accessing len(dataloader)), but {yielded} "
         "samples have been fetched. "
     )
-    if loader.num_workers > 0:
+    if num_workers > 0:
         text += (
             "For multiprocessing data-loading, this could be caused by not properly configuring "
             "the IterableDataset replica at each worker. Please see "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmloader.batch.handout import Handout
 from shmloader.epoch import state as _state
@@ -19,6 +19,9 @@ from shmloader.epoch.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.memory.leases import Leases
 from shmloader.tuning.autotune import Tuner
 from shmloader.tuning.timing import Timing
+
+if TYPE_CHECKING:
+    from shmloader.runtime import LoaderRuntime
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,11 @@ class LoaderLink:
     """The one place the iterator reads (and reports to) its loader: settings, the objects
     of the loader's runtime, and the loader-wide functions of :mod:`shmloader.epoch.state`."""
 
-    __slots__ = ("_loader",)
+    __slots__ = ("_loader", "_runtime")
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, runtime: LoaderRuntime) -> None:
         self._loader = loader  # (a weak proxy for a persistent loader's iterator)
+        self._runtime = runtime
 
     def settings(self) -> Settings:
         loader = self._loader
@@ -69,11 +73,11 @@ class LoaderLink:
     def worker_spec(self) -> WorkerSpec:
         """What workers start with; read as each epoch begins (the rank may change)."""
         loader = self._loader
-        rank, world = loader._worker_shard()
-        tuner = loader._tuner
+        rank, world = self._runtime.worker_shard()
+        tuner = self._runtime.tuner
         return WorkerSpec(
             dataset=loader.dataset,
-            recipe=loader._recipe(),
+            recipe=self._runtime.recipe(),
             worker_init_fn=loader.worker_init_fn,
             fixed_slot_bytes=loader.slot_bytes is not None,
             rank=rank,
@@ -83,22 +87,22 @@ class LoaderLink:
         )
 
     def handout(self, copy: bool) -> Handout:
-        return Handout(self._loader, copy)
+        return Handout(self._loader, self._runtime, copy)
 
     def dataset(self) -> Any:
         return self._loader.dataset
 
     def stats(self) -> dict[str, Any]:
-        return self._loader._stats
+        return self._runtime.stats
 
     def timing(self) -> Timing:
-        return self._loader._timing
+        return self._runtime.timing
 
     def tuner(self) -> Tuner | None:
-        return self._loader._tuner
+        return self._runtime.tuner
 
     def leases(self) -> Leases:
-        return self._loader._leases
+        return self._runtime.leases
 
     def publish_counts(self, num_workers: int, prefetch_factor: int | None) -> None:
         """The counts a tuner set, which the loader reports (``loader.num_workers``...)."""
@@ -109,17 +113,18 @@ class LoaderLink:
         return len(self._loader)
 
     def len_limit(self) -> int:
-        return iterable_len_limit(self._loader)
+        return iterable_len_limit(self._runtime)
 
     def warn_len_exceeded(self, yielded: int) -> None:
-        warn_len_exceeded(self._loader, yielded)
+        warn_len_exceeded(self._runtime, yielded, self._loader.num_workers)
 
     def index_sequence(self, plan: _state.EpochPlan) -> Iterator[Any] | None:
         """The epoch's index lists (None: an iterable dataset)."""
-        return None if self._loader.iterable else _state.index_sequence(self._loader, plan)
+        return None if self._loader.iterable else _state.index_sequence(self._runtime.config, plan)
 
     def plan_next(self) -> tuple[_state.EpochPlan, Iterator[Any]] | None:
-        return _state.plan_ahead(self._loader, self._loader._cursor)
+        runtime = self._runtime
+        return _state.plan_ahead(runtime.config, runtime.cursor, runtime.now())
 
     def took_next(self) -> None:
-        _state.took_ahead(self._loader, self._loader._cursor)
+        _state.took_ahead(self._runtime.config)

@@ -23,7 +23,7 @@ import pickle
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmloader.epoch import state as _state
 from shmloader.epoch.ahead import Ahead
@@ -38,6 +38,9 @@ from shmloader.epoch.tuning import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
 from shmloader.transport import wire
 from shmloader.workers.pool import WorkerHandle, WorkerPool
+
+if TYPE_CHECKING:
+    from shmloader.runtime import LoaderRuntime
 
 _live_iterators: weakref.WeakSet = weakref.WeakSet()
 
@@ -81,10 +84,12 @@ class MultiProcessIter:
     """Iterator over one epoch with worker processes (reused across epochs when
     persistent); a :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
 
-    def __init__(self, loader: Any, start: Callable[[Any], _state.EpochPlan], copy: bool) -> None:
+    def __init__(
+        self, loader: Any, runtime: LoaderRuntime, start: Callable[[Any], _state.EpochPlan], copy: bool
+    ) -> None:
         # Nothing starts here: the first next() calls ``start`` (state.epoch_starter) to
         # begin the epoch and starts the workers, so iter() alone moves nothing.
-        link = self._link = LoaderLink(loader)
+        link = self._link = LoaderLink(loader, runtime)
         self._handout = link.handout(copy)
         self._start_epoch = start
         self._pid = os.getpid()

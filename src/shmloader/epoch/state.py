@@ -20,9 +20,13 @@ The state is plain Python data (dicts, lists, ints, strings), safe in a torch ch
 (``torch.load(..., weights_only=True)``).
 
 The contract between the pieces: the loader holds a :class:`Cursor` (this module's
-record of where it is between and within epochs: nothing here reads the loader's private
-fields), and the iterator of the running epoch is a :class:`Positioned`: it tells how
-many batches it handed out, and per shard how far each one got.
+record of where it is between and within epochs) and gives each call its
+:class:`~shmloader.config.LoaderConfig` (a :class:`Sampling`: what is fixed when it is
+made: dataset, samplers, batching) and, where the call reads them, its settings :class:`Now` (what may change
+later: the worker count, rank and world size, ``generator``, ``in_order``); nothing here
+sees the loader. The loader's own shuffle is told its epoch's order through its method
+``set_next_order``. The iterator of the running epoch is a :class:`Positioned`: it tells
+how many batches it handed out, and per shard how far each one got.
 """
 
 from __future__ import annotations
@@ -42,6 +46,62 @@ from shmloader.sampling.rng import derive_epoch_seed, order_rng
 
 FORMAT = "shmloader.DataLoader"
 VERSION = 1
+
+
+class Sampling(Protocol):
+    """What epoch plans read of a loader's configuration, fixed when the loader is made
+    (a :class:`~shmloader.config.LoaderConfig` is one)."""
+
+    @property
+    def iterable(self) -> bool:
+        """The dataset is iterable-style (no sampler, no global order)."""
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset."""
+
+    @property
+    def sampler(self) -> Any:
+        """The sampler the loader iterates (map-style; None for an iterable dataset)."""
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The batch sampler the loader iterates, or None (no auto-batching)."""
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per batch when the loader batches; None otherwise."""
+
+    @property
+    def drop_last(self) -> bool:
+        """A final short batch is dropped."""
+
+    @property
+    def persistent_workers(self) -> bool:
+        """Workers outlive an epoch."""
+
+    @property
+    def own_shuffle(self) -> bool:
+        """The loader made its RandomSampler: it tells it each epoch's order."""
+
+    @property
+    def own_batching(self) -> bool:
+        """The loader made its batch sampler: positions count samples, not batches."""
+
+
+@dataclass(frozen=True)
+class Now:
+    """A loader's settings that may change after it was made, as read for one call: the
+    worker count in use (``"auto"``, or torch's writable ``num_workers``), the rank and
+    world size it shards by (read at each epoch: a loader made before torch.distributed
+    is initialized shards once it is), and torch's writable ``generator`` and
+    ``in_order``."""
+
+    num_workers: int
+    rank: int = 0
+    world_size: int = 1
+    generator: Any = None
+    in_order: bool = True
 
 
 @dataclass
@@ -86,8 +146,6 @@ class Cursor:
     reseeding the generator before an epoch repeats it."""
 
     seeds: SeedSource | None  # the seed scheme's source; None: torch's RNG decides
-    own_shuffle: bool  # the loader made the RandomSampler: its order is drawn from here
-    own_batching: bool  # the loader made the BatchSampler: positions count samples
     seed: int | None = None  # the seed scheme's seed (None until the first epoch draws it)
     next_epoch: int = 0  # the epoch the next iter() loads (set_epoch, or one more)
     resume: dict[str, Any] | None = None  # a loaded position, for the next iter()
@@ -145,10 +203,10 @@ def stateful_hint(dataset: Any) -> str:
     )
 
 
-def _unit(loader: Any, cursor: Cursor) -> str:
-    if loader.iterable:
+def _unit(config: Sampling) -> str:
+    if config.iterable:
         return "iterable"
-    return "samples" if cursor.own_batching else "batches"
+    return "samples" if config.own_batching else "batches"
 
 
 def _midway(resume: dict[str, Any] | None) -> bool:
@@ -161,7 +219,7 @@ def _midway(resume: dict[str, Any] | None) -> bool:
     )
 
 
-def draw_for_iter(loader: Any, cursor: Cursor, new_workers: bool) -> Draws | None:
+def draw_for_iter(config: Sampling, cursor: Cursor, now: Now, new_workers: bool) -> Draws | None:
     """What ``iter(loader)`` draws when torch's RNG decides, as torch's DataLoader draws
     it when it makes (or, persistent, resets) its iterator: a DataPipe's shared seed, the
     workers' base seed (``new_workers``: workers will start; else the running ones keep
@@ -175,22 +233,21 @@ def draw_for_iter(loader: Any, cursor: Cursor, new_workers: bool) -> Draws | Non
     if resume is not None and resume["epoch"] == cursor.next_epoch and resume.get("draws"):
         draws = Draws.from_state(resume["draws"])
     else:
-        gen = _torch_generator(loader)
-        shared = _draws.int64(gen) if _is_iter_datapipe(loader.dataset) else None
+        gen = _torch_generator(now.generator)
+        shared = _draws.int64(gen) if _is_iter_datapipe(config.dataset) else None
         if cursor.workers_base is None or (new_workers and not cursor.loaded_base):
             draws = Draws(_draws.int64(gen), shared_seed=shared)
         else:
             draws = Draws(cursor.workers_base, reseed=new_workers, shared_seed=shared)
         cursor.loaded_base = False
-        if loader.num_workers > 0 and cursor.own_shuffle:
-            draws.order, draws.indices = _draws.draw_order(loader.sampler)
+        if now.num_workers > 0 and config.own_shuffle:
+            draws.order, draws.indices = _draws.draw_order(config.sampler)
     return draws
 
 
-def _torch_generator(loader: Any) -> Any:
+def _torch_generator(gen: Any) -> Any:
     """The loader's ``generator`` where it is a torch Generator, else None (torch's global
     RNG: a loader whose numpy generator resumed a run under torch's RNG)."""
-    gen = loader.generator
     torch = sys.modules.get("torch")
     return gen if torch is not None and isinstance(gen, torch.Generator) else None
 
@@ -202,10 +259,11 @@ def _is_iter_datapipe(dataset: Any) -> bool:
 
 
 def epoch_starter(
-    loader: Any, cursor: Cursor, draws: Draws | None = None
+    config: Sampling, cursor: Cursor, now: Callable[[], Now], draws: Draws | None = None
 ) -> Callable[[Positioned], EpochPlan]:
     """What ``iter(loader)`` gives its iterator to call at its first ``next()``:
-    ``start(it)`` begins the epoch (:func:`begin_epoch`, with ``draws``: what
+    ``start(it)`` begins the epoch (:func:`begin_epoch`, with the loader's settings
+    ``now()`` read then, and ``draws``: what
     :func:`draw_for_iter` drew for this iterator) and makes ``it`` the iterator
     state_dict() asks. Until then nothing else moved: ``iter()`` starts no worker and
     advances no epoch (and under the seed scheme draws no seed: Lightning calls
@@ -214,7 +272,7 @@ def epoch_starter(
 
     def start(it: Positioned) -> EpochPlan:
         mine, given[0] = given[0], None  # a second epoch of the iterator (a rollover) draws anew
-        plan = begin_epoch(loader, cursor, mine)
+        plan = begin_epoch(config, cursor, now(), mine)
         cursor.live = weakref.ref(it)
         cursor.pending = None
         return plan
@@ -222,8 +280,8 @@ def epoch_starter(
     return start
 
 
-def begin_epoch(loader: Any, cursor: Cursor, draws: Draws | None = None) -> EpochPlan:
-    """Start the next iteration of ``loader``: pick its epoch (``set_epoch``, or one more
+def begin_epoch(config: Sampling, cursor: Cursor, now: Now, draws: Draws | None = None) -> EpochPlan:
+    """Start the loader's next iteration: pick its epoch (``set_epoch``, or one more
     than the last), apply a loaded state, seed the epoch's order (from ``draws`` under
     torch's RNG). Sets ``cursor.plan``. The iterators call it at their first ``next()``
     (see :func:`epoch_starter`)."""
@@ -234,8 +292,8 @@ def begin_epoch(loader: Any, cursor: Cursor, draws: Draws | None = None) -> Epoc
     key = epoch  # what the seed scheme's epoch seeds are derived from, with the seed
     if cursor.torch_rng:
         if draws is None:  # an epoch begun without its own iter() (a loaded end rolled over)
-            gen = _torch_generator(loader)
-            shared = _draws.int64(gen) if _is_iter_datapipe(loader.dataset) else None
+            gen = _torch_generator(now.generator)
+            shared = _draws.int64(gen) if _is_iter_datapipe(config.dataset) else None
             draws = Draws(_draws.int64(gen), shared_seed=shared)
         epoch_seed = draws.base_seed
         cursor.workers_base = epoch_seed
@@ -248,14 +306,14 @@ def begin_epoch(loader: Any, cursor: Cursor, draws: Draws | None = None) -> Epoc
             cursor.seed = seeds.draw()
         key = 0 if seeds.each_epoch else epoch
         epoch_seed = derive_epoch_seed(cursor.seed, key)
-    unit = _unit(loader, cursor)
-    sampler = loader.sampler if unit == "samples" else loader.batch_sampler
+    unit = _unit(config)
+    sampler = config.sampler if unit == "samples" else config.batch_sampler
     presharded = unit != "iterable" and _dist.is_presharded(sampler)
     plan = EpochPlan(
         epoch=epoch,
         epoch_seed=epoch_seed,
-        rank=loader.rank,
-        world_size=1 if presharded else loader.world_size,
+        rank=now.rank,
+        world_size=1 if presharded else now.world_size,
         unit=unit,
         presharded=presharded,
         draws=draws,
@@ -266,27 +324,27 @@ def begin_epoch(loader: Any, cursor: Cursor, draws: Draws | None = None) -> Epoc
         plan.reseed = draws.reseed
         if draws.shared_seed is not None:
             plan.shared_seed = draws.shared_seed
-        if loader.persistent_workers:
+        if config.persistent_workers:
             # Persistent workers keep torch's base seed across epochs: sample_rng's seed
             # still changes with the epoch.
             plan.sample_seed = derive_epoch_seed(epoch_seed, epoch)
     if unit == "iterable":
-        plan.stateful = is_stateful(loader.dataset)
-        nw = max(loader.num_workers, 1)
+        plan.stateful = is_stateful(config.dataset)
+        nw = max(now.num_workers, 1)
         if resume is not None:
             plan.workers = [dict(w) for w in resume["workers"]]
             plan.start_worker = int(resume["next_worker"]) % nw
         else:
             plan.workers = [{"samples": 0, "state": None} for _ in range(nw)]
-        plan.step = loader.batch_size if loader.batch_size is not None else 1
+        plan.step = config.batch_size if config.batch_size is not None else 1
     else:
         if unit == "samples":
-            plan.step = loader.batch_size if loader.batch_size is not None else 1
-            if cursor.own_shuffle:
+            plan.step = config.batch_size if config.batch_size is not None else 1
+            if config.own_shuffle:
                 if draws is None:
-                    sampler._epoch_rng = order_rng(cursor.seed, key)
+                    sampler.set_next_order(rng=order_rng(cursor.seed, key))
                 else:
-                    sampler._epoch_order = _order_of(draws, sampler)
+                    sampler.set_next_order(indices=_order_of(draws, sampler))
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
@@ -296,7 +354,7 @@ def begin_epoch(loader: Any, cursor: Cursor, draws: Draws | None = None) -> Epoc
             plan.order_len = None
         if resume is not None:
             plan.start = int(resume["consumed"])
-        plan.batches = _batch_count(plan, loader.drop_last)
+        plan.batches = _batch_count(plan, config.drop_last)
     plan.resumed = _midway(resume)
     cursor.plan = plan
     return plan
@@ -346,11 +404,11 @@ def set_epoch(cursor: Cursor, epoch: int) -> None:
     cursor.next_epoch = epoch
 
 
-def upcoming_batches(loader: Any, cursor: Cursor) -> list[list[Any]]:
-    """The index lists ``loader``'s next epoch loads (after a loaded position: the rest
-    of it), worked out without moving the cursor; ``loader`` is any object with the
-    loader's sampling attributes (rank 0 of 1 gives the whole epoch's batches, as a torch
-    BatchSampler yields them; a rank of several, its share). What the loader's own batch
+def upcoming_batches(config: Sampling, cursor: Cursor, now: Now) -> list[list[Any]]:
+    """The index lists the loader's next epoch loads (after a loaded position: the rest
+    of it), worked out without moving the cursor, for the rank of ``now`` (rank 0 of 1
+    gives the whole epoch's batches, as a torch BatchSampler yields them; a rank of
+    several, its share). What the loader's own batch
     sampler yields when something else iterates it: a framework that rebuilds a loader
     over ``loader.batch_sampler`` (``accelerate.skip_first_batches``, Accelerate's
     ``BatchSamplerShard``, which shards them itself) then loads the batches this loader
@@ -368,19 +426,19 @@ def upcoming_batches(loader: Any, cursor: Cursor) -> list[list[Any]]:
     else:
         cursor.seeds = cursor.seeds.detached()  # type: ignore[union-attr]
     try:
-        plan = begin_epoch(loader, cursor, draws)
-        batches = list(index_sequence(loader, plan))
+        plan = begin_epoch(config, cursor, now, draws)
+        batches = list(index_sequence(config, plan))
         if not batches and plan.resumed:  # a loaded position at its epoch's end: the next one
-            plan = begin_epoch(loader, cursor, Draws(0) if cursor.torch_rng else None)
-            batches = list(index_sequence(loader, plan))
+            plan = begin_epoch(config, cursor, now, Draws(0) if cursor.torch_rng else None)
+            batches = list(index_sequence(config, plan))
         return batches
     finally:
         for name, value in saved.items():
             setattr(cursor, name, value)
 
 
-def plan_ahead(loader: Any, cursor: Cursor) -> tuple[EpochPlan, Iterator[list[Any]]] | None:
-    """The plan and tasks of ``loader``'s next epoch, worked out now without moving the
+def plan_ahead(config: Sampling, cursor: Cursor, now: Now) -> tuple[EpochPlan, Iterator[list[Any]]] | None:
+    """The plan and tasks of the loader's next epoch, worked out now without moving the
     cursor, where they are a function of the seed and the epoch alone: a map-style
     dataset, batched by the loader, its order the loader's shuffle or a
     ``SequentialSampler``, shmloader's seed scheme without a generator (torch's RNG and a
@@ -391,48 +449,48 @@ def plan_ahead(loader: Any, cursor: Cursor) -> tuple[EpochPlan, Iterator[list[An
     from shmloader.sampling.sampler import SequentialSampler
 
     if (
-        loader.iterable
+        config.iterable
         or cursor.torch_rng
         or cursor.seeds.each_epoch  # type: ignore[union-attr]
-        or not cursor.own_batching
+        or not config.own_batching
         or cursor.resume is not None
     ):
         return None
-    if not cursor.own_shuffle and not isinstance(loader.sampler, SequentialSampler):
+    if not config.own_shuffle and not isinstance(config.sampler, SequentialSampler):
         return None
     saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
     try:
-        plan = begin_epoch(loader, cursor)
-        return plan, index_sequence(loader, plan)
+        plan = begin_epoch(config, cursor, now)
+        return plan, index_sequence(config, plan)
     finally:
         for name, value in saved.items():
             setattr(cursor, name, value)
 
 
-def took_ahead(loader: Any, cursor: Cursor) -> None:
+def took_ahead(config: Sampling) -> None:
     """The epoch that began took over the tasks :func:`plan_ahead` made: the order
     :func:`begin_epoch` seeded for it was drawn then, so the loader's shuffle forgets
     the seed it just got (a later ``iter(loader.sampler)`` draws afresh, as ever)."""
-    if cursor.own_shuffle:
-        loader.sampler._epoch_rng = None
+    if config.own_shuffle:
+        config.sampler.set_next_order()
 
 
-def index_sequence(loader: Any, plan: EpochPlan) -> Iterator[list[Any]]:
+def index_sequence(config: Sampling, plan: EpochPlan) -> Iterator[list[Any]]:
     """This rank's tasks of the iteration: lists of sample keys, one per batch."""
-    drop_last = loader.drop_last
+    drop_last = config.drop_last
     if plan.unit == "batches":
-        source = iter(loader.batch_sampler)
+        source = iter(config.batch_sampler)
         if plan.world_size == 1:
             return islice(source, plan.start, None)
         order = list(source)
         rest = order[plan.start :]
         return iter(_dist.rank_share(rest, order, plan.rank, plan.world_size, 1, False) if rest else [])
     if plan.world_size == 1:
-        source = iter(loader.sampler)
+        source = iter(config.sampler)
         if plan.start:
             next(islice(source, plan.start, plan.start), None)  # skip what was consumed
         return _dist.chunks(source, plan.step, drop_last)
-    order = list(loader.sampler)
+    order = list(config.sampler)
     rest = order[plan.start :]
     if not rest:
         return iter(())
@@ -440,36 +498,36 @@ def index_sequence(loader: Any, plan: EpochPlan) -> Iterator[list[Any]]:
     return _dist.chunks(mine, plan.step, False)
 
 
-def sharded_len(loader: Any, cursor: Cursor) -> int:
-    """Batches one rank gets in a whole epoch (map-style, world_size > 1)."""
-    world = loader.world_size
-    if cursor.own_batching:
-        n = len(loader.sampler)
-        size = loader.batch_size if loader.batch_size is not None else 1
-        if loader.drop_last:
+def sharded_len(config: Sampling, world: int) -> int:
+    """Batches one rank of ``world`` gets in a whole epoch (map-style, world > 1)."""
+    if config.own_batching:
+        n = len(config.sampler)
+        size = config.batch_size if config.batch_size is not None else 1
+        if config.drop_last:
             return n // (world * size)
         per_rank = -(-n // world)  # padded to a multiple of the world size
         return -(-per_rank // size)
-    return -(-len(loader.batch_sampler) // world)
+    return -(-len(config.batch_sampler) // world)
 
 
 # --- saving -----------------------------------------------------------------------------
 
 
-def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
-    """The loader's position; see ``DataLoader.state_dict``."""
+def state_dict(config: Sampling, cursor: Cursor, now: Now, workers_kept: bool) -> dict[str, Any]:
+    """The loader's position; see ``DataLoader.state_dict``. ``workers_kept``: the loader
+    keeps running persistent workers for its next epoch."""
     base = {
         "format": FORMAT,
         "version": VERSION,
         "rng": "torch" if cursor.torch_rng else "seed",
         "seed": None if cursor.seed is None else int(cursor.seed),
-        "generators": _generator_states(loader, cursor),
-        "unit": _unit(loader, cursor),
-        "rank": loader.rank,
-        "world_size": loader.world_size,
-        "num_workers": loader.num_workers,
-        "batch_size": loader.batch_size,
-        "dataset_len": _dataset_len(loader),
+        "generators": _generator_states(config, cursor, now.generator),
+        "unit": _unit(config),
+        "rank": now.rank,
+        "world_size": now.world_size,
+        "num_workers": now.num_workers,
+        "batch_size": config.batch_size,
+        "dataset_len": _dataset_len(config.dataset),
     }
     it: Positioned | None = cursor.live() if cursor.live is not None else None
     plan = cursor.plan
@@ -480,19 +538,15 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
         if cursor.resume is not None:  # loaded, not iterated yet: the loaded position
             position = {**base, **cursor.resume}
         else:
-            position = {**base, **_fresh_position(loader, cursor)}
+            position = {**base, **_fresh_position(config, cursor, now)}
         if it is not None and it.plan is None and cursor.pending is not None:
             # iter() drew for the epoch it will begin (torch's RNG): a resume replays that.
             position["draws"] = cursor.pending.to_state()
-        elif (
-            cursor.torch_rng
-            and cursor.workers_base is not None
-            and (cursor.loaded_base or _workers_kept(loader))
-        ):
+        elif cursor.torch_rng and cursor.workers_base is not None and (cursor.loaded_base or workers_kept):
             # Persistent workers draw their base seed once: the next epoch draws none.
             position["workers_base"] = cursor.workers_base
         return position
-    if not loader.in_order:
+    if not now.in_order:
         raise ValueError(
             "state_dict() needs in_order=True: with in_order=False the batches handed out "
             "so far are not a prefix of the epoch, so no position describes them."
@@ -508,13 +562,7 @@ def state_dict(loader: Any, cursor: Cursor) -> dict[str, Any]:
     return {**base, "epoch": plan.epoch, "consumed": consumed, "presharded": plan.presharded}
 
 
-def _workers_kept(loader: Any) -> bool:
-    """Whether the loader keeps running persistent workers for its next epoch."""
-    it = getattr(loader, "_persistent_iter", None)
-    return bool(loader.persistent_workers) and it is not None and not it.closed
-
-
-def _generator_states(loader: Any, cursor: Cursor) -> dict[str, Any]:
+def _generator_states(config: Sampling, cursor: Cursor, gen: Any) -> dict[str, Any]:
     """The states of the generators the following epochs draw from, as plain data: under
     torch's RNG the loader's ``generator`` and, where a framework gave the shuffle another
     one (Accelerate does), the sampler's; under the seed scheme a numpy ``generator``.
@@ -524,10 +572,9 @@ def _generator_states(loader: Any, cursor: Cursor) -> dict[str, Any]:
         return {} if state is None else {"numpy": state}
     torch = sys.modules["torch"]
     out: dict[str, Any] = {}
-    gen = loader.generator
     if isinstance(gen, torch.Generator):
         out["loader"] = _draws.generator_state(gen)
-    own = getattr(loader.sampler, "generator", None) if cursor.own_shuffle else None
+    own = getattr(config.sampler, "generator", None) if config.own_shuffle else None
     if isinstance(own, torch.Generator) and own is not gen:
         out["sampler"] = _draws.generator_state(own)
     return out
@@ -540,23 +587,23 @@ def _finished(it: Positioned, plan: EpochPlan) -> bool:
     return plan.batches is not None and it.handed_out() >= plan.batches
 
 
-def _dataset_len(loader: Any) -> int | None:
+def _dataset_len(dataset: Any) -> int | None:
     try:
-        return len(loader.dataset)
+        return len(dataset)
     except TypeError:
         return None
 
 
-def _fresh_position(loader: Any, cursor: Cursor) -> dict[str, Any]:
+def _fresh_position(config: Sampling, cursor: Cursor, now: Now) -> dict[str, Any]:
     epoch = cursor.next_epoch
-    if loader.iterable:
-        nw = max(loader.num_workers, 1)
+    if config.iterable:
+        nw = max(now.num_workers, 1)
         return {
             "epoch": epoch,
             "workers": [{"samples": 0, "state": None} for _ in range(nw)],
             "next_worker": 0,
         }
-    sampler = loader.sampler if cursor.own_batching else loader.batch_sampler
+    sampler = config.sampler if config.own_batching else config.batch_sampler
     return {"epoch": epoch, "consumed": 0, "presharded": _dist.is_presharded(sampler)}
 
 
@@ -573,9 +620,12 @@ def _iterable_position(it: Positioned, plan: EpochPlan) -> dict[str, Any]:
 # --- loading ----------------------------------------------------------------------------
 
 
-def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
+def load_state_dict(
+    config: Sampling, cursor: Cursor, now: Now, state: dict[str, Any], stop_workers: Callable[[], None]
+) -> None:
     """Make the loader's next iteration continue from ``state``; see
-    ``DataLoader.load_state_dict``."""
+    ``DataLoader.load_state_dict``. ``stop_workers`` stops the loader's persistent
+    workers: called once ``state`` is found loadable (they start afresh from it)."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(
             "load_state_dict expects a dict made by shmloader's DataLoader.state_dict() "
@@ -585,14 +635,14 @@ def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
         raise ValueError(
             f"loader state version {state.get('version')!r} is not supported (expected {VERSION})."
         )
-    unit = _unit(loader, cursor)
+    unit = _unit(config)
     if state["unit"] != unit:
         raise ValueError(
             f"this state was saved by a loader over {state['unit']} and this loader iterates "
             f"{unit}: load it into a loader built like the saved one (same dataset kind, and "
             "batch_sampler given or not in both)."
         )
-    n = _dataset_len(loader)
+    n = _dataset_len(config.dataset)
     if state.get("dataset_len") is not None and n is not None and n != state["dataset_len"]:
         raise ValueError(
             f"this state was saved with a dataset of {state['dataset_len']} samples, this "
@@ -604,28 +654,28 @@ def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
         if k in state
     }
     if unit == "iterable":
-        _check_iterable(loader, state)
-        if not is_stateful(loader.dataset):
+        _check_iterable(now, state)
+        if not is_stateful(config.dataset):
             skipped = sum(w["samples"] for w in state["workers"])
             if skipped:
                 warnings.warn(
-                    f"{type(loader.dataset).__name__} has no shmloader_state_dict()/"
+                    f"{type(config.dataset).__name__} has no shmloader_state_dict()/"
                     f"shmloader_load_state_dict(): resuming by fast-forwarding {skipped} samples "
                     "(the workers read them again and drop them). Give the dataset those two "
-                    f"methods to resume without rereading.{stateful_hint(loader.dataset)}",
+                    f"methods to resume without rereading.{stateful_hint(config.dataset)}",
                     stacklevel=3,
                 )
-    elif state.get("presharded") and state["world_size"] != loader.world_size:
+    elif state.get("presharded") and state["world_size"] != now.world_size:
         raise ValueError(
             "this state was saved with a sampler that shards by itself (DistributedSampler) "
-            f"over {state['world_size']} ranks; it cannot be re-split over {loader.world_size}. "
+            f"over {state['world_size']} ranks; it cannot be re-split over {now.world_size}. "
             "Let shmloader shard (drop the DistributedSampler) to resume with another world size."
         )
     # The loader adopts the saved run's scheme (torch's RNG, or a seed) and puts its
     # generators where they were, so this epoch and the following ones draw as that run's.
     torch_rng = state.get("rng", "seed") == "torch"
-    _set_generator_states(loader, cursor, state.get("generators") or {}, torch_rng)
-    loader.shutdown()  # persistent workers start afresh, from the loaded position
+    _set_generator_states(config, cursor, now.generator, state.get("generators") or {}, torch_rng)
+    stop_workers()  # persistent workers start afresh, from the loaded position
     seed = state.get("seed")
     if torch_rng:
         cursor.seeds = None
@@ -641,14 +691,17 @@ def load_state_dict(loader: Any, cursor: Cursor, state: dict[str, Any]) -> None:
     cursor.loaded_base = cursor.workers_base is not None
 
 
-def _set_generator_states(loader: Any, cursor: Cursor, states: dict[str, Any], torch_rng: bool) -> None:
-    """Put the loader's generators where a saved state's ``generators`` say."""
+def _set_generator_states(
+    config: Sampling, cursor: Cursor, generator: Any, states: dict[str, Any], torch_rng: bool
+) -> None:
+    """Put the loader's generators (``generator``, and its sampler's) where a saved
+    state's ``generators`` say."""
     if "numpy" in states and cursor.seeds is not None and cursor.seeds.generator is not None:
         cursor.seeds.set_generator_state(states["numpy"])
     if not torch_rng or not (states.get("loader") or states.get("sampler")):
         return
     torch = sys.modules["torch"]
-    for key, gen in (("loader", loader.generator), ("sampler", getattr(loader.sampler, "generator", None))):
+    for key, gen in (("loader", generator), ("sampler", getattr(config.sampler, "generator", None))):
         if states.get(key) is None:
             continue
         if isinstance(gen, torch.Generator):
@@ -663,9 +716,9 @@ def _set_generator_states(loader: Any, cursor: Cursor, states: dict[str, Any], t
             )
 
 
-def _check_iterable(loader: Any, state: dict[str, Any]) -> None:
+def _check_iterable(settings: Now, state: dict[str, Any]) -> None:
     saved = (state["rank"], state["world_size"], max(state["num_workers"], 1))
-    now = (loader.rank, loader.world_size, max(loader.num_workers, 1))
+    now = (settings.rank, settings.world_size, max(settings.num_workers, 1))
     if saved != now:
         raise ValueError(
             "an iterable dataset resumes shard by shard, and this state was saved by rank "

@@ -85,14 +85,14 @@ def prepare(
         non_blocking = bool(getattr(accelerator, "non_blocking", False))
     # (A collate_fn's output is handed out as it returns it, whatever output says: its
     # tensors are placed, and its numpy arrays stay on the host, as under torch's loader.)
-    default_collate = not user_collate_fn(loader.collate_fn, loader._auto_collation)
+    default_collate = not user_collate_fn(loader.collate_fn, loader.config.auto_collation)
     if device_placement and default_collate and getattr(loader, "output", "torch") == "numpy":
         raise ValueError(
             "the loader hands out numpy arrays (output='numpy'), which cannot be placed on "
             f"{accelerator.device}: build it with output='torch' (the default where torch is "
             "imported), or pass device_placement=False."
         )
-    if not loader._sharding_asked() and not _presharded(loader):
+    if not loader.runtime.sharding_asked() and not _presharded(loader):
         loader.distributed = "auto"  # (read when each epoch begins)
     wrapped = AcceleratedLoader(
         accelerator,
@@ -261,7 +261,8 @@ class _ShareBatches:
     def __iter__(self) -> Iterator[list[Any]]:
         from shmloader.epoch import state
 
-        return iter(state.upcoming_batches(self.loader, self.loader._cursor))
+        runtime = self.loader.runtime
+        return iter(state.upcoming_batches(runtime.config, runtime.cursor, runtime.now()))
 
     def __len__(self) -> int:
         return len(self.loader)

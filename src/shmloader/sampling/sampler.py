@@ -12,7 +12,7 @@ Where torch is imported, a sampler made here is also an instance of its torch co
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -84,12 +84,22 @@ class RandomSampler(Sampler):
         """How many indices one pass yields."""
         return len(self.data_source) if self._num_samples is None else self._num_samples
 
-    # Set by the loader that made this sampler, for its next iter() only: the order of the
-    # epoch it is beginning (the indices torch's RNG drew, or the seed scheme's generator).
-    # ``generator`` stays what torch's would be (the loader's generator=, or None), so a
-    # framework may set a torch Generator and synchronize it (Accelerate does).
+    # Set by the loader that made this sampler (set_next_order), for its next iter() only:
+    # the order of the epoch it is beginning (the indices torch's RNG drew, or the seed
+    # scheme's generator). ``generator`` stays what torch's would be (the loader's
+    # generator=, or None), so a framework may set a torch Generator and synchronize it
+    # (Accelerate does).
     _epoch_order: list[int] | None = None
     _epoch_rng: np.random.Generator | None = None
+
+    def set_next_order(
+        self, *, indices: list[int] | None = None, rng: np.random.Generator | None = None
+    ) -> None:
+        """Make the next ``iter()``, and only it, yield ``indices``, or else draw its
+        permutation from ``rng``; with neither, it draws as ever (from ``generator``).
+        The loader that made this sampler calls it as an epoch begins."""
+        self._epoch_order = indices
+        self._epoch_rng = rng
 
     def __iter__(self) -> Iterator[int]:
         order, self._epoch_order = self._epoch_order, None
@@ -164,6 +174,30 @@ class BatchSampler(Sampler):
     def __len__(self) -> int:
         n = len(self.sampler)  # type: ignore[arg-type]
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class LoaderBatchSampler(BatchSampler):
+    """The batch sampler a loader makes for itself (``loader.batch_sampler``). Once the
+    loader bound it (:meth:`follow`), iterating it yields what the loader's next epoch
+    loads (:func:`shmloader.epoch.state.upcoming_batches`: the global index lists, not a
+    draw of its own), so code that rebuilds a loader over it
+    (``accelerate.skip_first_batches``, ``accelerator.prepare``) gets this loader's
+    batches, and shards them itself. The loader itself reads its sampler directly. Made
+    anew by a framework (Lightning's sampler injection), it is a plain
+    :class:`BatchSampler`."""
+
+    # The loader's next epoch's batches, worked out when asked (follow()); None: unbound.
+    _upcoming: Callable[[], list[list[Any]]] | None = None
+
+    def follow(self, upcoming: Callable[[], list[list[Any]]]) -> None:
+        """Yield ``upcoming()`` on each ``iter()`` from now on. ``upcoming`` holds no
+        reference to the loader (whose ring and workers go when it is dropped)."""
+        self._upcoming = upcoming
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        if self._upcoming is None:
+            return super().__iter__()
+        return iter(self._upcoming())
 
 
 class BucketBatchSampler(Sampler):

@@ -1,0 +1,142 @@
+"""The working parts of one DataLoader, in one object its iterators receive.
+
+A :class:`LoaderRuntime` lives as long as its loader and is shared by all of the
+loader's iterators (in-process or with workers, one after the other or at once): the
+counters of ``stats()``, the clocks of ``stats()["time"]``, the rings and slot leases,
+the CUDA pinner, the autotuner, and the epoch cursor (where the loader is between and
+within epochs). It also reads the loader's settings that may change after the loader
+was made (torch lets ``num_workers``, ``collate_fn``, ``generator``, ... be set; the rank
+is read at each epoch), through a weak reference: the runtime never keeps its loader
+alive, so a dropped loader stops its workers at once.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from shmloader.batch import recipe as fetch
+from shmloader.config import LoaderConfig
+from shmloader.epoch import state as _state
+from shmloader.interop import pinning as _pinning
+from shmloader.memory import leases as _leases
+from shmloader.memory import sizing
+from shmloader.sampling import distributed as _dist
+from shmloader.sampling import draws as _draws
+from shmloader.tuning import autotune
+from shmloader.tuning.timing import Timing
+
+
+def new_stats() -> dict[str, Any]:
+    """The counters of ``DataLoader.stats()`` at zero: plain ints bumped on the hand-out
+    path (no locks, no syscalls)."""
+    return {
+        "batches": 0,
+        "batches_copied": 0,
+        "rings_created": 0,
+        "dataset": {},
+        "worker_restarts": 0,  # workers replaced (max_worker_restarts), in the loader's life
+        # Persistent workers (ahead.py): epochs whose first batches loaded during the last
+        # one, and batches so loaded that the epoch could not use (its plan changed).
+        "epochs_ahead": 0,
+        "batches_ahead_dropped": 0,
+    }
+
+
+class LoaderRuntime:
+    """What a loader's iterators work with, besides its public attributes.
+
+    ``config``: the loader's :class:`~shmloader.config.LoaderConfig` (as checked).
+    ``stats``: the counters of ``stats()`` (see :func:`new_stats`). ``timing``: where the
+    time goes (:class:`~shmloader.tuning.timing.Timing`). ``pinner``: the CUDA pinner of
+    ``pin_memory`` (None: off, or no CUDA). ``leases``: the rings, slot claims and leases
+    (:class:`~shmloader.memory.leases.Leases`). ``tuner``: the autotuner of
+    ``num_workers``/``prefetch_factor`` ``"auto"``, or None. ``cursor``: the epoch cursor
+    (:class:`~shmloader.epoch.state.Cursor`). ``iterable_len``: an iterable dataset's
+    length when ``len(loader)`` was last called (torch's warning compares with it)."""
+
+    def __init__(self, config: LoaderConfig, loader: Any) -> None:
+        """The runtime of ``loader``, made with ``config``: no ring yet unless
+        ``slot_bytes`` was given with workers (reserved now, so a too-small /dev/shm is
+        an error at construction)."""
+        self.config = config
+        self._owner = weakref.ref(loader)
+        self.stats = new_stats()
+        self.timing = Timing(config.most_workers)
+        # (stacklevel: the warning points at the line that made the loader)
+        self.pinner = _pinning.make_pinner(config.pin_memory, stacklevel=4)
+        self.leases = _leases.Leases(
+            config.num_slots,
+            config.max_shm_bytes,
+            self.pinner,
+            self.stats,
+            backend=config.shm_backend,
+            # The default slot count adapts to the memory there; one the user gave is kept.
+            min_slots=None if config.fixed_num_slots else sizing.min_num_slots(config.num_workers),  # type: ignore[arg-type]
+            num_workers=config.most_workers,
+        )
+        if config.slot_bytes is not None and config.num_workers > 0:  # type: ignore[operator]
+            self.leases.new_ring(config.num_slots, config.slot_bytes)  # type: ignore[arg-type]
+        # num_workers or prefetch_factor "auto": the counts in use now, tuned as epochs run.
+        self.tuner = autotune.Tuner.of(config.tuner) if config.tuner is not None else None
+        # Where every epoch's order and worker seeds come from, the next epoch, a loaded
+        # position. Nothing is drawn here (see draws.py): torch's loader draws at iter().
+        self.cursor = _state.Cursor(
+            seeds=None if config.torch_rng else _draws.SeedSource(config.seed, config.generator)
+        )
+        self.iterable_len: int | None = None
+
+    def _loader(self) -> Any:
+        loader = self._owner()
+        if loader is None:
+            raise ReferenceError("the DataLoader of this runtime was garbage collected")
+        return loader
+
+    def now(self) -> _state.Now:
+        """The loader's settings that may have changed since it was made, read now: the
+        worker count in use, the rank and world size it shards by, ``generator`` and
+        ``in_order``."""
+        loader = self._loader()
+        rank, world = _dist.detect(loader.distributed, self.config.rank, self.config.world_size)
+        return _state.Now(
+            num_workers=loader.num_workers,
+            rank=rank,
+            world_size=world,
+            generator=loader.generator,
+            in_order=loader.in_order,
+        )
+
+    def sharding_asked(self) -> bool:
+        """Whether the loader shards by itself (``distributed`` "auto" or True, ``rank``
+        or ``world_size`` given)."""
+        return _dist.asked(self._loader().distributed, self.config.rank, self.config.world_size)
+
+    def worker_shard(self) -> tuple[int, int]:
+        """``(rank, world_size)`` an epoch's loading code is told (worker info,
+        :func:`shmloader.get_shard_info`, a DataPipe's ``sharding_filter``): the loader's,
+        except for a torch DataPipe, which is sharded as torch's loader shards it
+        (:func:`shmloader.sampling.distributed.datapipe_shard`)."""
+        config = self.config
+        distributed = self._loader().distributed
+        if config.iterable and fetch.is_datapipe(config.dataset):
+            return _dist.datapipe_shard(distributed, config.rank, config.world_size)
+        return _dist.detect(distributed, config.rank, config.world_size)
+
+    def recipe(self) -> fetch.Recipe:
+        """How the loader's batches are made now: the one recipe of the main process and
+        of every worker (so num_workers never changes a batch)."""
+        config = self.config
+        loader = self._loader()
+        return fetch.Recipe(
+            config.dataset,
+            iterable=config.iterable,
+            auto_collation=config.auto_collation,
+            batch_size=config.batch_size,
+            drop_last=config.drop_last,
+            # torch's default collate (what collate_fn reports when none was given) is made
+            # by shmloader's own, straight into the ring (fetch.is_torch_default).
+            collate_fn=loader.collate_fn,
+            collate=loader.collate,
+            pad_value=loader.pad_value,
+            output=loader.output,
+        )
