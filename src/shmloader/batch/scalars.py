@@ -76,8 +76,9 @@ def unsupported(context: Any, path: tuple, name: str, value: Any) -> BatchTypeEr
     return BatchTypeError(
         f"{context}: field {_path_text(path)} of {name} is {what}; the default collate "
         "batches arrays, tensors, numbers, str/bytes, dicts, lists and tuples (torch's "
-        "default_collate raises TypeError too). Return such values from __getitem__, or pass "
-        "a collate_fn that handles this one (e.g. one that filters out None samples)."
+        "default_collate raises TypeError too). Return such values from __getitem__, register "
+        "a function for its type in shmloader.default_collate_fn_map (docs/collate.md), or "
+        "pass a collate_fn that handles this one (e.g. one that filters out None samples)."
     )
 
 
