@@ -570,7 +570,7 @@ def write_leaf(leaf: Leaf, dst: Any) -> None:
             if dst.ndim > 1:
                 # Stacking B arrays of shape (n, ...) is concatenating them along axis 0
                 # into (B*n, ...): the same bytes, without np.stack's per-array
-                # expand_dims (3x faster for many small arrays).
+                # expand_dims, whose cost dominates for many small arrays.
                 flat = dst.reshape(dst.shape[0] * dst.shape[1], *dst.shape[2:])
                 np.concatenate(leaf.values, out=flat, casting="no")
             elif dst.shape[0]:

@@ -183,7 +183,7 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
     fits = _FAST_DTYPES.get(first)
     if first is bool and not set(map(type, values)) <= _PY_INT_BOOL:
         # torch.tensor refuses a bool first with arrays or numpy scalars after it (numpy
-        # takes them): checked for flags only, a field the hot W3/W4 paths do not have.
+        # takes them): checked only where a bool comes first, so ints and floats pay nothing.
         fits = None
     if fits is not None:
         try:
