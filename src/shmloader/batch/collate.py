@@ -2,12 +2,16 @@
 
 ``gather`` walks the samples of one batch like torch's ``default_collate`` does (per
 node, not per sample, with its types: see the docstring), checking that they agree, and
-returns the batch's treedef and its leaves. ``flatten_tree`` gives the leaves of a batch
-that is already collated (a collate_fn's output, or a ``batch_size=None`` sample), placed
-by the one rule of :func:`slot_leaf`. ``plan`` lays the array leaves out and
-``copy_leaves`` copies each one exactly once into its destination: a slot of the ring in
-a worker (zero further copies), or fresh memory in the main process. ``fetch.Recipe``
-drives both paths, so ``num_workers=0`` gives the same batches as workers do.
+returns the batch's treedef and its leaves. Which rule a node follows is looked up by the
+type of its first value in a type -> function registry, :data:`default_collate_fn_map`
+(torch's ``collate_fn_map``: exact type, then isinstance in the map's order), which users
+extend with their own types; :func:`collate` collates a list of samples with any map.
+``flatten_tree`` gives the leaves of a batch that is already collated (a collate_fn's
+output, or a ``batch_size=None`` sample), placed by the one rule of :func:`slot_leaf`.
+``plan`` lays the array leaves out and ``copy_leaves`` copies each one exactly once into
+its destination: a slot of the ring in a worker (zero further copies), or fresh memory in
+the main process. ``fetch.Recipe`` drives both paths, so ``num_workers=0`` gives the same
+batches as workers do.
 """
 
 from __future__ import annotations
