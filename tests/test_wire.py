@@ -133,6 +133,10 @@ def test_slot_header_round_trips_through_a_ring():
     wire.SlotContent(100, b"sk", numbers, b"").write(ring, 0, 1)  # no objects: none written
     assert wire.read_header(ring, 0) == (100, 100, 2, 128, 0, 1, 3)
     assert not any(ring.slot_buffer(0)[:100]) and not any(ring.slot_buffer(0)[128:256])
+    # The pair on its own: what write_header writes, read_header reads back, in its slot only.
+    wire.write_header(ring, 2, *header._replace(seq=11, numbers=5))
+    assert wire.read_header(ring, 2) == header._replace(seq=11, numbers=5)
+    assert wire.read_header(ring, 1) == header
     ring.close_fd()
 
 

@@ -1,7 +1,7 @@
 """shmloader: a drop-in DataLoader whose workers write batches straight into one
 shared-memory ring, so the consumer gets zero-copy numpy views."""
 
-from shmloader.batch.collate import Padded
+from shmloader.batch.collate import Padded, collate, default_collate_fn_map
 from shmloader.batch.writeinto import ArraySpec
 from shmloader.context import ShardInfo, WorkerInfo, get_worker_info
 from shmloader.dataset import Dataset, IterableDataset
@@ -57,6 +57,8 @@ __all__ = [
     "WorkerError",
     "WorkerInfo",
     "WorkerRestartWarning",
+    "collate",
+    "default_collate_fn_map",
     "get_shard_info",
     "get_worker_info",
     "sample_rng",

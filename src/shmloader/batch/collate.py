@@ -2,12 +2,16 @@
 
 ``gather`` walks the samples of one batch like torch's ``default_collate`` does (per
 node, not per sample, with its types: see the docstring), checking that they agree, and
-returns the batch's treedef and its leaves. ``flatten_tree`` gives the leaves of a batch
-that is already collated (a collate_fn's output, or a ``batch_size=None`` sample), placed
-by the one rule of :func:`slot_leaf`. ``plan`` lays the array leaves out and
-``copy_leaves`` copies each one exactly once into its destination: a slot of the ring in
-a worker (zero further copies), or fresh memory in the main process. ``fetch.Recipe``
-drives both paths, so ``num_workers=0`` gives the same batches as workers do.
+returns the batch's treedef and its leaves. Which rule a node follows is looked up by the
+type of its first value in a type -> function registry, :data:`default_collate_fn_map`
+(torch's ``collate_fn_map``: exact type, then isinstance in the map's order), which users
+extend with their own types; :func:`collate` collates a list of samples with any map.
+``flatten_tree`` gives the leaves of a batch that is already collated (a collate_fn's
+output, or a ``batch_size=None`` sample), placed by the one rule of :func:`slot_leaf`.
+``plan`` lays the array leaves out and ``copy_leaves`` copies each one exactly once into
+its destination: a slot of the ring in a worker (zero further copies), or fresh memory in
+the main process. ``fetch.Recipe`` drives both paths, so ``num_workers=0`` gives the same
+batches as workers do.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from shmloader.batch.layout import (
     read_layout,
 )
 from shmloader.batch.scalars import (
-    NUMBER_TYPES,
     TEXT_TYPES,
     scalar_array,
     stack_values,
@@ -105,164 +108,142 @@ def _object_array_error(path: tuple, context: Any) -> BatchLayoutError:
     )
 
 
-def gather(
-    samples: Sequence[Any],
-    indices: Sequence[Any] | None,
-    batch_no: int | None,
-    mode: str = "stack",
-    pad_value: Any = 0,
-) -> tuple[Any, list[Leaf]]:
-    """Transpose ``samples`` into a treedef and leaves (the default collate).
+# --- the registry ---------------------------------------------------------------------
 
-    Types follow torch's ``default_collate``: numbers become one array (Python ints
-    int64, floats float64, bools bool, numpy scalars their dtype), arrays and tensors are
-    stacked, str/bytes give a list, dicts (and subclasses), namedtuples and lists keep
-    their type, tuples become lists; anything else (None included) is a
-    :class:`BatchTypeError`. ``mode`` says what happens to array fields whose shapes
-    differ between samples: ``"stack"`` refuses them, ``"pad"`` pads every array field of
-    ndim >= 1 to the batch maximum (a :class:`Padded` of values and lengths), ``"list"``
-    gives every such field as a list of per-sample arrays. Raises
-    :class:`BatchLayoutError` naming the batch, the field path and the two differing
-    shapes, dtypes or structures.
-    """
-    tensor_type = torch_tensor_type()
-    leaves: list[Leaf] = []
-    # The batch's name for an error message, and the names of its samples (one object: its
-    # text is made only for an error).
-    context = sample_name = _LazyContext(batch_no, indices)
+CollateFn = Callable[..., Any]
+"""A collate function: ``fn(batch, *, collate_fn_map)`` -> the collated value of
+``batch`` (one field of every sample of a batch), as torch's ``collate_fn_map`` holds."""
 
-    def walk(values: list | tuple, path: tuple) -> Any:
+
+def lookup(collate_fn_map: Mapping[Any, CollateFn], value: Any) -> CollateFn | None:
+    """The function of ``collate_fn_map`` for ``value``: the entry of its exact type, else
+    the first entry (in the map's order) whose key ``value`` is an instance of (a key may
+    be a tuple of types); None when no entry fits. torch's ``collate`` looks up so."""
+    fn = collate_fn_map.get(type(value))
+    if fn is not None:
+        return fn
+    for key, fn in collate_fn_map.items():
+        if isinstance(value, key):
+            return fn
+    return None
+
+
+class Rule:
+    """A built-in entry of :data:`default_collate_fn_map`: how one field of a batch whose
+    first value is of the entry's type becomes leaves, which the loader copies straight
+    into a slot (no batch is made in between). Called as every function of the map is
+    (``rule(batch, collate_fn_map=...)``), it gives that field collated in fresh memory."""
+
+    __slots__ = ("gather", "name")
+
+    def __init__(self, name: str, gather: Callable[[Gathering, Any, tuple], Any]) -> None:
+        self.name = name
+        # gather(gathering, values, path): adds the field's leaves to the gathering and
+        # returns the field's treedef node.
+        self.gather = gather
+
+    def __call__(self, batch: Sequence[Any], *, collate_fn_map: Mapping[Any, CollateFn] | None = None) -> Any:
+        return _collated(batch, collate_fn_map, self)
+
+    def __repr__(self) -> str:
+        return f"<shmloader collate rule: {self.name}>"
+
+
+class Gathering:
+    """The walk over one batch's samples (the default collate), per node of the samples'
+    tree rather than per sample: the node's function from ``collate_fn_map``
+    (:func:`lookup` on the node's first value), else tensors and containers (mappings,
+    namedtuples, sequences) by the built-in rules, else a :class:`BatchTypeError`.
+    ``leaves``: the batch's leaves, in treedef order. ``context`` names the batch in an
+    error message, and called with a sample's position, that sample (one object: its text
+    is made only for an error)."""
+
+    __slots__ = ("collate_fn_map", "context", "leaves", "mode", "pad_value", "tensor_type")
+
+    def __init__(
+        self,
+        indices: Sequence[Any] | None,
+        batch_no: int | None,
+        collate_fn_map: Mapping[Any, CollateFn],
+        mode: str = "stack",
+        pad_value: Any = 0,
+    ) -> None:
+        self.collate_fn_map = collate_fn_map
+        self.context = _LazyContext(batch_no, indices)
+        self.leaves: list[Leaf] = []
+        self.mode = mode
+        self.pad_value = pad_value
+        self.tensor_type = torch_tensor_type()
+
+    def walk(self, values: list | tuple, path: tuple) -> Any:
+        """Add the leaves of ``values`` (the field at ``path`` of every sample) and return
+        the field's treedef node."""
+        fn = lookup(self.collate_fn_map, values[0])
+        if fn is None:
+            return self.structure(values, path)
+        if type(fn) is Rule:
+            return fn.gather(self, values, path)
+        return self.placed(fn(values, collate_fn_map=self.collate_fn_map), path)
+
+    def placed(self, collated: Any, path: tuple) -> Any:
+        """A user function's output for the field at ``path``, as a collate_fn's output
+        is placed (:func:`slot_leaf`): arrays and plain tensors in the slot, anything else
+        pickled beside them; its containers kept as they are."""
+        treedef, values = _tree.flatten(collated)
+        self.leaves.extend(slot_leaf(v, path) for v in values)
+        return treedef
+
+    def structure(self, values: list | tuple, path: tuple) -> Any:
+        """A field no entry of the map takes: tensors (torch is not imported to put its
+        type in the map), then containers; anything else is a :class:`BatchTypeError`."""
         first = values[0]
-        if isinstance(first, np.ndarray):
-            if first.dtype.hasobject:
-                raise _object_array_error(path, context)
-            shape, dtype = first.shape, first.dtype
-            if mode == "stack" or first.ndim == 0:
-                # Dtypes are checked here: where they differ, or a number sits among the
-                # arrays, torch promotes, and so does this. Then each sample's first
-                # dimension: write_leaf concatenates the samples into the batch's rows,
-                # which checks their other dimensions and ndim but only the total of
-                # their first ones, so (2, D), (1, D), (3, D) would fill 3 rows of 2.
-                # (Each check is one C pass over the samples, counting matches.)
-                count = len(values)
-                try:
-                    same = list(map(_DTYPE_OF, values)).count(dtype) == count
-                except AttributeError:  # a Python number
-                    same = False
-                if not same:
-                    values = stack_values(values, path, context, sample_name)
-                    first = values[0]
-                    dtype = first.dtype
-                if shape:
-                    try:
-                        rows = list(map(len, values)).count(shape[0]) == count
-                    except TypeError:  # a number (a 0-d value) among the arrays
-                        rows = False
-                    if not rows:
-                        raise _stack_mismatch(context, path, sample_name, values)
-                leaves.append(
-                    Leaf(
-                        path,
-                        values,
-                        "stack",
-                        (len(values), *shape),
-                        dtype,
-                        _numpy_only(dtype),
-                        namer=sample_name,
-                    )
-                )
-                return LEAF
-            # One pass each for dtypes and ndims (not a loop of checks per sample).
-            try:
-                same = {v.dtype for v in values} == {dtype} and {v.ndim for v in values} == {first.ndim}
-            except AttributeError:  # not an array
-                same = False
-            if not same:
-                for i, v in enumerate(values):
-                    if not isinstance(v, np.ndarray) or v.ndim != first.ndim or v.dtype != dtype:
-                        raise _mismatch(context, path, sample_name(0), first, sample_name(i), v)
-            if mode == "list":
-                shapes = [v.shape for v in values]
-                leaves.append(Leaf(path, values, "list", None, dtype, _numpy_only(dtype), shapes=shapes))
-                return LEAF
-            if first.ndim == 1:  # sequences: (batch,) lengths, and the longest one
-                sizes = list(map(len, values))
-                top = (max(sizes),)
-                lengths = np.array(sizes, np.int64)
-            else:
-                count = len(values) * first.ndim
-                lengths = np.fromiter(chain.from_iterable(v.shape for v in values), np.int64, count)
-                lengths = lengths.reshape(len(values), -1)
-                top = tuple(lengths.max(axis=0).tolist())
-            top_shape = (len(values), *top)
-            leaves.append(
-                Leaf(path, values, "pad", top_shape, dtype, _numpy_only(dtype), pad_value=pad_value)
-            )
-            leaves.append(Leaf((*path, "lengths"), lengths, "copy", lengths.shape, lengths.dtype))
-            return ("n", Padded, (LEAF, LEAF))
-        if isinstance(first, NUMBER_TYPES):
-            arr = scalar_array(values, path, context, sample_name)
-            leaves.append(Leaf(path, arr, "copy", arr.shape, arr.dtype))
-            return LEAF
-        if isinstance(first, TEXT_TYPES):
-            # As torch's collate gives them: the batch's list, or a field's column, which
-            # is a tuple for list/tuple samples (their columns come from zip).
-            leaves.append(Leaf(path, values, "object", (len(values),), None))
-            return LEAF
+        tensor_type = self.tensor_type
         if tensor_type is not None and isinstance(first, tensor_type):
-            tag: bool | str | None = None
-            arrays = []
-            grad = False
-            for i, v in enumerate(values):
-                if not isinstance(v, tensor_type):  # torch.stack refuses it too (TypeError)
-                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
-                grad = grad or v.requires_grad
-                v, v_tag = tensor_array(v)
-                tag = v_tag if tag is None else tag
-                arrays.append(v)
-            if grad and mode == "stack":
-                stacked = _stack_with_grad(values, path, context)
-                if stacked is not None:
-                    leaves.append(Leaf(path, stacked, "object", (), None))
-                    return LEAF
-            start = len(leaves)
-            node = walk(arrays, path)
-            for leaf in leaves[start:]:
-                # (pad's lengths are int64 in any case: never viewed as another dtype)
-                leaf.torch = True if leaf.kind == "copy" else tag
-            return node
+            return _gather_tensors(self, values, path)
         kind = _tree.node_kind(first)
         if kind is None:
-            raise unsupported(context, path, sample_name(0), first)
+            raise unsupported(self.context, path, self.context(0), first)
         # A "c" node (a deque, a UserList, a dict subclass with attributes) is rebuilt
         # from a copy of the first sample's (its shell, a leaf before its items), as
         # torch's collate rebuilds it; where it cannot be copied, torch makes a plain
         # dict or list, and so does this.
         shell = _tree.Shell.of(first) if kind == _tree.CLONE else None
         if shell is not None:
-            leaves.append(Leaf(path, shell, "object", (), None))
+            self.leaves.append(Leaf(path, shell, "object", (), None))
         if kind == _tree.DICT or (kind == _tree.CLONE and isinstance(first, Mapping)):
-            keys = tuple(first.keys())
-            ftype = type(first)
-            # (One C pass counting matches; the loop names the culprit.)
-            if list(map(type, values)).count(ftype) != len(values):
-                for i, v in enumerate(values):
-                    if type(v) is not ftype and not isinstance(v, Mapping):
-                        raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
-            try:
-                children = tuple(walk([v[k] for v in values], (*path, k)) for k in keys)
-            except KeyError as exc:
-                raise BatchKeyError(
-                    f"{context}: the samples' dicts at {_path_text(path)} have different keys "
-                    f"({exc.args[0]!r} is missing from one). Give every sample the same keys."
-                ) from None
-            if shell is not None:
-                return (_tree.CLONE, keys, children)
-            return (_tree.DICT, dict if kind == _tree.CLONE else _tree.mapping_type(first), keys, children)
-        # A sequence (list, tuple, namedtuple, deque...). torch's collate checks only that
-        # the others have the first's length, then zips them: an array or tensor row by
-        # row (ndim >= 1) goes as a list does.
+            return self.mapping(values, path, kind, shell is not None)
+        return self.sequence(values, path, kind, shell is not None)
+
+    def mapping(self, values: list | tuple, path: tuple, kind: str, cloned: bool) -> Any:
+        """A field of mappings: one child per key of the first."""
+        context = self.context
+        first = values[0]
+        keys = tuple(first.keys())
+        ftype = type(first)
+        # (One C pass counting matches; the loop names the culprit.)
+        if list(map(type, values)).count(ftype) != len(values):
+            for i, v in enumerate(values):
+                if type(v) is not ftype and not isinstance(v, Mapping):
+                    raise _structure_error(context, path, context(0), first, context(i), v)
+        try:
+            children = tuple(self.walk([v[k] for v in values], (*path, k)) for k in keys)
+        except KeyError as exc:
+            raise BatchKeyError(
+                f"{context}: the samples' dicts at {_path_text(path)} have different keys "
+                f"({exc.args[0]!r} is missing from one). Give every sample the same keys."
+            ) from None
+        if cloned:
+            return (_tree.CLONE, keys, children)
+        return (_tree.DICT, dict if kind == _tree.CLONE else _tree.mapping_type(first), keys, children)
+
+    def sequence(self, values: list | tuple, path: tuple, kind: str, cloned: bool) -> Any:
+        """A field of sequences (list, tuple, namedtuple, deque...). torch's collate checks
+        only that the others have the first's length, then zips them: an array or tensor
+        row by row (ndim >= 1) goes as a list does."""
+        context = self.context
+        first = values[0]
         ftype, n = type(first), len(first)
+        tensor_type = self.tensor_type
         sized = (Sequence, np.ndarray, *(() if tensor_type is None else (tensor_type,)))
         # (One C pass each counting matches, the common case; the loop names the culprit.)
         count = len(values)
@@ -272,24 +253,211 @@ def gather(
                 if type(v) is not ftype and (
                     not isinstance(v, sized) or isinstance(v, TEXT_TYPES) or getattr(v, "ndim", 1) == 0
                 ):
-                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
+                    raise _structure_error(context, path, context(0), first, context(i), v)
                 if len(v) != n:
-                    raise _structure_error(context, path, sample_name(0), first, sample_name(i), v)
-        children = tuple(walk(col, (*path, j)) for j, col in enumerate(zip(*values)))
+                    raise _structure_error(context, path, context(0), first, context(i), v)
+        children = tuple(self.walk(col, (*path, j)) for j, col in enumerate(zip(*values)))
         if kind == _tree.NAMEDTUPLE:
-            return (_tree.NAMEDTUPLE, type(first), children)
-        if shell is not None:
+            return (_tree.NAMEDTUPLE, ftype, children)
+        if cloned:
             return (_tree.CLONE, None, children)
         if kind == _tree.SEQUENCE:
             return (_tree.SEQUENCE, ftype, children)
         return (_tree.LIST, children)  # tuples become lists, as torch's default_collate does
 
+
+def _gather_arrays(gathering: Gathering, values: list | tuple, path: tuple) -> Any:
+    """Arrays: stacked (``mode="stack"``, or 0-d arrays); with ``mode="pad"`` or
+    ``"list"`` arrays of ndim >= 1 padded to the batch's largest shape (a :class:`Padded`
+    node) or placed one by one."""
+    context = gathering.context
+    leaves = gathering.leaves
+    mode = gathering.mode
+    first = values[0]
+    if first.dtype.hasobject:
+        raise _object_array_error(path, context)
+    shape, dtype = first.shape, first.dtype
+    if mode == "stack" or first.ndim == 0:
+        # Dtypes are checked here: where they differ, or a number sits among the
+        # arrays, torch promotes, and so does this. Then each sample's first
+        # dimension: write_leaf concatenates the samples into the batch's rows,
+        # which checks their other dimensions and ndim but only the total of
+        # their first ones, so (2, D), (1, D), (3, D) would fill 3 rows of 2.
+        # (Each check is one C pass over the samples, counting matches.)
+        count = len(values)
+        try:
+            same = list(map(_DTYPE_OF, values)).count(dtype) == count
+        except AttributeError:  # a Python number
+            same = False
+        if not same:
+            values = stack_values(values, path, context, context)
+            first = values[0]
+            dtype = first.dtype
+        if shape:
+            try:
+                rows = list(map(len, values)).count(shape[0]) == count
+            except TypeError:  # a number (a 0-d value) among the arrays
+                rows = False
+            if not rows:
+                raise _stack_mismatch(context, path, context, values)
+        leaves.append(
+            Leaf(path, values, "stack", (len(values), *shape), dtype, _numpy_only(dtype), namer=context)
+        )
+        return LEAF
+    # One pass each for dtypes and ndims (not a loop of checks per sample).
+    try:
+        same = {v.dtype for v in values} == {dtype} and {v.ndim for v in values} == {first.ndim}
+    except AttributeError:  # not an array
+        same = False
+    if not same:
+        for i, v in enumerate(values):
+            if not isinstance(v, np.ndarray) or v.ndim != first.ndim or v.dtype != dtype:
+                raise _mismatch(context, path, context(0), first, context(i), v)
+    if mode == "list":
+        shapes = [v.shape for v in values]
+        leaves.append(Leaf(path, values, "list", None, dtype, _numpy_only(dtype), shapes=shapes))
+        return LEAF
+    if first.ndim == 1:  # sequences: (batch,) lengths, and the longest one
+        sizes = list(map(len, values))
+        top = (max(sizes),)
+        lengths = np.array(sizes, np.int64)
+    else:
+        count = len(values) * first.ndim
+        lengths = np.fromiter(chain.from_iterable(v.shape for v in values), np.int64, count)
+        lengths = lengths.reshape(len(values), -1)
+        top = tuple(lengths.max(axis=0).tolist())
+    top_shape = (len(values), *top)
+    leaves.append(
+        Leaf(path, values, "pad", top_shape, dtype, _numpy_only(dtype), pad_value=gathering.pad_value)
+    )
+    leaves.append(Leaf((*path, "lengths"), lengths, "copy", lengths.shape, lengths.dtype))
+    return ("n", Padded, (LEAF, LEAF))
+
+
+def _gather_numbers(gathering: Gathering, values: list | tuple, path: tuple) -> Any:
+    """Numbers (Python's and numpy's scalars): one array of torch's dtype for them."""
+    arr = scalar_array(values, path, gathering.context, gathering.context)
+    gathering.leaves.append(Leaf(path, arr, "copy", arr.shape, arr.dtype))
+    return LEAF
+
+
+def _gather_text(gathering: Gathering, values: list | tuple, path: tuple) -> Any:
+    """str and bytes, as torch's collate gives them: the batch's list, or a field's
+    column, which is a tuple for list/tuple samples (their columns come from zip)."""
+    gathering.leaves.append(Leaf(path, values, "object", (len(values),), None))
+    return LEAF
+
+
+def _gather_tensors(gathering: Gathering, values: list | tuple, path: tuple) -> Any:
+    """Tensors: their data viewed as arrays and gathered as arrays are (the leaves then
+    tagged to be handed out as tensors), or stacked with their autograd graph where one
+    requires grad (:func:`_stack_with_grad`)."""
+    context = gathering.context
+    tensor_type = gathering.tensor_type
+    first = values[0]
+    tag: bool | str | None = None
+    arrays = []
+    grad = False
+    for i, v in enumerate(values):
+        if not isinstance(v, tensor_type):  # torch.stack refuses it too (TypeError)
+            raise _structure_error(context, path, context(0), first, context(i), v)
+        grad = grad or v.requires_grad
+        v, v_tag = tensor_array(v)
+        tag = v_tag if tag is None else tag
+        arrays.append(v)
+    if grad and gathering.mode == "stack":
+        stacked = _stack_with_grad(values, path, context)
+        if stacked is not None:
+            gathering.leaves.append(Leaf(path, stacked, "object", (), None))
+            return LEAF
+    start = len(gathering.leaves)
+    node = _gather_arrays(gathering, arrays, path)
+    for leaf in gathering.leaves[start:]:
+        # (pad's lengths are int64 in any case: never viewed as another dtype)
+        leaf.torch = True if leaf.kind == "copy" else tag
+    return node
+
+
+_ARRAYS = Rule("numpy arrays", _gather_arrays)
+_NUMBERS = Rule("numbers", _gather_numbers)
+_TEXT = Rule("str and bytes", _gather_text)
+
+default_collate_fn_map: dict[type | tuple[type, ...], CollateFn] = {
+    np.ndarray: _ARRAYS,
+    (np.bool_, np.number): _NUMBERS,
+    float: _NUMBERS,
+    int: _NUMBERS,
+    str: _TEXT,
+    bytes: _TEXT,
+}
+"""The type -> function registry of the loader's default collate (torch's
+``default_collate_fn_map``). Add an entry to collate a type of your own: ``fn(batch, *,
+collate_fn_map)`` gets one field of every sample of a batch (a list or tuple whose first
+value is of the type) and returns its collated value, whose arrays and plain tensors go
+into the slot and whose other values are pickled beside them. A value's entry is that of
+its exact type, else the first (in insertion order) it is an instance of; a value without
+one is a tensor or a container (collated by the built-in rules) or an error. Workers look
+it up in their own process: register at import of the module that defines the dataset,
+so that workers started by spawn or forkserver register too. See docs/collate.md."""
+
+
+def collate(batch: Sequence[Any], *, collate_fn_map: Mapping[Any, CollateFn] | None = None) -> Any:
+    """``batch`` (a sequence of samples) collated as the loader's default collate
+    collates (``collate="stack"``), with ``collate_fn_map`` deciding per type (see
+    :data:`default_collate_fn_map`; None: no entries, so only tensors and containers have
+    rules, as in torch's ``collate``). Returns the batch in fresh memory: numpy arrays,
+    tensors where the samples held tensors. Raises :class:`BatchTypeError` or
+    :class:`BatchLayoutError` for values it cannot collate, as the loader does. A function
+    of the map may call it on a part of its batch, passing its ``collate_fn_map`` on."""
+    return _collated(batch, collate_fn_map, None)
+
+
+def _collated(batch: Sequence[Any], collate_fn_map: Mapping[Any, CollateFn] | None, root: Rule | None) -> Any:
+    """``batch`` collated in fresh memory, its root by ``root`` where given (a rule called
+    as a function), else by the map's lookup."""
+    gathering = Gathering(None, None, {} if collate_fn_map is None else collate_fn_map)
+    if len(batch) == 0:
+        raise BatchLayoutError(f"{gathering.context}: the batch has no samples; collate got an empty batch.")
+    samples = list(batch)
+    treedef = gathering.walk(samples, ()) if root is None else root.gather(gathering, samples, ())
+    layout, data_bytes, objects = plan(treedef, gathering.leaves)
+    return build_in_memory(layout, data_bytes, objects, copy_leaves(gathering.leaves))
+
+
+def gather(
+    samples: Sequence[Any],
+    indices: Sequence[Any] | None,
+    batch_no: int | None,
+    mode: str = "stack",
+    pad_value: Any = 0,
+    collate_fn_map: Mapping[Any, CollateFn] | None = None,
+) -> tuple[Any, list[Leaf]]:
+    """Transpose ``samples`` into a treedef and leaves (the default collate), the types of
+    their values looked up in ``collate_fn_map`` (None: :data:`default_collate_fn_map` as
+    it is at the call).
+
+    Types follow torch's ``default_collate``: numbers become one array (Python ints
+    int64, floats float64, bools bool, numpy scalars their dtype), arrays and tensors are
+    stacked, str/bytes give a list, dicts (and subclasses), namedtuples and lists keep
+    their type, tuples become lists; a type with an entry in the map goes through it;
+    anything else (None included) is a :class:`BatchTypeError`. ``mode`` says what
+    happens to array fields whose shapes differ between samples: ``"stack"`` refuses them,
+    ``"pad"`` pads every array field of ndim >= 1 to the batch maximum (a :class:`Padded`
+    of values and lengths), ``"list"`` gives every such field as a list of per-sample
+    arrays. Raises :class:`BatchLayoutError` naming the batch, the field path and the two
+    differing shapes, dtypes or structures.
+    """
+    if collate_fn_map is None:
+        collate_fn_map = default_collate_fn_map
+    gathering = Gathering(indices, batch_no, collate_fn_map, mode, pad_value)
     if mode not in COLLATE_MODES:
         raise ValueError(f"collate must be one of {COLLATE_MODES}, got {mode!r}")
     if len(samples) == 0:
-        raise BatchLayoutError(f"{context}: the batch has no samples; a sampler yielded an empty batch.")
-    treedef = walk(list(samples), ())
-    return treedef, leaves
+        raise BatchLayoutError(
+            f"{gathering.context}: the batch has no samples; a sampler yielded an empty batch."
+        )
+    treedef = gathering.walk(list(samples), ())
+    return treedef, gathering.leaves
 
 
 def _stack_with_grad(values: list, path: tuple, context: Any) -> Any:
@@ -328,28 +496,28 @@ def converted(value: Any) -> Any:
     return np.asarray(value) if isinstance(value, (np.bool_, np.number)) else value
 
 
-def slot_leaf(value: Any, index: int) -> Leaf:
+def slot_leaf(value: Any, path: tuple) -> Leaf:
     """THE rule for a leaf of an already collated tree (a user collate_fn's output, or a
     converted sample): a numpy array of a non-object dtype or a plain dense tensor goes
     into the slot (zero copy for the consumer); anything else travels as an object,
     pickled beside the arrays and unchanged (torch passes a collate_fn's output through
     untouched), among them every tensor a slot's plain buffer cannot give back as it was
     (see :func:`plain_tensor`: sparse, nested, quantized, a subclass, one that requires
-    grad)."""
+    grad). ``path``: where the leaf sits, for an error message."""
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
-            return Leaf((index,), value, "object", (), None)
-        return Leaf((index,), value, "copy", value.shape, value.dtype)
+            return Leaf(path, value, "object", (), None)
+        return Leaf(path, value, "copy", value.shape, value.dtype)
     tensor_type = torch_tensor_type()
     if tensor_type is not None and isinstance(value, tensor_type):
         if not plain_tensor(value, tensor_type):
-            return Leaf((index,), value, "object", (), None)
+            return Leaf(path, value, "object", (), None)
         try:
             arr, tag = tensor_array(value)
         except (TypeError, RuntimeError):  # a dtype or storage with no numpy view
-            return Leaf((index,), value, "object", (), None)
-        return Leaf((index,), arr, "copy", arr.shape, arr.dtype, torch=tag)
-    return Leaf((index,), value, "object", (), None)
+            return Leaf(path, value, "object", (), None)
+        return Leaf(path, arr, "copy", arr.shape, arr.dtype, torch=tag)
+    return Leaf(path, value, "object", (), None)
 
 
 def plain_tensor(value: Any, tensor_type: type) -> bool:
@@ -371,7 +539,7 @@ def flatten_tree(tree: Any, *, convert: bool = False) -> tuple[Any, list[Leaf]]:
     treedef, values = _tree.flatten(tree, tuples_as_lists=convert)
     if convert:
         values = [converted(v) for v in values]
-    return treedef, [slot_leaf(v, i) for i, v in enumerate(values)]
+    return treedef, [slot_leaf(v, (i,)) for i, v in enumerate(values)]
 
 
 def plan(treedef: Any, leaves: list[Leaf]) -> tuple[Layout, int, list[Any]]:
@@ -406,7 +574,7 @@ def write_leaf(leaf: Leaf, dst: Any) -> None:
             if dst.ndim > 1:
                 # Stacking B arrays of shape (n, ...) is concatenating them along axis 0
                 # into (B*n, ...): the same bytes, without np.stack's per-array
-                # expand_dims (3x faster for many small arrays).
+                # expand_dims, whose cost dominates for many small arrays.
                 flat = dst.reshape(dst.shape[0] * dst.shape[1], *dst.shape[2:])
                 np.concatenate(leaf.values, out=flat, casting="no")
             elif dst.shape[0]:

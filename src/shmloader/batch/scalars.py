@@ -76,8 +76,9 @@ def unsupported(context: Any, path: tuple, name: str, value: Any) -> BatchTypeEr
     return BatchTypeError(
         f"{context}: field {_path_text(path)} of {name} is {what}; the default collate "
         "batches arrays, tensors, numbers, str/bytes, dicts, lists and tuples (torch's "
-        "default_collate raises TypeError too). Return such values from __getitem__, or pass "
-        "a collate_fn that handles this one (e.g. one that filters out None samples)."
+        "default_collate raises TypeError too). Return such values from __getitem__, register "
+        "a function for its type in shmloader.default_collate_fn_map (docs/collate.md), or "
+        "pass a collate_fn that handles this one (e.g. one that filters out None samples)."
     )
 
 
@@ -182,7 +183,7 @@ def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[
     fits = _FAST_DTYPES.get(first)
     if first is bool and not set(map(type, values)) <= _PY_INT_BOOL:
         # torch.tensor refuses a bool first with arrays or numpy scalars after it (numpy
-        # takes them): checked for flags only, a field the hot W3/W4 paths do not have.
+        # takes them): checked only where a bool comes first, so ints and floats pay nothing.
         fits = None
     if fits is not None:
         try:

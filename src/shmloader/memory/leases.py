@@ -354,8 +354,8 @@ class Leases:
             slot = states.claim(0, _slots.FREE, _slots.ASSIGNED)
         # Batches kept alive only by reference cycles: a young collection first (batches
         # just dropped into cycles are young; it walks only recent objects), the full one
-        # only if that freed no slot. A full collection walks the whole heap: 0.3 s with
-        # torch and Lightning imported (measured), once per exhausted ring otherwise.
+        # only if that freed no slot. A full collection walks the whole heap, slow with big
+        # libraries imported: so at most once per exhausted ring.
         for generation in (1, 2):
             if slot >= 0:
                 break

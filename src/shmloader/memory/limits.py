@@ -42,8 +42,8 @@ def sentence(text: str) -> str:
 
 def _read(path: str) -> str | None:
     """The text of a small /proc or cgroup file, or None where it cannot be read. (Raw
-    reads: a text-mode open() costs ~50 us a file, and a budget reads up to eight while a
-    fresh loader waits for its ring.)"""
+    reads: a text-mode open() costs more than the read itself, and a budget reads up to
+    eight files while a fresh loader waits for its ring.)"""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -376,10 +376,9 @@ def ring_room(budget: Budget, reserve: int = 0) -> int | None:
     OOM killer ends a process, so where the machine's memory or a cgroup binds the margin
     is ``reserve`` (the leases': a batch per worker, which holds its samples while it
     collates) plus 32 MiB, or a quarter if that is more; where
-    /dev/shm binds, a quarter. None where nothing could be read. (Measured, 2 fork workers
-    and 38.5 MB batches in a cgroup v1 limit: the cgroup's peak was the usage when the ring
-    was made, plus the ring, plus one batch per worker; a margin of a quarter alone let
-    the OOM killer in at 432 MiB.)"""
+    /dev/shm binds, a quarter. None where nothing could be read. (Under a cgroup limit
+    the peak is the usage when the ring was made, plus the ring, plus one batch per
+    worker: a margin of a quarter alone does not cover that for big batches.)"""
     if budget.bytes is None:
         return None
     margin = budget.bytes // MARGIN_FRACTION

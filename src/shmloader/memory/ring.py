@@ -15,17 +15,17 @@ its pages are reserved before anything writes to them, so running short is an er
 never a SIGBUS or a kill on a later write:
 
 - where the kernel has ``MADV_POPULATE_WRITE`` (Linux 5.14+), a ring is made with only its
-  control area reserved (a sparse segment: ~0.3 ms whatever its size), and each process
+  control area reserved (a sparse segment: cheap whatever its size), and each process
   that writes a slot reserves and maps that slot's pages in one call the first time it
   asks for it (:meth:`Ring.slot_array`: workers write their own share of the slots, in
   parallel): the bytes its batch needs (in a memfd, where a writer does not say: the
   batch the slot was sized for, as a page past that cannot SIGBUS there). The kernel
   answers a failure with an error (ENOMEM, EFAULT), which becomes
   :class:`ShmSpaceError`, not a SIGBUS. Slots nothing writes (the reserve for
-  batches the consumer holds, in a short epoch) take no memory. Measured (cold epoch, 2
-  workers, 38.5 MB batches): reserving the 385 MB ring up front took the consumer ~90 ms
-  with the workers idle, and mapping a reserved slot cost a worker as much as reserving
-  and mapping it in one call;
+  batches the consumer holds, in a short epoch) take no memory. Reserving a big ring up
+  front keeps the consumer busy while the workers wait, and mapping a reserved slot costs
+  a worker as much as reserving and mapping it in one call, so nothing is gained by
+  reserving first;
 - elsewhere (and for rings page-locked for a GPU, which lock every page at once) the
   whole segment is reserved with ``posix_fallocate`` when it is made.
 
@@ -239,7 +239,7 @@ class Ring:
             else:
                 segment.reserve(fd, total, num_slots, slot_bytes, kind)
             # The consumer only reads slots: its pages fault in on first use, and pre-faulting
-            # them all here would delay the batch that sized the ring (66 ms for 92 MiB).
+            # them all here would delay the batch that sized the ring.
             ring = cls(fd, num_slots, slot_bytes, populate=populate and not sparse)
             if populate and sparse:
                 ring._populate(0, total, kind)  # reserve and map every page, in one call
@@ -272,8 +272,8 @@ class Ring:
         more. Unsaid: the bytes of the batch the slot was sized for in a memfd (a page
         past them is reserved by the write that first touches it, which cannot SIGBUS
         there: see _tail_may_fault), the whole slot elsewhere; a later call without a
-        size reserves nothing more. (Measured, cold W2: reserving whole 48 MB slots for
-        38.5 MB batches made the epoch ~9% slower than before rings were sparse.) Raises
+        size reserves nothing more. (Reserving whole slots would make a cold epoch pay for
+        pages its batches never write.) Raises
         :class:`ShmSpaceError` where the memory is not there."""
         arr = self._slot_arrays[index]
         if arr is None or (need is not None and need > self._populated[index]):
@@ -373,7 +373,7 @@ def _attach(dup: Any, num_slots: int, slot_bytes: int) -> Ring:
 def attach_fd(fd: int, num_slots: int, slot_bytes: int, *, populate: bool = False) -> Ring:
     """Map a ring from a descriptor this process received, and close the descriptor.
     ``populate`` pre-faults the whole mapping. Workers do not: pages are mapped per
-    process (~2 us a page here), so a worker maps only the slots it writes, on its first
+    process, at a cost per page, so a worker maps only the slots it writes, on its first
     write into each (it writes into its own share of the slots first: see
     rings.RingKeeper.claim); the consumer's reads fault pages in 16 at a time."""
     try:

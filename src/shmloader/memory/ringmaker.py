@@ -1,9 +1,9 @@
 """The first ring of a loader, made in the background while the first batches go out.
 
 A loader's first ring is sized from its first batch, which a worker delivers outside the
-ring (in a segment of its own). Reserving the ring (``posix_fallocate`` of every slot:
-~85 ms for 385 MB here, the kernel allocating every page) used to happen in the consumer
-between two batches, with the workers idle. A :class:`RingMaker` starts it on a thread as
+ring (in a segment of its own). Reserving the ring (``posix_fallocate`` of every slot,
+the kernel allocating every page: long for a big ring) would otherwise happen in the
+consumer between two batches, with the workers idle. A :class:`RingMaker` starts it on a thread as
 soon as that first batch arrives (``posix_fallocate`` releases the GIL), while the
 consumer hands out the first batches; the consumer takes the ring when it has nothing
 else to hand out, and an error (no room, ``max_shm_bytes``) is raised there, exactly
@@ -11,11 +11,11 @@ where a ring made in line would have raised it. (Not earlier, say as soon as a w
 knows the size: the ring is sized from the memory there is when it is made, and the
 workers' first batches must be counted in that by then.)
 
-Only for big batches (:data:`BACKGROUND_MIN_BATCH_BYTES`): a small ring takes well under
-a millisecond to make, less than starting a thread costs, and is made in line at the
-next call, as before. And only where a ring is reserved whole when it is made: where the
-kernel lets each writer reserve its own slots (:func:`shmloader.memory.ring.populate_supported`)
-a ring is made sparse in ~0.5 ms, whatever its size, so the maker makes it at once, in
+Only for big batches (:data:`BACKGROUND_MIN_BATCH_BYTES`): a small ring takes less time
+to make than starting a thread costs, and is made in line at the next call. And only
+where a ring is reserved whole when it is made: where the kernel lets each writer
+reserve its own slots (:func:`shmloader.memory.ring.populate_supported`) a sparse ring
+costs little to make, whatever its size, so the maker makes it at once, in
 line, when the first batch arrives (no thread): the workers get it as soon as that batch
 is handed out.
 
@@ -30,8 +30,8 @@ import threading
 import weakref
 from typing import Any
 
-# A first batch this big (a ring of ~8 such slots: ~5 MiB, ~1 ms to reserve here, more
-# for bigger ones) gets its ring made on a thread.
+# A first batch this big gets its ring made on a thread: from this size on, reserving a
+# ring of such slots takes longer than starting a thread.
 BACKGROUND_MIN_BATCH_BYTES = 512 * 1024
 
 _running: weakref.WeakSet = weakref.WeakSet()
@@ -51,7 +51,7 @@ class RingMaker:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         if leases.rings_are_cheap():
-            self._make(leases, batch_bytes, like)  # a sparse ring: ~0.5 ms, no thread
+            self._make(leases, batch_bytes, like)  # a sparse ring: cheaper than a thread
             return
         self._thread = threading.Thread(
             target=self._make, args=(leases, batch_bytes, like), name="shmloader-ring", daemon=True

@@ -81,11 +81,10 @@ def margin_reserve(num_workers: int, slot_bytes: int) -> int:
     """What the processes allocate beside a ring of ``slot_bytes`` slots once it is made:
     about one batch (the batch such a slot was sized for) per worker, which holds its
     samples while it collates the next one. Kept free, with 32 MiB more, by
-    :func:`shmloader.memory.limits.ring_room`. (Measured, cgroup v1, 38.5 MB float32 batches, 2
-    fork workers, a 4-slot ring: the cgroup's peak was its usage when the ring was made,
-    plus the ring, plus 75 MiB, i.e. two batches; torch's DataLoader peaked 9 MiB lower.
-    The consumer hands out views of the ring: a batch more for it, as this reserved
-    before, kept 448-500 MiB limits from working where torch works.)"""
+    :func:`shmloader.memory.limits.ring_room`. (Under a cgroup limit the peak is the
+    usage when the ring was made, plus the ring, plus one batch per worker. The consumer
+    hands out views of the ring and needs no batch of its own: reserving one for it too
+    would refuse limits under which torch's DataLoader works.)"""
     batch = max(0, int((slot_bytes - SLOT_SLACK_BYTES) / SLOT_HEADROOM))
     return num_workers * batch
 

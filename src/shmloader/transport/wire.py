@@ -22,7 +22,7 @@ with ``recvmsg``, so none is lost.
 **The slot header.** The worker writes a batch's arrays into a slot, then after them its
 encoded layout skeleton, the layout's int64 numbers (8-aligned) and its pickled object
 leaves (:class:`SlotContent`); then the slot's header words (:class:`SlotHeader`, written
-by :meth:`SlotContent.write`, read by :func:`read_header`), then publishes the slot READY.
+by :func:`write_header`, read by :func:`read_header`), then publishes the slot READY.
 """
 
 from __future__ import annotations
@@ -239,6 +239,7 @@ assert HEADER_USED <= HEADER_WORDS
 _HEADER_STRUCT = struct.Struct(f"={HEADER_USED}q")
 _ROW_BYTES = 8 * HEADER_WORDS
 _new_header = tuple.__new__
+_pack_header = _HEADER_STRUCT.pack_into
 
 
 def numbers_offset(layout_off: int, layout_len: int) -> int:
@@ -277,11 +278,17 @@ class SlotContent:
         dst[self.data_bytes : end] = self.trailer
         if self.objects:
             dst[end : self.total] = self.objects
-        _HEADER_STRUCT.pack_into(ring.headers, slot * _ROW_BYTES, *self._words, seq, self._count)
+        write_header(ring, slot, *self._words, seq, self._count)
+
+
+def write_header(ring: Any, slot: int, *words: int) -> None:
+    """Write ``slot``'s header in ``ring``: ``words`` are a :class:`SlotHeader`'s fields, in
+    its order (``write_header(ring, slot, *header)``). Before the slot is published READY."""
+    _pack_header(ring.headers, slot * _ROW_BYTES, *words)
 
 
 def read_header(ring: Any, slot: int) -> SlotHeader:
-    """``slot``'s header in ``ring``, as :meth:`SlotContent.write` wrote it (after READY was
+    """``slot``'s header in ``ring``, as :func:`write_header` wrote it (after READY was
     acquire-loaded)."""
     return _new_header(SlotHeader, _HEADER_STRUCT.unpack_from(ring.headers, slot * _ROW_BYTES))
 

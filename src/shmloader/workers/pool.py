@@ -141,9 +141,8 @@ class WorkerPool:
 
         Every worker's config, socket pair, process object and channel are made before
         the first fork: after a fork every page the consumer writes is copied, as the
-        child shares it (~5 us a page here), so work done between two forks costs twice
-        (measured, W4: ~380 of the consumer's ~1,200 page copies before its first batch
-        came from that work)."""
+        child shares it, so work done between two forks costs twice, and such copies are
+        a large share of what the consumer does before its first batch."""
         method = ctx.get_start_method()
         use_pdeathsig = uses_pdeathsig(method)
         with _sigint_blocked():

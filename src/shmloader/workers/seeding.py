@@ -27,8 +27,8 @@ def seed_all(seed: int, worker_id: int = 0, cpu_only: bool | None = None) -> Non
             cpu_only = torch_cpu_only()
         if cpu_only:
             # What torch.manual_seed does on a build with no accelerator: the devices it
-            # also seeds (lazily, recording traceback.format_stack() for each: 3-15 ms
-            # of a worker's start, reading source files) can never be used here.
+            # also seeds (lazily, recording traceback.format_stack() for each, which reads
+            # source files: a noticeable share of a worker's start) can never be used here.
             torch.default_generator.manual_seed(seed)
         else:
             torch.manual_seed(seed)

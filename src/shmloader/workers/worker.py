@@ -36,8 +36,8 @@ from shmloader.workers.failures import WorkerFailure
 _RESULT_WAKE = wire.result_wake_frame()
 _VIEW_CACHE_SIZE = 1024  # entries of the placement, skeleton and view caches (ragged batches: one per shape)
 # A batch outside the ring up to this size goes pickled in its frame: a one-off segment
-# costs a worker's first batch ~2 ms (memfd, reserve, map, the memory budget's reads, the
-# descriptor's passing) and the consumer a mapping; pickling and unpickling 64 KiB: ~35 us.
+# (memfd, reserve, map, the memory budget's reads, the descriptor's passing, and a mapping
+# in the consumer) costs far more than pickling and unpickling this many bytes.
 PICKLED_MAX_BYTES = 64 * 1024
 # Out of tasks, a worker yields its CPU for up to this long before it sleeps (see
 # _Worker.yield_for_work and channel.next_yield_window).
@@ -127,10 +127,9 @@ def _yield_to_the_consumer() -> None:
     SCHED_BATCH policy: the same CPU share as before, but a worker that wakes up (a task
     came) no longer preempts the process running on that CPU, most often the consumer,
     which then finishes its step first. The consumer's wake-up write stops costing it a
-    worker's whole batch of wall time (W4, 2 workers: 0.15 -> 0 preemptions of the
-    consumer a batch; 12.7k vs 9.8k batches/s, medians of 5 alternating rounds). A
-    worker_init_fn may set another policy: it runs after this. Where the policy is
-    refused (a sandbox) or absent, nothing changes."""
+    worker's whole batch of wall time, which small batches feel most. A worker_init_fn
+    may set another policy: it runs after this. Where the policy is refused (a sandbox)
+    or absent, nothing changes."""
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError):
@@ -265,8 +264,7 @@ class _Worker:
         ``frames``: a task too large for the queue, a new ring, an epoch)
         between yields, for up to ``spin_ns`` ns; True when either came. The consumer's
         next task is often that close (a small batch): a worker that fell asleep costs
-        the consumer a wake-up write, as much CPU as the rest of a small batch's path
-        (W4: 0.35 wake-ups a batch)."""
+        the consumer a wake-up write, as much CPU as the rest of a small batch's path."""
         clock = time.perf_counter_ns
         start = clock()
         end = start + self.spin_ns
