@@ -177,9 +177,29 @@ def test_doctor_reports_every_check():
         "start method",
         "cores",
         "parent-death signal",
+        "region JPEG decoder",
     ]:
         assert f"] {name}:" in proc.stdout
     assert "ulimit -n" in proc.stdout
+
+
+def test_doctor_names_the_headers_a_missing_region_decoder_needs():
+    # As built where libjpeg-turbo's headers were absent: shmloader._jpeg does not import.
+    proc = _cli(
+        "doctor", "--workers", "1", "--json", prelude="import sys; sys.modules['shmloader._jpeg'] = None"
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    check = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["region JPEG decoder"]
+    assert check["status"] == "WARN" and "jpeglib.h" in check["detail"], check
+    assert "libjpeg62-turbo-dev (Debian)" in check["remedy"] and "libjpeg-turbo8-dev" in check["remedy"]
+    # This process, as installed: OK naming the library bound, or WARN saying why not.
+    from shmloader.vision import region
+
+    bound, check = region.decoder(), doctor.check_region_decoder()
+    if bound is not None:
+        assert check.status == doctor.OK and bound.library in check.detail, check
+    else:
+        assert check.status == doctor.WARN and check.remedy, check
 
 
 def test_doctor_json_and_too_small_shm():
