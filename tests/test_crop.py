@@ -107,8 +107,9 @@ def test_a_region_has_the_full_decode_s_pixels(flavours, name):
     rng = np.random.default_rng(0)
     for factor in (1, 2, 4, 8):
         for fast in (False, True):
-            full = simplejpeg.decode_jpeg(data, "RGB", fast, False, min_height=-(-150 // factor),
-                                          min_width=-(-203 // factor))  # fmt: skip
+            full = simplejpeg.decode_jpeg(
+                data, "RGB", fast, False, min_height=-(-150 // factor), min_width=-(-203 // factor)
+            )
             h, w = full.shape[:2]
             for _ in range(6):
                 x0, y0 = int(rng.integers(0, w - 3)), int(rng.integers(0, h - 1))
@@ -147,8 +148,9 @@ TRANSFORMS = {
 @pytest.mark.parametrize("transform", sorted(TRANSFORMS))
 def test_the_exact_path_is_unchanged(mixed, backend, transform):
     """fast_decode=False: the same pixels as a full accurate decode followed by the crop."""
-    ref, ref_stats = _render(mixed, TRANSFORMS[transform], backend=backend, fast_decode=False,
-                             region_decode=False)  # fmt: skip
+    ref, ref_stats = _render(
+        mixed, TRANSFORMS[transform], backend=backend, fast_decode=False, region_decode=False
+    )
     got, stats = _render(mixed, TRANSFORMS[transform], backend=backend, fast_decode=False)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref))
     assert ref_stats["region_decodes"] == 0
