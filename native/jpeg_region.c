@@ -3,11 +3,12 @@
  * (scale_denom 2, 4, 8), with libjpeg-turbo's libjpeg API.
  *
  * No libjpeg is linked in: shmjpeg_bind() receives the addresses of the library's
- * functions, looked up at run time in the libjpeg-turbo that Pillow's wheel ships
- * (shmloader/vision/region.py). The struct layouts come from the vendored headers in
- * native/jpeg/ (the libjpeg 6b ABI, JPEG_LIB_VERSION 62); jpeg_CreateDecompress checks
- * both the version and sizeof(struct jpeg_decompress_struct), so a library of another
- * ABI fails with an error here, and the caller falls back to a full decode. */
+ * functions, looked up at run time in a libjpeg-turbo of the ABI shmjpeg_abi() names
+ * (shmloader/vision/region.py: Pillow's wheel ships one of ABI 62). The struct layouts
+ * come from the libjpeg-turbo headers of the build environment (native/build_jpeg.py);
+ * jpeg_CreateDecompress checks both the version and sizeof(struct jpeg_decompress_struct),
+ * so a library of another ABI fails with an error here, and the caller falls back to a
+ * full decode. */
 
 #include <setjmp.h>
 #include <stddef.h>
@@ -29,6 +30,10 @@ typedef void (*crop_fn)(j_decompress_ptr, JDIMENSION *, JDIMENSION *);
 typedef JDIMENSION (*skip_fn)(j_decompress_ptr, JDIMENSION);
 typedef JDIMENSION (*read_fn)(j_decompress_ptr, JSAMPARRAY, JDIMENSION);
 typedef void (*abort_fn)(j_decompress_ptr);
+
+/* The libjpeg ABI the headers declared at build time (62: libjpeg 6b, 70, 80): the
+ * library bound must have it. */
+int shmjpeg_abi(void) { return JPEG_LIB_VERSION; }
 
 /* The order shmjpeg_bind expects (region.py's _FUNCTIONS). */
 static struct {

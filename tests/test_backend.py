@@ -216,7 +216,9 @@ def test_a_refused_memfd_falls_back_to_posix_once():
             calls.append(args)
             raise OSError(errno.EPERM, "Operation not permitted")
         os.memfd_create = refused
-        from shmloader import DataLoader, ring, segment
+        from shmloader import DataLoader
+        from shmloader.memory import ring
+        from shmloader.system import segment
         from shmloader.errors import ShmBackendError
         import numpy as np
         class Data:  # 128 KiB batches: the first ones come in one-off segments
@@ -474,7 +476,8 @@ def test_cgroup_v1_limit_is_read_for_real():
         proc = run_python(
             """
             import json
-            from shmloader import memory, doctor
+            from shmloader import doctor
+            from shmloader.memory import limits as memory
             cg = memory.cgroup_limit()
             b = memory.budget("memfd")
             print(json.dumps([cg.version, cg.path, cg.limit, cg.headroom, b.limit, b.bytes,

@@ -31,6 +31,10 @@ from shmloader.memory.ring import ring_bytes
 
 from .faultcases import IDLE_POINTS, WIDE_BAD, alive, read_line, wait_gone
 
+# Every case's loaders run in a fresh child interpreter that never imports torch (no torch
+# output, pin_memory or generator here): the same with or without torch installed.
+pytestmark = pytest.mark.torch_free
+
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_CODE = "from tests.faultcases import main; main()"
 ALL_METHODS = ["fork", "spawn", "forkserver"]

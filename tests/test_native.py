@@ -43,7 +43,7 @@ def test_parent_death_signal_kills_the_child():
         "r, w = os.pipe()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
-        "    from shmloader import _slots\n"
+        "    from shmloader.system import slots as _slots\n"
         "    _slots.set_parent_death_signal(signal.SIGKILL)\n"
         "    print(os.getpid(), flush=True)\n"
         "    os.write(w, b'1')\n"
@@ -55,6 +55,7 @@ def test_parent_death_signal_kills_the_child():
         "os._exit(0)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert out.stdout.strip(), f"the child printed no pid: {out.stderr}"
     child = int(out.stdout.split()[0])
     for _ in range(100):
         try:

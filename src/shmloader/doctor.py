@@ -381,6 +381,46 @@ def check_torch() -> Check:
     return Check("torch", OK, f"torch {version} is installed")
 
 
+def check_region_decoder() -> Check:
+    """Whether ImageFolder decodes only the part of a JPEG a crop needs (the optional C
+    helper ``shmloader._jpeg`` bound to a libjpeg-turbo) or whole images."""
+    import importlib.util
+
+    from shmloader.vision import region
+
+    name = "region JPEG decoder"
+    helper = region.native()[0]
+    if helper is None and importlib.util.find_spec("simplejpeg") is None:
+        return Check(
+            name,
+            OK,
+            "not built, and shmloader.vision's extra is not installed either (pip install "
+            "'shmloader[vision]'): nothing here decodes JPEGs",
+        )
+    if helper is None:
+        return Check(
+            name,
+            WARN,
+            "shmloader._jpeg is not built: libjpeg-turbo's headers (jpeglib.h) were missing when "
+            "shmloader was installed, so ImageFolder decodes whole JPEGs where a crop needs only "
+            "part of one",
+            f"install libjpeg-turbo's headers ({region.HEADERS_PACKAGES}), then reinstall "
+            "shmloader from source (pip install -e . in a checkout)",
+        )
+    dec = region.decoder()
+    if dec is not None:
+        return Check(name, OK, f"shmloader._jpeg is built and bound to {dec.library}")
+    reason = str(region.unavailable_reason())
+    if region.ENV_OFF in reason:
+        return Check(name, OK, f"{reason}: ImageFolder decodes whole JPEGs")
+    return Check(
+        name,
+        WARN,
+        f"shmloader._jpeg is built but cannot be used: {reason}; ImageFolder decodes whole JPEGs",
+        "pip install Pillow (its wheel ships the libjpeg-turbo the decoder binds to)",
+    )
+
+
 def run_checks(workers: int, batch_bytes: int, backend: str = "auto") -> list[Check]:
     """Every check, in the order they are printed (``backend``: the loader's shm_backend)."""
     checks = [check_native()]
@@ -396,6 +436,7 @@ def run_checks(workers: int, batch_bytes: int, backend: str = "auto") -> list[Ch
         check_start_method(),
         check_cores(workers),
         check_pdeathsig(),
+        check_region_decoder(),
         check_torch(),
     ]
 

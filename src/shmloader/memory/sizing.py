@@ -235,7 +235,7 @@ class SizeWarnings:
 def user_stacklevel() -> int:
     """The stacklevel of the first caller outside this package (the user's loop), so a
     warning points at the user's line, not at the loader's insides."""
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # shmloader/, above memory/
     frame, level = sys._getframe(1), 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
         frame, level = frame.f_back, level + 1

@@ -8,15 +8,17 @@ with DCT-domain downscaling. A random-resized crop keeps on average about half o
 image, so about half of the IDCT, upsampling and colour-conversion work goes away.
 
 The binding: the C helper ``shmloader._jpeg`` (``native/jpeg_region.c``, built by
-``native/build_jpeg.py`` against libjpeg headers vendored in ``native/jpeg/``) links no
-libjpeg; :func:`decoder` binds it at run time to the functions of the libjpeg-turbo that
-Pillow's wheel ships (``pillow.libs/libjpeg-*.so.62*``, ``PIL/.dylibs/libjpeg.62.dylib``)
-or, failing that, a system ``libjpeg.so.62``. The library must have the libjpeg 6b ABI
-(``JPEG_LIB_VERSION`` 62, what libjpeg-turbo builds by default and Pillow ships):
-``jpeg_CreateDecompress`` checks the version and the struct size, so another ABI is
-refused cleanly. Whenever the helper is not built, no library is found or it is refused,
-:func:`decoder` returns None with :func:`unavailable_reason` saying why, and images are
-decoded whole, as before (simplejpeg).
+``native/build_jpeg.py`` against the libjpeg-turbo headers of the build environment, and
+left out where there are none) links no libjpeg; :func:`decoder` binds it at run time to
+the functions of a libjpeg-turbo of the ABI those headers declared (``JPEG_LIB_VERSION``).
+For the libjpeg 6b ABI (62: what libjpeg-turbo builds by default, Debian's
+``libjpeg62-turbo-dev``), that is the library Pillow's wheel ships
+(``pillow.libs/libjpeg-*.so.62*``, ``PIL/.dylibs/libjpeg.62.dylib``) or, failing that, a
+system ``libjpeg.so.62``; for ABI 80 (Ubuntu's ``libjpeg-turbo8-dev``), the system's
+``libjpeg.so.8``. ``jpeg_CreateDecompress`` checks the version and the struct size, so
+another ABI is refused cleanly. Whenever the helper is not built, no library is found or
+it is refused, :func:`decoder` returns None with :func:`unavailable_reason` saying why,
+and images are decoded whole, as before (simplejpeg).
 
 Equality: the rows and columns decoded are identical to the same rows and columns of a
 full decode, except the outermost pixel column on each side of a cropped region (fancy
@@ -38,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RegionDecoder", "decoder", "region_bounds", "unavailable_reason"]
+__all__ = ["HEADERS_PACKAGES", "RegionDecoder", "decoder", "native", "region_bounds", "unavailable_reason"]
 
 # The order shmjpeg_bind expects (native/jpeg_region.c).
 _FUNCTIONS = (
@@ -55,15 +57,43 @@ _FUNCTIONS = (
 )
 _OK, _UNSUPPORTED, _ERROR, _SMALL = 0, 1, 2, 3
 _MSG_LEN = 200
-_ENV_OFF = "SHMLOADER_REGION_DECODE"  # "0": never decode regions (e.g. to measure the difference)
+ENV_OFF = "SHMLOADER_REGION_DECODE"  # "0": never decode regions (e.g. to measure the difference)
+
+# Where the helper's build finds libjpeg-turbo's headers (native/build_jpeg.py names the same).
+HEADERS_PACKAGES = (
+    "libjpeg62-turbo-dev (Debian), libjpeg-turbo8-dev (Ubuntu), libjpeg-turbo-devel "
+    "(Fedora, RHEL), libjpeg-turbo-dev (Alpine), jpeg-turbo (Homebrew, conda-forge)"
+)
 
 _state: dict[str, Any] = {"pid": None, "decoder": None, "reason": "not tried yet"}
 
 
-def library_candidates() -> list[str]:
-    """Paths of libjpeg-turbo libraries to try, best first: Pillow's bundled copy, then
-    the system's."""
+def native() -> tuple[Any, str]:
+    """The C helper ``shmloader._jpeg`` and ``""``, or None and a sentence saying why it
+    is missing and how to get it."""
+    try:
+        from shmloader import _jpeg
+    except ImportError as exc:
+        return None, (
+            f"the C helper shmloader._jpeg is not built ({exc}): it is compiled at install where "
+            f"libjpeg-turbo's headers (jpeglib.h) are found; install {HEADERS_PACKAGES}, then "
+            "reinstall shmloader from source (pip install -e . in a checkout) to get region decoding"
+        )
+    return _jpeg, ""
+
+
+def library_candidates(abi: int = 62) -> list[str]:
+    """Paths of libjpeg-turbo libraries of the libjpeg ABI ``abi`` (``JPEG_LIB_VERSION``)
+    to try, best first: Pillow's bundled copy (ABI 62 only), then the system's."""
     found: list[str] = []
+    if abi != 62:
+        if sys.platform.startswith("linux"):
+            found.append(f"libjpeg.so.{abi // 10}")  # 80: libjpeg.so.8, 70: libjpeg.so.7
+        elif sys.platform == "darwin":
+            name = ctypes.util.find_library("jpeg")
+            if name:
+                found.append(name)
+        return found
     try:
         import PIL
 
@@ -158,10 +188,25 @@ class RegionDecoder:
         msg = self._ffi.new(f"char[{_MSG_LEN}]")
         geom = self._ffi.new("int[6]")
         out = np.empty(3 * 64, np.uint8)
+        # A one-pixel region: libjpeg reads the header and decodes the first rows only.
         status = self._lib.shmjpeg_region(
-            self._ffi.from_buffer(data), len(data), factor, 0, 0, 0, 0, 1, 1, 0, 0,
-            self._ffi.from_buffer(out), out.size, geom, msg, _MSG_LEN,
-        )  # fmt: skip
+            self._ffi.from_buffer(data),
+            len(data),
+            factor,
+            0,
+            0,
+            0,
+            0,
+            1,
+            1,
+            0,
+            0,
+            self._ffi.from_buffer(out),
+            out.size,
+            geom,
+            msg,
+            _MSG_LEN,
+        )
         return None if status in (_OK, _SMALL) else self._ffi.string(msg).decode("utf-8", "replace")
 
 
@@ -169,8 +214,8 @@ def decoder() -> RegionDecoder | None:
     """This process's region decoder, bound on first use; None when unavailable
     (:func:`unavailable_reason` says why) or switched off with
     ``SHMLOADER_REGION_DECODE=0``."""
-    if os.environ.get(_ENV_OFF, "1").strip().lower() in ("0", "false", "no", "off"):
-        _state["reason"] = f"switched off by {_ENV_OFF}=0"
+    if os.environ.get(ENV_OFF, "1").strip().lower() in ("0", "false", "no", "off"):
+        _state["reason"] = f"switched off by {ENV_OFF}=0"
         return None
     if _state["pid"] == os.getpid() or (_state["pid"] is not None and _state["decoder"] is not None):
         return _state["decoder"]  # a forked child inherits the parent's binding
@@ -185,28 +230,31 @@ def unavailable_reason() -> str | None:
 
 
 def _bind() -> tuple[RegionDecoder | None, str]:
-    try:
-        from shmloader import _jpeg as native
-    except ImportError as exc:
-        return None, (
-            f"the C helper shmloader._jpeg is not built ({exc}); reinstall shmloader with a C "
-            "compiler available to get region decoding"
-        )
+    helper, why = native()
+    if helper is None:
+        return None, why
+    abi = helper.lib.shmjpeg_abi()
     reasons = []
-    for path in library_candidates():
+    for path in library_candidates(abi):
         try:
             handle = ctypes.CDLL(path)
             addrs = [ctypes.cast(getattr(handle, name), ctypes.c_void_p).value or 0 for name in _FUNCTIONS]
         except (OSError, AttributeError) as exc:
             reasons.append(f"{path}: {exc}")
             continue
-        msg = native.ffi.new(f"char[{_MSG_LEN}]")
-        status = native.lib.shmjpeg_bind(native.ffi.new("uintptr_t[]", addrs), len(addrs), msg, _MSG_LEN)
+        msg = helper.ffi.new(f"char[{_MSG_LEN}]")
+        status = helper.lib.shmjpeg_bind(helper.ffi.new("uintptr_t[]", addrs), len(addrs), msg, _MSG_LEN)
         if status == _OK:
-            return RegionDecoder(native, path, handle), ""
-        reasons.append(f"{path}: {native.ffi.string(msg).decode('utf-8', 'replace')}")
-    if not reasons:
+            return RegionDecoder(helper, path, handle), ""
+        reasons.append(f"{path}: {helper.ffi.string(msg).decode('utf-8', 'replace')}")
+    if not reasons and abi == 62:
         return None, "no libjpeg-turbo library found (Pillow's wheel ships one: pip install Pillow)"
+    if not reasons:
+        return None, (
+            f"no libjpeg-turbo library of ABI {abi} found (shmloader._jpeg was built against "
+            f"headers of JPEG_LIB_VERSION {abi}: install their runtime library, or rebuild "
+            "against libjpeg62-turbo-dev's headers to use Pillow's)"
+        )
     return None, "no usable libjpeg-turbo library: " + "; ".join(reasons)
 
 
