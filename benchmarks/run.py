@@ -26,13 +26,19 @@ from shmloader.bench import main as bench_main
 HERE = Path(__file__).resolve().parent
 
 FULL_RUN = [
-    "--workloads", "all",
-    "--workers", "2,1",
-    "--repeat", "5",
-    "--seconds", "1.0",
-    "--json", os.path.relpath(HERE / "results.json"),
-    "--markdown", os.path.relpath(HERE / "RESULTS.md"),
-]  # fmt: skip
+    "--workloads",
+    "all",
+    "--workers",
+    "2,1",
+    "--repeat",
+    "5",
+    "--seconds",
+    "1.0",
+    "--json",
+    os.path.relpath(HERE / "results.json"),
+    "--markdown",
+    os.path.relpath(HERE / "RESULTS.md"),
+]
 
 
 def main(argv: list[str]) -> int:

@@ -54,8 +54,12 @@ def evaluate(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for wl in RATIO_TARGETS:
         cold = by[(wl, 2)].get("cold") if (wl, 2) in by else None
         if cold:
-            add(f"{wl} w2 cold vs torch", cold.get("ratio"), f">= {COLD_TARGET:g}x",
-                lambda v: v >= COLD_TARGET)  # fmt: skip
+            add(
+                f"{wl} w2 cold vs torch",
+                cold.get("ratio"),
+                f">= {COLD_TARGET:g}x",
+                lambda v: v >= COLD_TARGET,
+            )
     if ("W5", 2) in by:
         lo, hi = W5_RANGE
         add("W5 w2 vs torch", ratio("W5"), f"{lo:g}x - {hi:g}x", lambda v: lo <= v <= hi)
@@ -77,8 +81,12 @@ def evaluate(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for wl in ("W1", "W2"):
         if (wl, 2) in by:
             row = _row(by[(wl, 2)], "shmloader")
-            add(f"{wl} w2 % of copy ceiling", row and row["pct_of_ceiling"], f">= {CEILING_PCT:g}%",
-                lambda v: v >= CEILING_PCT)  # fmt: skip
+            add(
+                f"{wl} w2 % of copy ceiling",
+                row and row["pct_of_ceiling"],
+                f">= {CEILING_PCT:g}%",
+                lambda v: v >= CEILING_PCT,
+            )
     if ("W1", 2) in by:
         res = by[("W1", 2)]
         s, t = _row(res, "shmloader"), _row(res, "torch")
@@ -90,8 +98,12 @@ def evaluate(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         val = None
         if "torch" in fb and "shmloader" in fb:
             val = fb["shmloader"]["median_s"] / fb["torch"]["median_s"]
-        add("W1 w2 time to first batch vs torch", val, f"<= {W1_FIRST_BATCH_RATIO:g}x",
-            lambda v: v <= W1_FIRST_BATCH_RATIO)  # fmt: skip
+        add(
+            "W1 w2 time to first batch vs torch",
+            val,
+            f"<= {W1_FIRST_BATCH_RATIO:g}x",
+            lambda v: v <= W1_FIRST_BATCH_RATIO,
+        )
     if ("W4", 2) in by:
         row = _row(by[("W4", 2)], "shmloader")
         val = row["consumer_cpu_ms"] * 1e3 if row and row["consumer_cpu_ms"] is not None else None

@@ -488,8 +488,9 @@ def parity_failure(
         kw.update(batch_size=batch_size, drop_last=drop_last)
         if sampler is not None:
             kw["sampler"] = sampler
-    plan = batch_plan(len(samples), batch_size=batch_size, drop_last=drop_last, sampler=sampler,
-                      batch_sampler=batch_sampler)  # fmt: skip
+    plan = batch_plan(
+        len(samples), batch_size=batch_size, drop_last=drop_last, sampler=sampler, batch_sampler=batch_sampler
+    )
     # An index out of range (a batch sampler may yield one) stands for itself.
     batches = [[samples[i] if 0 <= i < len(samples) else ("index", i) for i in b] for b in plan]
 
@@ -499,13 +500,19 @@ def parity_failure(
         return RaisingSamples(values, raise_at) if raise_at else values
 
     theirs = run_torch(dataset(torch_input(samples, as_torch=as_torch)), **kw)
-    outcomes = run_ours(dataset(samples), epochs=epochs, num_workers=num_workers, output=output,
-                        **kw, **(ours_kw or {}))  # fmt: skip
+    outcomes = run_ours(
+        dataset(samples), epochs=epochs, num_workers=num_workers, output=output, **kw, **(ours_kw or {})
+    )
     try:
         for epoch, ours in enumerate(outcomes):
             try:
-                compare_outcomes(ours, theirs, batches=batches, as_torch=as_torch,
-                                 user_collate=kwargs.get("collate_fn") is not None)  # fmt: skip
+                compare_outcomes(
+                    ours,
+                    theirs,
+                    batches=batches,
+                    as_torch=as_torch,
+                    user_collate=kwargs.get("collate_fn") is not None,
+                )
             except Mismatch as exc:
                 raise Mismatch(f"epoch {epoch}: {exc}" if epoch else str(exc)) from None
         if check_main_process:

@@ -59,16 +59,37 @@ class Keyed(dict):
 # numpy dtypes torch holds, native and big-endian (torch refuses a non-native byte order:
 # see Rule 5 in test_torch_parity.py).
 NATIVE_DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
-)  # fmt: skip
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+)
 BIG_ENDIAN_DTYPES = (">i2", ">i4", ">i8", ">u4", ">f4", ">f8", ">c8", ">c16")
 NUMPY_SCALAR_DTYPES = ("bool", "int16", "int64", "uint8", "float16", "float32", "float64", "complex64")
 TORCH_DTYPES = (
-    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
-    "float64", "complex64",
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
     *(d for d in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, d)),
-)  # fmt: skip
+)
 
 # --- schemas ------------------------------------------------------------------------------
 

@@ -272,9 +272,12 @@ def test_a_task_by_frame_ends_a_workers_yield_at_once(monkeypatch):
     ms) a batch."""
     monkeypatch.setattr(worker_module, "SPIN_MAX_NS", 50_000_000)
     dl = DataLoader(
-        _KeyDataset(), batch_sampler=[[str(i)] for i in range(100)], num_workers=2,
-        persistent_workers=True, multiprocessing_context="fork",
-    )  # fmt: skip
+        _KeyDataset(),
+        batch_sampler=[[str(i)] for i in range(100)],
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+    )
     try:
         assert sum(1 for _ in dl) == 100
         times = []

@@ -464,9 +464,13 @@ def test_output_auto_hands_out_a_collate_fns_numpy_arrays_as_torch_does(nw, batc
     exactly where torch does: a collate_fn's numpy arrays stay numpy arrays, big-endian
     ones included (they were refused: torch cannot view them as tensors)."""
     failure = parity.parity_failure(
-        list(range(4)), num_workers=nw, output="auto", batch_size=batch_size,
-        collate_fn=numpy_collate, check_main_process=nw > 0,
-    )  # fmt: skip
+        list(range(4)),
+        num_workers=nw,
+        output="auto",
+        batch_size=batch_size,
+        collate_fn=numpy_collate,
+        check_main_process=nw > 0,
+    )
     assert failure is None, failure
     loader = DataLoader(
         Items(list(range(4))), batch_size=batch_size, num_workers=nw, collate_fn=numpy_collate

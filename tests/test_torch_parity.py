@@ -176,8 +176,9 @@ def _case(draw: st.DrawFn, num_workers: int) -> dict:
         loader["sampler"] = [*order, order[0]]
     elif how == "batch_sampler":  # ragged batches of any indices
         # (n: an index out of range, which both re-raise from the dataset as IndexError)
-        loader["batch_sampler"] = draw(st.lists(st.lists(st.integers(0, n), min_size=1, max_size=3),
-                                                min_size=1, max_size=4))  # fmt: skip
+        loader["batch_sampler"] = draw(
+            st.lists(st.lists(st.integers(0, n), min_size=1, max_size=3), min_size=1, max_size=4)
+        )
     elif how == "iterable" and num_workers == 0:  # with workers, every worker yields every sample
         loader["iterable"] = True
     # A user collate_fn: torch hands out its result unchanged (rule 4). Not with big-endian

@@ -43,15 +43,21 @@ def _git_commit() -> str | None:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=here,
+            capture_output=True,
+            text=True,
             timeout=5,
-        )  # fmt: skip
+        )
         if head.returncode != 0:
             return None
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=here,
-            capture_output=True, text=True, timeout=5,
-        )  # fmt: skip
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
