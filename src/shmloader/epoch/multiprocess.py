@@ -36,6 +36,7 @@ from shmloader.epoch.restarts import Restarts
 from shmloader.epoch.rings import RingKeeper
 from shmloader.epoch.tuning import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
+from shmloader.system import forks
 from shmloader.transport import wire
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 
@@ -63,7 +64,7 @@ def _forget_workers_after_fork() -> None:
             children.discard(w.proc)
 
 
-os.register_at_fork(after_in_child=_forget_workers_after_fork)
+forks.register(__name__, after_in_child=_forget_workers_after_fork)
 
 
 def _weak(method: Callable[..., Any]) -> Callable[[], None]:

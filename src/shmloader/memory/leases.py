@@ -43,6 +43,7 @@ from shmloader.memory import limits as memory
 from shmloader.memory import sizing
 from shmloader.memory.ring import Ring, populate_supported, ring_bytes
 from shmloader.memory.sizing import half_budget, slot_bytes_for
+from shmloader.system import forks
 from shmloader.system import slots as _slots
 from shmloader.system.segment import check_usable, resolve_backend, shm_free_bytes
 from shmloader.transport.wire import NO_SLOT
@@ -452,7 +453,7 @@ def _after_fork_in_child() -> None:
         leases._forget_parent()
 
 
-os.register_at_fork(before=_note_fork, after_in_parent=_note_fork, after_in_child=_after_fork_in_child)
+forks.register(__name__, before=_note_fork, after_in_parent=_note_fork, after_in_child=_after_fork_in_child)
 
 
 # --- errors -------------------------------------------------------------------------------

@@ -25,10 +25,11 @@ half-made ring or a lock held by the maker's thread.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from typing import Any
+
+from shmloader.system import forks
 
 # A first batch this big gets its ring made on a thread: from this size on, reserving a
 # ring of such slots takes longer than starting a thread.
@@ -92,4 +93,4 @@ def _wait_for_makers() -> None:
         maker.wait()
 
 
-os.register_at_fork(before=_wait_for_makers)
+forks.register(__name__, before=_wait_for_makers)

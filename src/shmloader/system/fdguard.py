@@ -12,9 +12,10 @@ leave objects that close them a second time later, when the numbers may name oth
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Any
+
+from shmloader.system import forks
 
 # Objects with a .close()-like method that closes their descriptor and marks them closed.
 _owners: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -44,4 +45,4 @@ def _close_in_child() -> None:
     _closers.clear()
 
 
-os.register_at_fork(after_in_child=_close_in_child)
+forks.register(__name__, after_in_child=_close_in_child)
