@@ -24,6 +24,7 @@ from shmloader.epoch.restarts import Restarts
 from shmloader.epoch.rings import RingKeeper
 from shmloader.errors import LoaderTimeoutError, WorkerDiedError
 from shmloader.memory.ring import attach_fd
+from shmloader.system.process import yield_cpu
 from shmloader.transport import wire
 from shmloader.transport.channel import YIELD_MAX_NS, next_yield_window
 from shmloader.tuning.timing import Timing
@@ -135,7 +136,7 @@ class Collector:
         clock = time.perf_counter_ns
         end = clock() + window_ns
         while True:
-            os.sched_yield()  # (releases the GIL: the consumer's other threads run too)
+            yield_cpu()  # (releases the GIL: the consumer's other threads run too)
             if self._collect():
                 return True
             if clock() >= end:

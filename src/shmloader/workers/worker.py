@@ -28,6 +28,7 @@ from shmloader.context import WorkerInfo, set_worker_epoch_seed, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
 from shmloader.memory.ring import Ring, attach_fd
 from shmloader.system import slots as _slots
+from shmloader.system.process import ParentDeath, die_with_parent, use_batch_policy, yield_cpu
 from shmloader.transport import wire
 from shmloader.transport.channel import YIELD_MAX_NS, Channel, next_yield_window
 from shmloader.workers import seeding
@@ -97,16 +98,13 @@ def worker_main(config: WorkerConfig, conn: Any) -> None:
     _yield_to_the_consumer()
     watch_lifeline = not config.use_pdeathsig
     if config.use_pdeathsig:
-        try:
-            _slots.set_parent_death_signal(signal.SIGKILL)
-        except OSError:
-            # A sandbox refused prctl (a seccomp profile, gVisor): the lifeline below
-            # follows the consumer instead, as it does under forkserver. No warning: the
-            # worker still dies with the consumer (within _LIFELINE_GRACE_S of its exit).
-            watch_lifeline = True
-        else:
-            if os.getppid() != config.parent_pid:
-                return  # the consumer died before the death signal was armed
+        death = die_with_parent(config.parent_pid, signal.SIGKILL)
+        if death is ParentDeath.PARENT_GONE:
+            return  # the consumer died before the death signal was armed
+        # REFUSED: a sandbox refused prctl (a seccomp profile, gVisor): the lifeline below
+        # follows the consumer instead, as it does under forkserver. No warning: the
+        # worker still dies with the consumer (within _LIFELINE_GRACE_S of its exit).
+        watch_lifeline = death is ParentDeath.REFUSED
     if watch_lifeline:
         # forkserver, a non-main thread, or prctl refused: no death signal follows the
         # consumer, and EOF on the socket is seen only between tasks, so a worker busy
@@ -130,10 +128,7 @@ def _yield_to_the_consumer() -> None:
     worker's whole batch of wall time, which small batches feel most. A worker_init_fn
     may set another policy: it runs after this. Where the policy is refused (a sandbox)
     or absent, nothing changes."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
+    use_batch_policy()
 
 
 _LIFELINE_GRACE_S = 0.5  # after the consumer's end closed, time left to exit on our own
@@ -270,7 +265,7 @@ class _Worker:
         end = start + self.spin_ns
         readable = self.socket_poller.poll
         while True:
-            os.sched_yield()
+            yield_cpu()
             got = take()
             framed = not got and bool(readable(0))
             now = clock()
