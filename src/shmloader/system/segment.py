@@ -86,6 +86,18 @@ def memfd_refusal() -> OSError | None:
     return _memfd_refused
 
 
+def small_memfd(name: str) -> int | None:
+    """A new close-on-exec memfd labelled ``name``, neither sealable nor reserved (the
+    caller sizes it), or None where memfd is not usable here or the system refuses it now.
+    A refusal here is not remembered: rings find it out, and fall back, on their own."""
+    if not memfd_usable():
+        return None
+    try:
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    except OSError:
+        return None
+
+
 def check_usable(backend: str = "auto") -> str:
     """The backend a ring of ``backend`` would use here (``"memfd"`` or ``"posix"``),
     checked now: memfd_create is tried (a refusal is remembered, as a ring's would be) and

@@ -36,7 +36,7 @@ from typing import Any
 from shmloader._native import ffi, lib
 from shmloader.memory.ring import Ring
 from shmloader.system import fdguard
-from shmloader.system.segment import memfd_usable
+from shmloader.system.segment import small_memfd
 from shmloader.system.slots import Mapping
 
 TASK_WORDS = 16384  # the submission queue: 128 KiB of int64 words
@@ -116,13 +116,8 @@ class Channel:
         :meth:`close_fd`). A memfd wherever the system allows one, whatever shm_backend
         says (that choice is about batch memory): nothing named in /dev/shm per worker,
         and no more than a mapping to make (a worker's start waits for it)."""
-        fd = None
-        if memfd_usable():
-            try:
-                fd = os.memfd_create("shmloader-channel", os.MFD_CLOEXEC)
-            except OSError:
-                fd = None  # (refused here: Ring.create below knows the fallback)
-        if fd is None:
+        fd = small_memfd("shmloader-channel")
+        if fd is None:  # (no memfd here: Ring.create below knows the fallback)
             ring = Ring.create(1, CHANNEL_BYTES, populate=True, whole=True)
             channel = cls(ring.mapping, ring.slot_offset(0), os.dup(ring.fd), _POP_RESULTS * 8)  # type: ignore[arg-type]
             ring.close_fd()
