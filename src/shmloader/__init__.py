@@ -21,6 +21,7 @@ from shmloader.errors import (
     WorkerRestartWarning,
 )
 from shmloader.loader import DataLoader
+from shmloader.memory.shared import share
 from shmloader.sampling.distributed import get_shard_info
 from shmloader.sampling.rng import sample_rng
 from shmloader.sampling.sampler import (
@@ -62,5 +63,6 @@ __all__ = [
     "get_shard_info",
     "get_worker_info",
     "sample_rng",
+    "share",
 ]
 __version__ = "0.1.0"

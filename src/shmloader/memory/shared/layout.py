@@ -1,0 +1,92 @@
+"""The flat layout of a shared structure: one buffer, read in place, never written again.
+
+The buffer starts with a header (a magic number and the root's reference). Every value is
+named by a *reference*, 16 bytes: a tag byte, seven bytes of padding, then 8 bytes of
+payload. ``None``, ``bool``, an ``int`` that fits in 64 bits and a ``float`` live in the
+reference itself; every other value is a *node* somewhere in the buffer, 8-byte aligned,
+whose offset is the payload:
+
+- ``str``, ``bytes``, a larger ``int``: its length (u64), then its bytes (utf-8 with
+  surrogates passed through; an ``int`` as signed little-endian bytes).
+- a list or a tuple: a form byte and the count (u64), then by form: ``REFS``, one
+  reference per item; ``STRS`` (every item a ``str``), count + 1 end offsets (u64) then
+  the utf-8 bytes of all items; ``INTS`` / ``FLOATS`` (every item an ``int`` that fits /
+  a ``float``), the int64 / float64 values.
+- a dict: count and bucket count (u64 each), the 32-bit hash of every key (in insertion
+  order, padded to 8 bytes), the keys' references, the values' references, then the
+  buckets (u32: entry number + 1, 0 empty; linear probing). Small dicts have no buckets:
+  their hashes are scanned. A key's hash is the CRC-32 of a canonical encoding
+  (:func:`key_bytes`), the same in every process (``hash()`` of a ``str`` is not).
+- a numpy array or scalar: ndim, the length of its dtype's description, the offset of
+  its data (64-byte aligned), then the shape (u64 each) and the description (numpy's
+  ``.npy`` header form: structured dtypes survive it).
+
+Byte order is the machine's: the buffer never leaves it.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"SHMOBJ01"
+HEADER = struct.Struct("=8s")  # then the root's reference
+ROOT = HEADER.size
+
+REF = struct.Struct("=B7xQ")  # tag, node offset
+REF_INT = struct.Struct("=B7xq")
+REF_FLOAT = struct.Struct("=B7xd")
+REF_SIZE = REF.size
+U64 = struct.Struct("=Q")
+I64 = struct.Struct("=q")
+F64 = struct.Struct("=d")
+U32 = struct.Struct("=I")
+PAIR = struct.Struct("=QQ")
+SEQ_HEAD = struct.Struct("=B7xQ")  # form, count
+DICT_HEAD = struct.Struct("=QQ")  # count, buckets
+ARRAY_HEAD = struct.Struct("=QQQQ")  # ndim, description length, data offset, data bytes
+
+# Reference tags.
+NONE, FALSE, TRUE, INT, FLOAT, STR, BYTES, BIGINT, LIST, TUPLE, DICT, ARRAY, SCALAR = range(13)
+# Forms of a list's or tuple's node.
+REFS, STRS, INTS, FLOATS = range(4)
+
+SMALL_DICT = 8  # up to this many keys a lookup scans the hashes: no buckets to build or probe
+ARRAY_ALIGN = 64  # numpy arrays' data start on a cache line, as numpy's own allocations do
+
+
+def pad(n: int, to: int = 8) -> int:
+    """``n`` rounded up to a multiple of ``to``."""
+    return -(-n // to) * to
+
+
+def key_bytes(key: Any) -> bytes:
+    """The canonical bytes of a dict key: equal keys (``1``, ``1.0``, ``True``;
+    ``"a"`` and ``numpy.str_("a")``) give equal bytes, so their CRC-32 finds them in
+    any process. A TypeError for a key of another type (it cannot be stored)."""
+    if isinstance(key, str):
+        return b"s" + key.encode("utf-8", "surrogatepass")
+    if isinstance(key, np.generic):
+        return key_bytes(key.item())
+    if isinstance(key, int):  # bool too: True == 1
+        return b"i" + str(int(key)).encode()
+    if isinstance(key, float):
+        if key.is_integer():
+            return b"i" + str(int(key)).encode()
+        return b"f" + F64.pack(key)
+    if isinstance(key, bytes):
+        return b"b" + key
+    if key is None:
+        return b"n"
+    if isinstance(key, tuple):
+        parts = [key_bytes(k) for k in key]
+        return b"t" + b"".join(U64.pack(len(p)) + p for p in parts)
+    raise TypeError(type(key).__name__)
+
+
+def key_hash(key: Any) -> int:
+    """The stable 32-bit hash of a dict key (see :func:`key_bytes`)."""
+    return zlib.crc32(key_bytes(key))

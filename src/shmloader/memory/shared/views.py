@@ -1,0 +1,457 @@
+"""Read-only views of a shared structure: each access builds its value from the segment.
+
+A view holds its :class:`~shmloader.memory.shared.store.Store`, the offset of its node
+and its length: a few words of the process's own heap. Reading an item reads the
+segment's pages and writes none of them (their reference counts live in the views, not
+in the data), so a forked worker that reads every item copies no page of the data.
+
+Scalars come back as new ``str``, ``bytes``, ``int``, ``float``, ``bool`` or ``None``
+objects; numpy arrays as read-only arrays over the segment (no copy); nested lists,
+tuples and dicts as views of their own. A view pickles as a plain copy of its values,
+except into a process being started (a DataLoader's worker under spawn or forkserver):
+there it travels as the segment's descriptor, and the child maps the same pages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import struct
+from array import array
+from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
+from multiprocessing import context
+from typing import Any
+
+import numpy as np
+
+from shmloader.memory.shared import layout as L
+from shmloader.memory.shared.store import Store
+
+_CHUNK = 4096  # items decoded per read while iterating a packed list
+
+_unpack_u64 = L.U64.unpack_from
+_unpack_i64 = L.I64.unpack_from
+_unpack_f64 = L.F64.unpack_from
+_unpack_pair = L.PAIR.unpack_from
+
+
+def value_at(store: Store, pos: int) -> Any:
+    """The value whose 16-byte reference is at ``pos``."""
+    mm = store.mm
+    tag = mm[pos]
+    if tag == L.INT:
+        return _unpack_i64(mm, pos + 8)[0]
+    if tag == L.STR:
+        off = _unpack_u64(mm, pos + 8)[0]
+        n = _unpack_u64(mm, off)[0]
+        return str(mm[off + 8 : off + 8 + n], "utf-8", "surrogatepass")
+    if tag == L.FLOAT:
+        return _unpack_f64(mm, pos + 8)[0]
+    if tag == L.NONE:
+        return None
+    if tag == L.TRUE:
+        return True
+    if tag == L.FALSE:
+        return False
+    off = _unpack_u64(mm, pos + 8)[0]
+    if tag == L.DICT:
+        return SharedDict(store, off)
+    if tag == L.LIST:
+        return SharedList(store, off)
+    if tag == L.TUPLE:
+        return SharedTuple(store, off)
+    if tag == L.BYTES:
+        n = _unpack_u64(mm, off)[0]
+        return mm[off + 8 : off + 8 + n]
+    if tag == L.ARRAY:
+        return _array(store, off)
+    if tag == L.SCALAR:
+        return _array(store, off)[()]
+    if tag == L.BIGINT:
+        n = _unpack_u64(mm, off)[0]
+        return int.from_bytes(mm[off + 8 : off + 8 + n], "little", signed=True)
+    raise ValueError(f"a shared structure holds an unknown tag {tag} at byte {pos}: its segment is corrupt.")
+
+
+def _array(store: Store, off: int) -> np.ndarray:
+    mm = store.mm
+    ndim, descr_len, data_off, _ = L.ARRAY_HEAD.unpack_from(mm, off)
+    start = off + L.ARRAY_HEAD.size
+    shape = struct.unpack_from(f"={ndim}Q", mm, start)
+    descr = mm[start + 8 * ndim : start + 8 * ndim + descr_len]
+    # A read-only mapping gives a read-only array: numpy refuses writes to it.
+    return np.ndarray(shape, store.dtype(descr), buffer=mm, offset=data_off)
+
+
+def _refuse(kind: str, what: str, remedy: str) -> TypeError:
+    return TypeError(
+        f"a shared {kind} is read-only (shmloader.share stores it once for every process): "
+        f"it cannot {what}. {remedy}"
+    )
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every shared view in it replaced by an ordinary list, tuple or dict
+    (numpy arrays copied out of the segment)."""
+    if isinstance(value, (SharedList, SharedTuple, SharedDict)):
+        return value.copy()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return value
+
+
+class _SharedSequence(Sequence):
+    """A shared list or tuple: ``len``, indexing (slices give a plain list or tuple),
+    iteration, ``in``, ``index``, ``count``, ``reversed``, comparison with its kind."""
+
+    __slots__ = ("_form", "_n", "_pos", "_store")
+    _kind: type = list
+
+    def __init__(self, store: Store, pos: int) -> None:
+        self._store = store
+        self._pos = pos
+        self._form, self._n = L.SEQ_HEAD.unpack_from(store.mm, pos)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self._kind(self._item(i) for i in range(*index.indices(self._n)))
+        i = operator.index(index)
+        n = self._n
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"{self._kind.__name__} index out of range")
+        return self._item(i)
+
+    def _item(self, i: int) -> Any:
+        form, base = self._form, self._pos + L.SEQ_HEAD.size
+        if form == L.STRS:
+            mm = self._store.mm
+            a, b = _unpack_pair(mm, base + 8 * i)
+            blob = base + 8 * (self._n + 1)
+            return str(mm[blob + a : blob + b], "utf-8", "surrogatepass")
+        if form == L.REFS:
+            return value_at(self._store, base + L.REF_SIZE * i)
+        if form == L.INTS:
+            return _unpack_i64(self._store.mm, base + 8 * i)[0]
+        return _unpack_f64(self._store.mm, base + 8 * i)[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        form, base, n, mm = self._form, self._pos + L.SEQ_HEAD.size, self._n, self._store.mm
+        if form == L.REFS:
+            store = self._store
+            for i in range(n):
+                yield value_at(store, base + L.REF_SIZE * i)
+            return
+        for lo in range(0, n, _CHUNK):
+            hi = min(n, lo + _CHUNK)
+            if form == L.STRS:
+                ends = array("Q", mm[base + 8 * lo : base + 8 * (hi + 1)])
+                blob = base + 8 * (n + 1)
+                data = mm[blob + ends[0] : blob + ends[-1]]
+                first = ends[0]
+                for a, b in itertools.pairwise(ends):
+                    yield str(data[a - first : b - first], "utf-8", "surrogatepass")
+            else:
+                yield from array("q" if form == L.INTS else "d", mm[base + 8 * lo : base + 8 * hi])
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, _SharedSequence):
+            if other._kind is not self._kind:
+                return False
+            if other._store is self._store and other._pos == self._pos:
+                return True
+        elif not isinstance(other, self._kind):
+            return NotImplemented
+        return len(self) == len(other) and all(a is b or a == b for a, b in zip(self, other))
+
+    def _compare(self, other: Any, op: Any) -> Any:
+        if (
+            isinstance(other, (self._kind, _SharedSequence))
+            and getattr(other, "_kind", self._kind) is self._kind
+        ):
+            return op(self._kind(self), self._kind(other))
+        return NotImplemented
+
+    def __lt__(self, other: Any) -> Any:
+        return self._compare(other, operator.lt)
+
+    def __le__(self, other: Any) -> Any:
+        return self._compare(other, operator.le)
+
+    def __gt__(self, other: Any) -> Any:
+        return self._compare(other, operator.gt)
+
+    def __ge__(self, other: Any) -> Any:
+        return self._compare(other, operator.ge)
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, (self._kind, _SharedSequence)):
+            return self._kind(self) + self._kind(other)
+        return NotImplemented
+
+    def __radd__(self, other: Any) -> Any:
+        if isinstance(other, self._kind):
+            return other + self._kind(self)
+        return NotImplemented
+
+    def copy(self) -> Any:
+        """A plain, private copy: lists, tuples and dicts all the way down (numpy arrays
+        copied out of the segment), free to change."""
+        return self._kind(plain(v) for v in self)
+
+    def __copy__(self) -> Any:
+        return self  # read-only, as a tuple: a copy would be the same
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if context.get_spawning_popen() is not None:
+            return (type(self), (self._store, self._pos))
+        return (self._kind, (self.copy(),))
+
+    def __repr__(self) -> str:
+        head = [repr(v) for v in itertools.islice(self, 5)]
+        more = ", ..." if self._n > 5 else ""
+        return f"{type(self).__name__}(len={self._n}: {', '.join(head)}{more})"
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise self._refused("have items assigned")
+
+    def __delitem__(self, index: Any) -> None:
+        raise self._refused("have items deleted")
+
+    def _refused(self, what: str) -> TypeError:
+        name = self._kind.__name__
+        return _refuse(
+            name,
+            what,
+            f"Change a private copy (shared.copy(), or {name}(shared) for the top level only), "
+            "or change the original and share it again.",
+        )
+
+
+class SharedList(_SharedSequence):
+    """A read-only list in shared memory (see :func:`shmloader.share`)."""
+
+    __slots__ = ()
+    _kind = list
+    __hash__ = None  # type: ignore[assignment]  # a list is not hashable
+
+    def append(self, value: Any) -> None:
+        raise self._refused("append")
+
+    def extend(self, values: Any) -> None:
+        raise self._refused("extend")
+
+    def insert(self, index: Any, value: Any) -> None:
+        raise self._refused("insert")
+
+    def pop(self, index: Any = -1) -> Any:
+        raise self._refused("pop")
+
+    def remove(self, value: Any) -> None:
+        raise self._refused("remove")
+
+    def clear(self) -> None:
+        raise self._refused("be cleared")
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        raise self._refused("be sorted in place (sorted(shared) gives a sorted plain list)")
+
+    def reverse(self) -> None:
+        raise self._refused("be reversed in place (reversed(shared) iterates backwards)")
+
+    def __iadd__(self, other: Any) -> Any:
+        raise self._refused("be extended with +=")
+
+    def __imul__(self, other: Any) -> Any:
+        raise self._refused("be repeated with *=")
+
+
+class SharedTuple(_SharedSequence):
+    """A read-only tuple in shared memory (see :func:`shmloader.share`); hashable, as a
+    tuple is, with the hash of the equal tuple."""
+
+    __slots__ = ()
+    _kind = tuple
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+
+class SharedDict(Mapping):
+    """A read-only dict in shared memory (see :func:`shmloader.share`): ``[]``, ``get``,
+    ``in``, ``len``, iteration, ``keys``, ``values``, ``items``, in the original's order."""
+
+    __slots__ = ("_buckets", "_n", "_pos", "_store")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, store: Store, pos: int) -> None:
+        self._store = store
+        self._pos = pos
+        self._n, self._buckets = L.DICT_HEAD.unpack_from(store.mm, pos)
+
+    def _keys_at(self) -> int:
+        return self._pos + L.DICT_HEAD.size + L.pad(4 * self._n)
+
+    def _find(self, key: Any) -> int:
+        """The entry number of ``key``, or -1. A TypeError for an unhashable key."""
+        try:
+            h = L.key_hash(key)
+        except TypeError:
+            hash(key)  # unhashable: the TypeError a dict gives
+            return -1  # hashable but of a type no shared dict stores
+        store, n, mm = self._store, self._n, self._store.mm
+        keys = self._keys_at()
+        hashes = self._pos + L.DICT_HEAD.size
+        if not self._buckets:
+            found = struct.unpack_from(f"={n}I", mm, hashes)
+            for entry, eh in enumerate(found):
+                if eh == h and self._key(entry) == key:
+                    return entry
+            return -1
+        mask = self._buckets - 1
+        table = keys + 2 * L.REF_SIZE * n
+        i = h & mask
+        while True:
+            slot = L.U32.unpack_from(mm, table + 4 * i)[0]
+            if not slot:
+                return -1
+            entry = slot - 1
+            if (
+                L.U32.unpack_from(mm, hashes + 4 * entry)[0] == h
+                and value_at(store, keys + L.REF_SIZE * entry) == key
+            ):
+                return entry
+            i = (i + 1) & mask
+
+    def _key(self, entry: int) -> Any:
+        key = value_at(self._store, self._keys_at() + L.REF_SIZE * entry)
+        # A key comes back as the original's was: a tuple key as a tuple (hashable, small).
+        return key.copy() if isinstance(key, SharedTuple) else key
+
+    def _value(self, entry: int) -> Any:
+        return value_at(self._store, self._keys_at() + L.REF_SIZE * (self._n + entry))
+
+    def __getitem__(self, key: Any) -> Any:
+        entry = self._find(key)
+        if entry < 0:
+            raise KeyError(key)
+        return self._value(entry)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        entry = self._find(key)
+        return default if entry < 0 else self._value(entry)
+
+    def __contains__(self, key: Any) -> bool:
+        return self._find(key) >= 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[Any]:
+        for entry in range(self._n):
+            yield self._key(entry)
+
+    def values(self) -> ValuesView:
+        return _Values(self)
+
+    def items(self) -> ItemsView:
+        return _Items(self)
+
+    def _values(self) -> Iterator[Any]:
+        store, values = self._store, self._keys_at() + L.REF_SIZE * self._n
+        for entry in range(self._n):
+            yield value_at(store, values + L.REF_SIZE * entry)
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        if isinstance(other, SharedDict) and other._store is self._store and other._pos == self._pos:
+            return True
+        if len(self) != len(other):
+            return False
+        missing = object()
+        for key, value in self.items():
+            theirs = other.get(key, missing)
+            if theirs is missing or not (value is theirs or value == theirs):
+                return False
+        return True
+
+    def __or__(self, other: Any) -> Any:
+        if isinstance(other, Mapping):
+            return {**self, **other}
+        return NotImplemented
+
+    def __ror__(self, other: Any) -> Any:
+        if isinstance(other, Mapping):
+            return {**other, **self}
+        return NotImplemented
+
+    def copy(self) -> dict:
+        """A plain, private copy: dicts, lists and tuples all the way down (numpy arrays
+        copied out of the segment), free to change."""
+        return {plain(k): plain(v) for k, v in self.items()}
+
+    def __copy__(self) -> SharedDict:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> SharedDict:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if context.get_spawning_popen() is not None:
+            return (SharedDict, (self._store, self._pos))
+        return (dict, (self.copy(),))
+
+    def __repr__(self) -> str:
+        head = [f"{k!r}: {v!r}" for k, v in itertools.islice(self.items(), 5)]
+        more = ", ..." if self._n > 5 else ""
+        return f"SharedDict(len={self._n}: {{{', '.join(head)}{more}}})"
+
+    def _refused(self, what: str) -> TypeError:
+        return _refuse(
+            "dict",
+            what,
+            "Change a private copy (shared.copy(), or dict(shared) for the top level only), "
+            "or change the original and share it again.",
+        )
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise self._refused("have items assigned")
+
+    def __delitem__(self, key: Any) -> None:
+        raise self._refused("have items deleted")
+
+    def __ior__(self, other: Any) -> Any:
+        raise self._refused("be updated with |=")
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        raise self._refused("pop")
+
+    def popitem(self) -> Any:
+        raise self._refused("popitem")
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        raise self._refused("setdefault")
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise self._refused("be updated")
+
+    def clear(self) -> None:
+        raise self._refused("be cleared")
+
+
+class _Values(ValuesView):
+    def __iter__(self) -> Iterator[Any]:
+        return self._mapping._values()
+
+
+class _Items(ItemsView):
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return zip(iter(self._mapping), self._mapping._values())

@@ -1,0 +1,331 @@
+"""shmloader.share: read-only shared structures equal to their originals, refusing writes,
+reaching workers under every start method, and costing forked workers no copied pages."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+
+import numpy as np
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shmloader import DataLoader, share
+from shmloader.memory.shared import SharedDict, SharedList, SharedTuple
+
+# --- values and types ----------------------------------------------------------------------
+
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()  # beyond 64 bits too
+    | st.floats(allow_nan=False)  # NaN equals nothing, not even itself
+    | st.text()
+    | st.binary()
+)
+keys = st.text(max_size=8) | st.integers() | st.booleans() | st.tuples(st.integers(), st.text(max_size=3))
+structures = st.recursive(
+    leaves,
+    lambda inner: (
+        st.lists(inner, max_size=12)
+        | st.lists(inner, max_size=6).map(tuple)
+        | st.dictionaries(keys, inner, max_size=12)  # past 8 keys: the bucket table
+    ),
+    max_leaves=60,
+)
+containers = st.lists(structures) | st.lists(structures).map(tuple) | st.dictionaries(keys, structures)
+
+
+def same(view, original) -> None:
+    """``view`` stands for ``original``: a view of the same kind, equal values of the same
+    types, all the way down."""
+    if type(original) is list:
+        assert type(view) is SharedList and len(view) == len(original)
+        assert list(view) == original
+        for a, b in zip(view, original):
+            same(a, b)
+        for i in range(-len(original), len(original)):
+            same(view[i], original[i])
+    elif type(original) is tuple:
+        assert type(view) is SharedTuple and tuple(view) == original
+        try:
+            assert hash(view) == hash(original)
+        except TypeError:  # a tuple holding a list: neither hashes
+            with pytest.raises(TypeError):
+                hash(view)
+        for a, b in zip(view, original):
+            same(a, b)
+    elif type(original) is dict:
+        assert type(view) is SharedDict and len(view) == len(original)
+        assert list(view) == list(original)
+        assert [type(k) for k in view] == [type(k) for k in original]
+        for k, v in original.items():
+            assert k in view
+            same(view[k], v)
+            same(view.get(k), v)
+        for (vk, vv), (ok, ov) in zip(view.items(), original.items()):
+            assert vk == ok
+            same(vv, ov)
+    else:
+        assert type(view) is type(original) and view == original
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(containers)
+def test_shared_equals_original(original):
+    shared = share(original)
+    assert shared == original and original == shared
+    assert shared == original
+    same(shared, original)
+    assert share(shared) is shared
+    plain = shared.copy()
+    assert type(plain) is type(original) and plain == original
+    # Pickled outside a process start: a plain copy, which needs no segment.
+    back = pickle.loads(pickle.dumps(shared))
+    assert type(back) is type(original) and back == original
+    assert copy.deepcopy(shared) is shared
+
+
+def test_mixed_kinds_and_lookups():
+    original = {
+        "paths": ["a/b.jpg", "é\ud800", ""],  # a lone surrogate survives
+        "labels": [1, -(2**63), 2**63 - 1],
+        "big": [2**64, -(2**70)],
+        "floats": [0.5, -0.0, float("inf")],
+        "kinds": [None, True, False, b"\x00b", 3, 2.5, "s"],
+        1: "one",
+        (1, "a"): "tuple key",
+        None: "none",
+    }
+    shared = share(original)
+    same(shared, original)
+    # Equal keys find each other, whatever their type, as in a dict.
+    assert shared[1.0] == shared[True] == shared[np.int64(1)] == "one"
+    assert shared[(1, "a")] == "tuple key" and shared[None] == "none"
+    assert "missing" not in shared and shared.get("missing", 7) == 7
+    assert frozenset() not in shared  # hashable, of a type never stored: absent
+    with pytest.raises(TypeError):
+        shared[["unhashable"]]
+    with pytest.raises(KeyError):
+        shared["missing"]
+    assert shared["paths"][0:2] == ["a/b.jpg", "é\ud800"] and type(shared["paths"][0:2]) is list
+    assert "a/b.jpg" in shared["paths"] and shared["paths"].index("") == 2
+    assert shared["labels"].count(1) == 1 and next(reversed(shared["labels"])) == 2**63 - 1
+    with pytest.raises(IndexError):
+        shared["labels"][3]
+    assert shared["kinds"] != original["kinds"][:-1] and shared["kinds"] != tuple(original["kinds"])
+    assert share((1, 2)) != [1, 2] and share([1, 2]) != (1, 2)
+    assert share([1, 2]) < [1, 3] and share((1,)) + (2,) == (1, 2)  # noqa: RUF005 (the operator is what is tested)
+
+
+def test_big_dict_lookup():
+    original = {f"images/{i:07d}.jpg": i for i in range(5000)}
+    shared = share(original)
+    assert all(shared[k] == v for k, v in original.items())
+    assert "images/9999999.jpg" not in shared and shared == original
+
+
+def test_numpy_arrays_are_read_only_views():
+    arrays = [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.arange(6, dtype=">i4").reshape(2, 3).T,  # big-endian, not contiguous
+        np.zeros((2, 0)),
+        np.array(["ab", "c"]),
+        np.array([(1.5, 2)], dtype=[("x", "<f4"), ("y", "u1")]),
+        np.array(np.datetime64("2024-01-02")),
+    ]
+    shared = share({"arrays": arrays, "scalars": [np.float16(1.5), np.int64(-3), np.bool_(True)]})
+    for got, want in zip(shared["arrays"], arrays):
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+        assert not got.flags.writeable and not got.flags.owndata
+    view = shared["arrays"][0]
+    assert np.shares_memory(view, shared["arrays"][0])  # zero copy: both over the segment
+    with pytest.raises(ValueError):
+        view[0, 0] = 1
+    for got, want in zip(shared["scalars"], [np.float16(1.5), np.int64(-3), np.bool_(True)]):
+        assert type(got) is type(want) and got == want
+    assert not np.shares_memory(shared.copy()["arrays"][0], view)
+    with pytest.raises(TypeError, match="Python objects"):
+        share([np.array([object()])])
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda s: s["l"].append(1),
+        lambda s: s["l"].extend([1]),
+        lambda s: s["l"].insert(0, 1),
+        lambda s: s["l"].pop(),
+        lambda s: s["l"].remove(1),
+        lambda s: s["l"].clear(),
+        lambda s: s["l"].sort(),
+        lambda s: s["l"].reverse(),
+        lambda s: s["l"].__setitem__(0, 5),
+        lambda s: s["l"].__delitem__(0),
+        lambda s: s["l"].__iadd__([1]),
+        lambda s: s["t"].__setitem__(0, 5),
+        lambda s: s.__setitem__("x", 1),
+        lambda s: s.__delitem__("l"),
+        lambda s: s.pop("l"),
+        lambda s: s.popitem(),
+        lambda s: s.setdefault("x", 1),
+        lambda s: s.update(x=1),
+        lambda s: s.clear(),
+        lambda s: s.__ior__({"x": 1}),
+    ],
+)
+def test_writes_raise_type_error_naming_the_remedy(write):
+    shared = share({"l": [1, 2], "t": (1, 2)})
+    with pytest.raises(TypeError, match=r"read-only .* private copy \(shared\.copy\(\)"):
+        write(shared)
+    assert shared == {"l": [1, 2], "t": (1, 2)}
+
+
+def test_augmented_assignment_leaves_the_view_unchanged():
+    shared = share({"l": [1]})
+    items = shared["l"]
+    with pytest.raises(TypeError):
+        items += [2]
+    assert shared["l"] == [1]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({1, 2}, r"builtins\.set \(at \['a'\]\[1\]\)"),
+        (complex(1, 2), r"builtins\.complex"),
+        (os.stat_result(range(10)), r"tuple subclass"),
+    ],
+)
+def test_unsupported_values_are_named_with_their_place(value, message):
+    with pytest.raises(TypeError, match=message):
+        share({"a": [0, value]})
+
+
+def test_share_takes_containers_only():
+    with pytest.raises(TypeError, match="takes a list, a tuple or a dict"):
+        share("text")
+    a = []
+    a.append(a)
+    with pytest.raises(ValueError, match="contains itself"):
+        share(a)
+
+
+# --- through a DataLoader ---------------------------------------------------------------------
+
+
+def _records(n: int):
+    paths = [f"images/{i:06d}/é{i % 7}.jpg" for i in range(n)]
+    labels = [i % 10 for i in range(n)]
+    anns = [{"box": [float(i), 0.5 * i, 2.0, 3.0], "cls": i % 3, "crowd": i % 5 == 0} for i in range(n)]
+    return paths, labels, anns
+
+
+class Annotated:
+    """A map-style dataset whose metadata are Python objects (or shared views of them)."""
+
+    def __init__(self, paths, labels, anns):
+        self.paths, self.labels, self.anns = paths, labels, anns
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        ann = self.anns[i]
+        box = np.asarray(ann["box"], dtype=np.float32)
+        # The kind of the worker's list says how it arrived: SharedList (the descriptor)
+        # or list (the data pickled).
+        return {
+            "path": self.paths[i],
+            "label": self.labels[i],
+            "ann": ann,
+            "box": box,
+            "kind": type(self.paths).__name__,
+        }
+
+
+def _python(batch):
+    """A batch as plain Python values, for comparing loaders' outputs."""
+    if hasattr(batch, "numpy") and not isinstance(batch, np.ndarray):
+        batch = batch.numpy()
+    if isinstance(batch, np.ndarray):
+        return batch.tolist()
+    if isinstance(batch, dict):
+        return {k: _python(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_python(v) for v in batch)
+    return batch
+
+
+def _batches(loader):
+    out = []
+    for batch in loader:
+        batch = _python(batch)
+        batch.pop("kind")
+        out.append(batch)
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_loader_batches_match_the_plain_dataset(method):
+    plain = Annotated(*_records(40))
+    shared = Annotated(*(share(x) for x in _records(40)))
+    kw = {"batch_size": 4, "num_workers": 2, "multiprocessing_context": method, "output": "numpy"}
+    kinds = []
+    for batch in DataLoader(shared, **kw):
+        kinds += batch["kind"]
+    assert set(kinds) == {"SharedList"}  # the workers got views, not copies of the data
+    assert _batches(DataLoader(shared, **kw)) == _batches(DataLoader(plain, **kw))
+
+
+@pytest.mark.timeout(120)
+def test_loader_batches_match_torch(method):
+    torch = pytest.importorskip("torch")
+    shared = Annotated(*(share(x) for x in _records(24)))
+    plain = Annotated(*_records(24))
+    kw = {"batch_size": 4, "num_workers": 2, "multiprocessing_context": method}
+    ours = _batches(DataLoader(shared, output="numpy", **kw))
+    theirs = _batches(torch.utils.data.DataLoader(shared, **kw))
+    assert ours == theirs == _batches(torch.utils.data.DataLoader(plain, **kw))
+
+
+# --- what it is for: no copied pages ----------------------------------------------------------
+
+
+class Toucher:
+    """Sample k: the growth of the worker's private memory (USS) while it reads every path,
+    label and annotation field once."""
+
+    def __init__(self, paths, labels, anns):
+        self.paths, self.labels, self.anns = paths, labels, anns
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, k):
+        me = psutil.Process()
+        before = me.memory_full_info().uss
+        total = 0
+        for p in self.paths:
+            total += len(p)
+        for label in self.labels:
+            total += label
+        for ann in self.anns:
+            total += ann["cls"] + len(ann["box"])
+        return me.memory_full_info().uss - before
+
+
+@pytest.mark.timeout(300)
+def test_forked_workers_copy_far_less_when_shared():
+    records = _records(200_000)
+    plain = Toucher(*records)
+    shared = Toucher(*(share(x) for x in records))
+    kw = {"batch_size": 1, "num_workers": 2, "multiprocessing_context": "fork", "output": "numpy"}
+    plain_growth = [int(b[0]) for b in DataLoader(plain, **kw)]
+    shared_growth = [int(b[0]) for b in DataLoader(shared, **kw)]
+    # Reading the plain objects writes their reference counts: their pages are copied.
+    assert min(plain_growth) > 20 * 2**20, plain_growth
+    assert max(shared_growth) < 0.25 * min(plain_growth), (shared_growth, plain_growth)
