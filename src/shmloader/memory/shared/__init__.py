@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shmloader.memory.shared import layout as L
+import shmloader.memory.shared.layout as L
 from shmloader.memory.shared.encode import SUPPORTED, Writer
 from shmloader.memory.shared.store import create
 from shmloader.memory.shared.views import SharedDict, SharedList, SharedTuple, value_at

@@ -6,7 +6,6 @@ written once, whole, with its children's references: nothing is patched afterwar
 
 from __future__ import annotations
 
-import ast
 import itertools
 from array import array
 from collections.abc import Mapping
@@ -14,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from shmloader.memory.shared import layout as L
+import shmloader.memory.shared.layout as L
 
 SUPPORTED = "lists, tuples, dicts, str, bytes, int, float, bool, None, numpy arrays and numpy scalars"
 
@@ -31,16 +30,6 @@ class UnsupportedValue(TypeError):
     def __str__(self) -> str:
         where = "".join(self.path) or "the top level"
         return f"share() cannot store {self.what} (at {where}): {self.remedy}"
-
-
-def dtype_description(dtype: np.dtype) -> bytes:
-    """The dtype in numpy's ``.npy`` header form, which keeps structured dtypes' fields."""
-    return repr(np.lib.format.dtype_to_descr(dtype)).encode()
-
-
-def dtype_from_description(text: bytes) -> np.dtype:
-    """The dtype :func:`dtype_description` wrote."""
-    return np.lib.format.descr_to_dtype(ast.literal_eval(text.decode()))
 
 
 class Writer:
@@ -143,7 +132,7 @@ class Writer:
                 f"dtype {arr.dtype} (it holds Python objects)",
                 "convert it to a list, or to an array of a numeric, string or bytes dtype.",
             )
-        descr = dtype_description(arr.dtype)
+        descr = L.dtype_description(arr.dtype)
         data = np.ascontiguousarray(arr).tobytes()
         head_len = L.ARRAY_HEAD.size + 8 * arr.ndim + L.pad(len(descr))
         start = L.pad(len(self.buf))

@@ -26,6 +26,7 @@ Byte order is the machine's: the buffer never leaves it.
 
 from __future__ import annotations
 
+import ast
 import struct
 import zlib
 from typing import Any
@@ -90,3 +91,13 @@ def key_bytes(key: Any) -> bytes:
 def key_hash(key: Any) -> int:
     """The stable 32-bit hash of a dict key (see :func:`key_bytes`)."""
     return zlib.crc32(key_bytes(key))
+
+
+def dtype_description(dtype: np.dtype) -> bytes:
+    """The dtype in numpy's ``.npy`` header form, which keeps structured dtypes' fields."""
+    return repr(np.lib.format.dtype_to_descr(dtype)).encode()
+
+
+def dtype_from_description(text: bytes) -> np.dtype:
+    """The dtype :func:`dtype_description` wrote."""
+    return np.lib.format.descr_to_dtype(ast.literal_eval(text.decode()))

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+import shmloader.memory.shared.layout as L
 from shmloader.errors import ShmSpaceError
 from shmloader.memory import limits
 from shmloader.system import segment
@@ -51,9 +52,7 @@ class Store:
         """The dtype a description in this segment names (parsed once)."""
         found = self._dtypes.get(description)
         if found is None:
-            from shmloader.memory.shared.encode import dtype_from_description
-
-            found = self._dtypes[description] = dtype_from_description(description)
+            found = self._dtypes[description] = L.dtype_from_description(description)
         return found
 
     def __del__(self) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from shmloader.memory.shared import layout as L
+import shmloader.memory.shared.layout as L
 from shmloader.memory.shared.store import Store
 
 _CHUNK = 4096  # items decoded per read while iterating a packed list
