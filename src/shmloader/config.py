@@ -71,6 +71,7 @@ class LoaderConfig:
     world_size: int | None = None
     max_worker_restarts: int = 0
     prefetch_next_epoch: bool = False
+    share_dataset: bool = False
     # Filled in by checked():
     iterable: bool = False  # an iterable-style dataset
     tuner: autotune.Settings | None = None  # num_workers or prefetch_factor was "auto"
@@ -88,6 +89,7 @@ class LoaderConfig:
         num_workers, prefetch_factor = _worker_counts(self, tuner)
         _check_lifetimes(self, num_workers)
         _check_memory(self)
+        _check_share_dataset(self)
         output = _resolved_output(self)
         dataset, shuffle, batch_size, drop_last = _checked_sampling(self, iterable)
         context = mp_context(self.multiprocessing_context, num_workers)
@@ -165,6 +167,14 @@ def _worker_counts(given: LoaderConfig, tuner: autotune.Settings | None) -> tupl
         tuner.start_prefetch = prefetch_factor
         tuner.max_prefetch = prefetch_factor
     return num_workers, prefetch_factor  # type: ignore[return-value]
+
+
+def _check_share_dataset(given: LoaderConfig) -> None:
+    if not isinstance(given.share_dataset, bool):
+        raise ValueError(
+            f"share_dataset should be True or False (got {given.share_dataset!r}): True stores the "
+            "dataset's large lists, tuples and dicts once in shared memory before workers start."
+        )
 
 
 def _check_lifetimes(given: LoaderConfig, num_workers: int) -> None:

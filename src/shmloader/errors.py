@@ -14,6 +14,8 @@ cannot be rebuilt).
 
 from __future__ import annotations
 
+import warnings
+
 
 class ShmLoaderError(Exception):
     """Base class of every error raised by shmloader."""
@@ -123,6 +125,17 @@ class WorkerRestartWarning(UserWarning):
     and the restarts left. A ``UserWarning``, shown by default."""
 
 
+class CopyOnReadWarning(ResourceWarning):
+    """Workers' private memory grew as copy-on-read makes it grow: the dataset holds large
+    Python containers (lists, tuples, dicts of Python objects) and each worker copies
+    the pages it reads, since reading an object writes its reference count (spawned
+    workers receive the dataset pickled, whole). Emitted once per loader, naming the
+    containers and the remedy: ``DataLoader(..., share_dataset=True)`` or
+    :func:`shmloader.share`. A ``ResourceWarning``; unlike other ResourceWarnings it is
+    shown by default (importing shmloader adds a ``"default"`` filter for this class
+    alone, which filters set later override)."""
+
+
 class KeyErrorMessage(str):
     """The text of a ``KeyError`` re-raised from a worker. ``str()`` of a KeyError is the
     ``repr()`` of its argument, which would print the worker's traceback as one quoted
@@ -137,3 +150,8 @@ def _rebuild_worker_died(
     message: str, worker_id: int | None, pid: int | None, exitcode: int | None
 ) -> WorkerDiedError:
     return WorkerDiedError(message, worker_id=worker_id, pid=pid, exitcode=exitcode)
+
+
+# ResourceWarnings are ignored by Python's default filters; this one says why a training
+# job may run out of memory, so it is shown (once per place) unless a filter says otherwise.
+warnings.filterwarnings("default", category=CopyOnReadWarning)

@@ -182,6 +182,7 @@ class DataLoader(Generic[T_co]):
         world_size: int | None = None,
         max_worker_restarts: int = 0,
         prefetch_next_epoch: bool = False,
+        share_dataset: bool = False,
     ) -> None:
         config = LoaderConfig(
             dataset=dataset,
@@ -215,6 +216,7 @@ class DataLoader(Generic[T_co]):
             world_size=world_size,
             max_worker_restarts=max_worker_restarts,
             prefetch_next_epoch=prefetch_next_epoch,
+            share_dataset=share_dataset,
         ).checked()
         self._config = config
         self._set_public_attributes(config)
@@ -254,6 +256,7 @@ class DataLoader(Generic[T_co]):
         self._mp_context = config.multiprocessing_context  # checked: a context, or None
         self.persistent_workers = config.persistent_workers
         self.prefetch_next_epoch = config.prefetch_next_epoch
+        self.share_dataset = config.share_dataset
         self.in_order = config.in_order
         self.max_worker_restarts = config.max_worker_restarts
         self.collate_fn = config.collate_fn
@@ -417,6 +420,7 @@ class DataLoader(Generic[T_co]):
         out["slot_bytes"] = ring.slot_bytes if ring is not None else 0
         out["pinned_shm_bytes"] = self.pinned_shm_bytes()
         out["time"] = runtime.timing.report(in_process=self.num_workers == 0)
+        out["memory"] = runtime.memory.report()
         if runtime.tuner is not None:
             out["autotune"] = runtime.tuner.report()
         return out

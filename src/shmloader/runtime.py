@@ -12,6 +12,7 @@ alive, so a dropped loader stops its workers at once.
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -21,6 +22,7 @@ from shmloader.epoch import state as _state
 from shmloader.interop import pinning as _pinning
 from shmloader.memory import leases as _leases
 from shmloader.memory import sizing
+from shmloader.memory.watch import MemoryWatch
 from shmloader.sampling import distributed as _dist
 from shmloader.sampling import draws as _draws
 from shmloader.tuning import autotune
@@ -53,7 +55,9 @@ class LoaderRuntime:
     (:class:`~shmloader.memory.leases.Leases`). ``tuner``: the autotuner of
     ``num_workers``/``prefetch_factor`` ``"auto"``, or None. ``cursor``: the epoch cursor
     (:class:`~shmloader.epoch.state.Cursor`). ``iterable_len``: an iterable dataset's
-    length when ``len(loader)`` was last called (torch's warning compares with it)."""
+    length when ``len(loader)`` was last called (torch's warning compares with it).
+    ``memory``: the workers' memory and the copy-on-read warning
+    (:class:`~shmloader.memory.watch.MemoryWatch`)."""
 
     def __init__(self, config: LoaderConfig, loader: Any) -> None:
         """The runtime of ``loader``, made with ``config``: no ring yet unless
@@ -85,6 +89,7 @@ class LoaderRuntime:
             seeds=None if config.torch_rng else _draws.SeedSource(config.seed, config.generator)
         )
         self.iterable_len: int | None = None
+        self.memory = MemoryWatch(lambda: config.dataset, time.perf_counter)
 
     def _loader(self) -> Any:
         loader = self._owner()

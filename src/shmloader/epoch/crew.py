@@ -18,6 +18,7 @@ from shmloader.batch.recipe import Recipe
 from shmloader.epoch import state as _state
 from shmloader.epoch.rings import RingKeeper
 from shmloader.epoch.state import EpochPlan
+from shmloader.memory.watch import MemoryWatch
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 from shmloader.workers.worker import WorkerConfig, worker_main
 
@@ -40,14 +41,17 @@ class WorkerSpec:
 
 class Crew:
     """Starts the workers of one pool from ``ctx`` (a multiprocessing context) with
-    :attr:`spec`, which the iterator sets as each epoch begins (the rank is read then)."""
+    :attr:`spec`, which the iterator sets as each epoch begins (the rank is read then),
+    and tells ``memory`` (the loader's :class:`~shmloader.memory.watch.MemoryWatch`) of
+    each worker it starts or replaces."""
 
-    __slots__ = ("_ctx", "_pool", "_rings", "spec")
+    __slots__ = ("_ctx", "_memory", "_pool", "_rings", "spec")
 
-    def __init__(self, pool: WorkerPool, ctx: Any, rings: RingKeeper) -> None:
+    def __init__(self, pool: WorkerPool, ctx: Any, rings: RingKeeper, memory: MemoryWatch) -> None:
         self._pool = pool
         self._ctx = ctx
         self._rings = rings
+        self._memory = memory
         self.spec: WorkerSpec | None = None
 
     def config(self, wid: int, use_pdeathsig: bool, plan: EpochPlan, resume: dict | None) -> WorkerConfig:
@@ -89,6 +93,7 @@ class Crew:
         def one_started() -> None:
             for w in self._pool.workers:
                 rings.started(w.id)
+                self._memory.started(w.id, w.proc.pid)
             started()
 
         try:
@@ -98,13 +103,23 @@ class Crew:
 
     def add(self, wid: int, plan: EpochPlan) -> WorkerHandle:
         """Start worker ``wid`` mid-epoch (the pool grows); nothing is sent to it."""
-        return self._pool.add(
+        new = self._pool.add(
             self._ctx, wid, lambda w, pdeath: self.config(w, pdeath, plan, None), worker_main
         )
+        self._memory.started(new.id, new.proc.pid)
+        return new
 
     def replace(self, old: WorkerHandle, plan: EpochPlan, resume: dict | None) -> WorkerHandle:
         """Reap ``old`` (killed first if it still runs) and start a worker with its id in its
         place, for the epoch of ``plan``; nothing is sent to it."""
-        return self._pool.replace(
+        self._memory.stopped(old.proc.pid)
+        new = self._pool.replace(
             old, self._ctx, lambda wid, pdeath: self.config(wid, pdeath, plan, resume), worker_main
         )
+        self._memory.started(new.id, new.proc.pid)
+        return new
+
+    def stopping(self) -> None:
+        """The pool's workers are being stopped: no longer the loader's to watch."""
+        for w in self._pool.workers:
+            self._memory.stopped(w.proc.pid)

@@ -17,6 +17,7 @@ from shmloader.epoch import state as _state
 from shmloader.epoch.crew import WorkerSpec
 from shmloader.epoch.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.memory.leases import Leases
+from shmloader.memory.watch import MemoryWatch
 from shmloader.tuning.autotune import Tuner
 from shmloader.tuning.timing import Timing
 
@@ -36,6 +37,7 @@ class Settings:
     max_worker_restarts: int
     persistent_workers: bool
     prefetch_next_epoch: bool
+    share_dataset: bool  # the dataset's large containers are shared before workers start
     shm_backend: str
     fixed_slot_bytes: bool
     context: Any  # the multiprocessing context workers start from
@@ -65,6 +67,7 @@ class LoaderLink:
             max_worker_restarts=loader.max_worker_restarts,
             persistent_workers=bool(loader.persistent_workers),
             prefetch_next_epoch=bool(loader.prefetch_next_epoch),
+            share_dataset=bool(self._runtime.config.share_dataset),
             shm_backend=loader.shm_backend,
             fixed_slot_bytes=loader.slot_bytes is not None,
             context=ctx,
@@ -103,6 +106,9 @@ class LoaderLink:
 
     def leases(self) -> Leases:
         return self._runtime.leases
+
+    def memory(self) -> MemoryWatch:
+        return self._runtime.memory
 
     def publish_counts(self, num_workers: int, prefetch_factor: int | None) -> None:
         """The counts a tuner set, which the loader reports (``loader.num_workers``...)."""

@@ -114,7 +114,9 @@ class MultiProcessIter:
         inflight = self._inflight = InFlight(
             pool, courier, rings, s.num_workers, s.prefetch_factor, s.in_order, s.iterable
         )
-        crew = self._crew = Crew(pool, s.context, rings)  # (its spec is read as each epoch begins)
+        self._memory = memory = link.memory()
+        self._share_dataset = s.share_dataset
+        crew = self._crew = Crew(pool, s.context, rings, memory)  # (its spec is read as each epoch begins)
         restarts = Restarts(
             s.max_worker_restarts, s.iterable, link.dataset(), stats, inflight, crew, _weak(self._abort)
         )
@@ -185,6 +187,8 @@ class MultiProcessIter:
         self._rings.take_current()
         self._launched = True
         _live_iterators.add(self)
+        if self._share_dataset:
+            self._memory.share_dataset()  # before the first fork: workers map the shared copy
         try:
             self._crew.start(self._inflight.num_workers, plan, started=self._inflight.fill)
         except BaseException:
@@ -262,6 +266,8 @@ class MultiProcessIter:
         tuning = self._tuning
         if tuning is not None and now >= tuning.tuner.due and not self._idle and not self.closed:
             tuning.tune(now)  # a worker more, or more prefetch
+        if now >= self._memory.due:
+            self._memory.check(now)  # the workers' memory, on a schedule that thins out
         return batch
 
     def _next_batch(self) -> Any:
@@ -344,6 +350,7 @@ class MultiProcessIter:
 
     def _end_epoch(self) -> None:
         self.epoch_done = True
+        self._memory.check(time.perf_counter())  # where copy-on-read has done the most
         if not self._persistent:
             self.close()
 
@@ -371,6 +378,7 @@ class MultiProcessIter:
         if os.getpid() != self._pid:
             return  # a forked copy of the consumer: the workers are not ours to stop
         self._courier.forget_sleepers()
+        self._crew.stopping()
         self._pool.stop(graceful)
         self._rings.stop()
         self._inflight.free_all()  # the workers are gone: what they were given is free

@@ -1,0 +1,168 @@
+"""Watching a loader's workers' memory: ``stats()["memory"]`` and the copy-on-read warning.
+
+A :class:`MemoryWatch` lives as long as its loader. It reads each worker's memory when
+the worker starts (its baseline) and then on a schedule that thins out (after 0.5 s,
+1 s, 2 s, ... then every 16 s), at the end of each epoch and when ``stats()`` asks, so a
+batch costs one comparison of two floats. When a worker's private memory grew past both
+64 MiB and a quarter of what the dataset's large Python containers hold
+(:func:`~shmloader.memory.containers.large_containers`), it emits one
+:class:`~shmloader.errors.CopyOnReadWarning` naming them and the remedy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from shmloader.errors import CopyOnReadWarning
+from shmloader.memory import containers as _containers
+from shmloader.memory.sizing import user_stacklevel
+from shmloader.memory.usage import ProcessMemory, process_memory
+
+FIRST_CHECK_S = 0.5
+MAX_INTERVAL_S = 16.0
+WARN_MIN_GROWTH = 64 << 20  # below this a worker's growth is its own work, not copies
+WARN_SHARE = 0.25  # of the large containers' size, grown in one worker
+REPORT_MAX_AGE_S = 1.0  # stats() reuses readings this recent
+
+
+class _Worker:
+    __slots__ = ("baseline", "id", "last", "pid")
+
+    def __init__(self, wid: int, pid: int, baseline: ProcessMemory | None) -> None:
+        self.id = wid
+        self.pid = pid
+        self.baseline = baseline
+        self.last = baseline
+
+    def growth(self) -> int:
+        if self.baseline is None or self.last is None:
+            return 0
+        return max(0, self.last.private - self.baseline.private)
+
+
+class MemoryWatch:
+    """The memory of one loader's workers and of its process. ``dataset``: returns the
+    loader's dataset (read only when a warning is considered). ``clock``: seconds, the
+    clock ``check``'s ``now`` comes from."""
+
+    def __init__(self, dataset: Callable[[], Any], clock: Callable[[], float]) -> None:
+        self._dataset = dataset
+        self._clock = clock
+        self._workers: dict[int, _Worker] = {}  # by pid
+        self._interval = FIRST_CHECK_S
+        self._read_at = -math.inf
+        self.due = math.inf  # when check() should run next: none before a worker starts
+        self.warned = False
+        self.peak_uss = 0  # the most any worker's USS and growth reached, in the loader's life
+        self.peak_growth = 0
+        self._large: list[_containers.Container] | None = None  # found once, when needed
+        self.sharing: _containers.SharingReport | None = None
+
+    # --- workers coming and going ---------------------------------------------------------
+
+    def started(self, wid: int, pid: int) -> None:
+        """Worker ``wid`` runs as process ``pid``: its memory now is its baseline (a pid
+        already known keeps its own)."""
+        if pid in self._workers:
+            return
+        self._workers[pid] = _Worker(wid, pid, process_memory(pid))
+        if self.due == math.inf:
+            self._interval = FIRST_CHECK_S
+            self.due = self._clock() + self._interval
+
+    def stopped(self, pid: int) -> None:
+        """Process ``pid`` is no longer a worker of the loader (stopped or replaced)."""
+        self._workers.pop(pid, None)
+        if not self._workers:
+            self.due = math.inf
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def check(self, now: float) -> None:
+        """Read every worker's memory, schedule the next check and warn when a worker's
+        private memory grew as copy-on-read makes it grow (once per loader)."""
+        self._read(now)
+        self._interval = min(self._interval * 2, MAX_INTERVAL_S)
+        self.due = now + self._interval if self._workers else math.inf
+        if not self.warned:
+            self._consider_warning()
+
+    def _read(self, now: float) -> None:
+        self._read_at = now
+        for w in list(self._workers.values()):
+            reading = process_memory(w.pid)
+            if reading is not None:
+                w.last = reading
+                self.peak_uss = max(self.peak_uss, reading.uss)
+                self.peak_growth = max(self.peak_growth, w.growth())
+
+    def report(self) -> dict[str, Any]:
+        """``stats()["memory"]``: ``workers`` (per running worker, by id: ``id``, ``pid``,
+        ``uss``, ``pss``, ``private`` and ``growth``, the growth of its private memory since
+        it started, in bytes), ``parent`` (this process's ``uss``, ``pss``, ``rss`` and
+        ``private``, or None where /proc cannot be read), ``workers_uss`` and
+        ``workers_growth`` (their sums), ``peak_worker_uss`` and ``peak_worker_growth``
+        (the most one worker reached in the loader's life, stopped workers included, as
+        read at the checks: after 0.5, 1, 2, ... 16 s, then every 16 s, and at each
+        epoch's end), ``copy_on_read_warned`` (whether the warning was
+        given) and ``shared`` / ``not_shared`` (``share_dataset=True``: the attributes
+        replaced, with their estimated size, and those left, with why). Readings older
+        than a second are taken again (one /proc read per worker)."""
+        now = self._clock()
+        if now - self._read_at > REPORT_MAX_AGE_S:
+            self._read(now)
+        workers = []
+        for w in sorted(self._workers.values(), key=lambda w: w.id):
+            last = w.last.as_dict() if w.last is not None else {"uss": 0, "pss": 0, "rss": 0, "private": 0}
+            workers.append({"id": w.id, "pid": w.pid, **last, "growth": w.growth()})
+        parent = process_memory(os.getpid())
+        sharing = self.sharing
+        return {
+            "workers": workers,
+            "parent": parent.as_dict() if parent is not None else None,
+            "workers_uss": sum(w["uss"] for w in workers),
+            "workers_growth": sum(w["growth"] for w in workers),
+            "peak_worker_uss": self.peak_uss,
+            "peak_worker_growth": self.peak_growth,
+            "copy_on_read_warned": self.warned,
+            "shared": dict(sharing.shared) if sharing is not None else {},
+            "not_shared": dict(sharing.skipped) if sharing is not None else {},
+        }
+
+    # --- the warning and its remedy --------------------------------------------------------------
+
+    def _consider_warning(self) -> None:
+        grown = max(self._workers.values(), key=lambda w: w.growth(), default=None)
+        if grown is None or grown.growth() < WARN_MIN_GROWTH:
+            return
+        if self._large is None:
+            self._large = _containers.large_containers(self._dataset())
+        large = self._large
+        held = sum(c.estimated_bytes for c in large)
+        if not large or grown.growth() < WARN_SHARE * held:
+            return
+        self.warned = True
+        names = ", ".join(c.describe() for c in large[:5]) + (", ..." if len(large) > 5 else "")
+        warnings.warn(
+            f"Worker {grown.id} (pid {grown.pid}) grew by {_containers.format_bytes(grown.growth())} "
+            f"of private memory since it started, and every worker grows so: the dataset holds "
+            f"Python containers of ~{_containers.format_bytes(held)} ({names}), and each worker "
+            "copies the pages it reads (reading a Python object writes its reference count; "
+            "spawned workers receive the whole dataset pickled). Pass share_dataset=True to the "
+            "DataLoader to store them once in shared memory, read-only (or wrap them with "
+            "shmloader.share() yourself): see docs/share.md. loader.stats()['memory'] shows "
+            "the workers' memory.",
+            CopyOnReadWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+    def share_dataset(self) -> None:
+        """``share_dataset=True``: replace the dataset's large containers with shared views
+        before the first worker starts (once per loader)."""
+        if self.sharing is None:
+            self.sharing = _containers.share_containers(self._dataset())
+            self._large = None  # what is left large, if anything, is found again
