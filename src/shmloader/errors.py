@@ -14,6 +14,7 @@ cannot be rebuilt).
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 
@@ -132,8 +133,9 @@ class CopyOnReadWarning(ResourceWarning):
     workers receive the dataset pickled, whole). Emitted once per loader, naming the
     containers and the remedy: ``DataLoader(..., share_dataset=True)`` or
     :func:`shmloader.share`. A ``ResourceWarning``; unlike other ResourceWarnings it is
-    shown by default (importing shmloader adds a ``"default"`` filter for this class
-    alone, which filters set later override)."""
+    shown by default: importing shmloader adds a ``"default"`` filter for this class
+    alone, unless ``-W`` or ``PYTHONWARNINGS`` set the filters; filters set later
+    override it."""
 
 
 class KeyErrorMessage(str):
@@ -153,5 +155,7 @@ def _rebuild_worker_died(
 
 
 # ResourceWarnings are ignored by Python's default filters; this one says why a training
-# job may run out of memory, so it is shown (once per place) unless a filter says otherwise.
-warnings.filterwarnings("default", category=CopyOnReadWarning)
+# job may run out of memory, so it is shown (once per place) unless the user chose the
+# filters (-W, PYTHONWARNINGS) or sets one later.
+if not sys.warnoptions:
+    warnings.filterwarnings("default", category=CopyOnReadWarning)

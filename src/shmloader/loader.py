@@ -134,6 +134,17 @@ class DataLoader(Generic[T_co]):
     its own shuffle or a ``SequentialSampler`` and no ``generator=``; elsewhere nothing is
     prefetched. ``stats()["epochs_ahead"]`` counts the epochs that began so.
 
+    ``share_dataset`` (default False; docs/share.md): before the first worker starts,
+    replace the dataset's large Python containers (its attributes, or its attributes'
+    attributes, that are lists, tuples or dicts of 16 MiB or more of Python objects) with
+    :func:`shmloader.share` views of them, in place: read-only, equal values, stored once
+    in shared memory, so forked workers copy no page of them by reading them and spawned
+    workers receive a descriptor instead of the pickled data. ``stats()["memory"]["shared"]``
+    names what was replaced, ``["not_shared"]`` what was left and why (a subclass, a value
+    share() cannot store). Writing to a replaced attribute's contents raises TypeError.
+    Without it the loader only watches: a :class:`~shmloader.errors.CopyOnReadWarning`
+    says when workers' private memory grows as copy-on-read makes it grow.
+
     ``num_workers="auto"`` and ``prefetch_factor="auto"`` (docs/autotune.md): start with
     one worker and a prefetch of 2, and add workers mid-epoch while the training loop
     waits, the workers are busy and a core is free (up to the cores this process may use,
@@ -408,7 +419,11 @@ class DataLoader(Generic[T_co]):
         ``workers_busy_share``, and ``verdict``: one line saying whether the loop is
         data-bound or compute-bound and what to change; with ``num_workers`` or
         ``prefetch_factor`` ``"auto"``, ``autotune``: the counts in use and the changes
-        made (see :mod:`shmloader.tuning.autotune`)."""
+        made (see :mod:`shmloader.tuning.autotune`); ``memory``: the running workers'
+        memory (``uss``, ``pss``, ``private`` and its ``growth`` since each started), the
+        parent's, the peaks, and what ``share_dataset`` replaced (see
+        :meth:`shmloader.memory.watch.MemoryWatch.report`; it reads /proc once per worker
+        when its last reading is over a second old: call it per epoch, not per batch)."""
         runtime = self._runtime
         out = dict(runtime.stats)
         dataset = dict(out["dataset"])

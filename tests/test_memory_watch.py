@@ -1,0 +1,248 @@
+"""Workers' memory seen and shared: ``stats()["memory"]``, the CopyOnReadWarning on a
+dataset of Python metadata (and not on a numpy-backed one of the same size), and
+``share_dataset=True``, whose batches equal torch's loader's on the unshared dataset."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from shmloader import CopyOnReadWarning, DataLoader
+from shmloader.memory import containers
+from shmloader.memory.shared import SharedDict, SharedList
+from shmloader.memory.usage import process_memory
+from shmloader.memory.watch import WARN_MIN_GROWTH
+
+
+def record(i: int) -> dict:
+    return {
+        "path": f"/data/images/train/{i:08d}.jpg",
+        "label": i % 1000,
+        "ann": {"bbox": [i * 0.5, 2.0, 3.0 + i % 7, 4.0], "area": float(i % 97), "iscrowd": i % 2},
+    }
+
+
+class Metadata:
+    """A detection dataset's shape: one dict of Python objects per image."""
+
+    def __init__(self, n: int) -> None:
+        self.records = [record(i) for i in range(n)]
+        self.name = "metadata"
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int):
+        r = self.records[i]
+        return np.asarray(r["ann"]["bbox"], dtype=np.float32), np.int64(r["label"]), len(r["path"])
+
+
+class NumpyBacked:
+    """The same information held in numpy arrays: reading it writes no shared page."""
+
+    def __init__(self, n: int) -> None:
+        i = np.arange(n)
+        self.bbox = np.stack([i * 0.5, np.full(n, 2.0), 3.0 + i % 7, np.full(n, 4.0)], 1).astype(np.float32)
+        self.labels = (i % 1000).astype(np.int64)
+        self.paths = np.array([f"/data/images/train/{k:08d}.jpg" for k in range(n)])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.bbox[i], self.labels[i], len(self.paths[i])
+
+
+class Wrapper:
+    """A dataset around another (as torch's Subset): its containers are found inside."""
+
+    def __init__(self, base) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        return self.base[i]
+
+
+# Large enough that forked workers reading it grow past the warning's 64 MiB floor.
+BIG = 400_000
+
+
+def one_epoch(dl) -> list:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = [tuple(np.asarray(x).copy() for x in b) for b in dl]
+    return batches, [w for w in caught if issubclass(w.category, CopyOnReadWarning)]
+
+
+# --- reading memory ----------------------------------------------------------------------
+
+
+def test_process_memory_reads_this_process_and_nothing_for_a_gone_one():
+    me = process_memory(os.getpid())
+    assert me is not None
+    assert 0 < me.uss <= me.rss and 0 < me.pss <= me.rss and me.private <= me.uss
+    blob = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB written: private to this process
+    grown = process_memory(os.getpid())
+    assert grown.private - me.private > 48 << 20
+    del blob
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert process_memory(child.pid) is None
+
+
+# --- finding and sharing large containers ------------------------------------------------------
+
+
+def test_large_containers_names_python_containers_not_arrays():
+    found = containers.large_containers(Metadata(40_000))
+    assert [c.path for c in found] == ["records"]
+    (records,) = found
+    assert records.kind == "list" and records.length == 40_000
+    # ~550 bytes of objects per record; the estimate need only be of the right size
+    assert 10 << 20 < records.estimated_bytes < 60 << 20
+    assert "records (list of 40,000" in records.describe()
+    assert containers.large_containers(NumpyBacked(40_000)) == []
+    assert containers.large_containers(Metadata(1_000)) == []  # small: costs little per worker
+
+
+def test_large_containers_are_found_inside_a_wrapped_dataset():
+    assert [c.path for c in containers.large_containers(Wrapper(Wrapper(Metadata(40_000))))] == [
+        "base.base.records"
+    ]
+
+
+def test_share_containers_replaces_in_place_and_says_what_it_left():
+    class Mixed:
+        def __init__(self) -> None:
+            self.records = [record(i) for i in range(40_000)]
+            self.by_path = {r["path"]: i for i, r in enumerate(self.records)}
+            self.objects = [object() for _ in range(200_000)]  # nothing share() can store
+            self.subclassed = type("Paths", (list,), {})(f"p{i:020d}" for i in range(300_000))
+
+    ds = Mixed()
+    original = [record(i) for i in range(40_000)]
+    report = containers.share_containers(ds, min_bytes=4 << 20)
+    assert set(report.shared) == {"records", "by_path"}
+    assert isinstance(ds.records, SharedList) and isinstance(ds.by_path, SharedDict)
+    assert ds.records == original and ds.by_path["/data/images/train/00000007.jpg"] == 7
+    assert set(report.skipped) == {"objects", "subclassed"}
+    assert "cannot store" in report.skipped["objects"]
+    assert "subclass" in report.skipped["subclassed"]
+    with pytest.raises(TypeError):
+        ds.records[0] = {}
+
+
+def test_share_dataset_must_be_a_bool():
+    with pytest.raises(ValueError, match="share_dataset should be True or False"):
+        DataLoader(Metadata(10), share_dataset="yes")
+
+
+# --- the warning ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_the_warning_fires_on_python_metadata_and_not_on_numpy_or_when_shared():
+    ds = Metadata(BIG)
+    dl = DataLoader(ds, batch_size=512, shuffle=True, num_workers=2, multiprocessing_context="fork")
+    _, warned = one_epoch(dl)
+    assert len(warned) == 1
+    text = str(warned[0].message)
+    assert "records (list of 400,000" in text and "share_dataset=True" in text
+    assert warned[0].filename == __file__  # points at the user's loop
+    memory = dl.stats()["memory"]
+    assert memory["copy_on_read_warned"]
+    assert memory["peak_worker_growth"] >= WARN_MIN_GROWTH
+
+    arrays = NumpyBacked(BIG)
+    _, warned = one_epoch(
+        DataLoader(arrays, batch_size=512, shuffle=True, num_workers=2, multiprocessing_context="fork")
+    )
+    assert warned == []
+
+    shared = DataLoader(ds, batch_size=512, shuffle=True, num_workers=2, share_dataset=True)
+    _, warned = one_epoch(shared)
+    assert warned == []
+    memory = shared.stats()["memory"]
+    assert set(memory["shared"]) == {"records"} and isinstance(ds.records, SharedList)
+    # workers read the shared segment: what they made private is a small part of the copy
+    assert memory["peak_worker_growth"] < dl.stats()["memory"]["peak_worker_growth"] / 4
+
+
+def test_the_warning_is_shown_under_default_filters():
+    code = "import warnings, shmloader; warnings.warn('grew', shmloader.CopyOnReadWarning)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "CopyOnReadWarning: grew" in done.stderr
+    ignored = subprocess.run(
+        [sys.executable, "-W", "ignore::ResourceWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "grew" not in ignored.stderr  # the user's -W is kept...
+    code_after = code.replace(
+        "; warnings.warn", "; warnings.simplefilter('ignore', ResourceWarning); warnings.warn"
+    )
+    silenced = subprocess.run([sys.executable, "-c", code_after], capture_output=True, text=True, timeout=60)
+    assert "grew" not in silenced.stderr  # ...and so is a filter set after the import
+
+
+# --- stats()["memory"] and share_dataset's batches --------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_stats_memory_reports_running_workers():
+    dl = DataLoader(Metadata(20_000), batch_size=256, num_workers=2, persistent_workers=True)
+    it = iter(dl)
+    next(it)
+    memory = dl.stats()["memory"]
+    assert [w["id"] for w in memory["workers"]] == [0, 1]
+    assert [w["pid"] for w in memory["workers"]] == it.worker_pids()
+    for w in memory["workers"]:
+        assert w["uss"] > 0 and w["pss"] > 0 and w["growth"] >= 0
+    assert memory["workers_uss"] == sum(w["uss"] for w in memory["workers"])
+    assert memory["parent"]["uss"] > 0
+    assert memory["shared"] == {} and memory["not_shared"] == {}
+    for _ in it:
+        pass
+    del it
+    dl.shutdown()
+    assert dl.stats()["memory"]["workers"] == []  # stopped workers are not reported
+    assert dl.stats()["memory"]["peak_worker_uss"] > 0  # their peak is
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("start", ["fork", "spawn", "forkserver"])
+def test_shared_dataset_batches_equal_torchs(start):
+    torch = pytest.importorskip("torch")
+    n = 40_000  # past share_dataset's 16 MiB: the records are shared
+    expected = [
+        tuple(x.numpy() for x in b)
+        for b in torch.utils.data.DataLoader(
+            Metadata(n), batch_size=500, shuffle=True, generator=torch.Generator().manual_seed(5)
+        )
+    ]
+    ds = Metadata(n)
+    dl = DataLoader(
+        ds,
+        batch_size=500,
+        shuffle=True,
+        num_workers=2,
+        generator=torch.Generator().manual_seed(5),
+        share_dataset=True,
+        multiprocessing_context=start,
+    )
+    got, _ = one_epoch(dl)
+    assert isinstance(ds.records, SharedList) and set(dl.stats()["memory"]["shared"]) == {"records"}
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+            assert x.dtype == y.dtype
