@@ -246,3 +246,38 @@ def test_shared_dataset_batches_equal_torchs(start):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
             assert x.dtype == y.dtype
+
+
+# --- checking a dataset before training ---------------------------------------------------------
+
+
+def _doctor_on(tmp_path, body: str, spec: str) -> subprocess.CompletedProcess:
+    (tmp_path / "userdata.py").write_text(body)
+    code = f"import sys\nfrom shmloader.cli import main\nsys.exit(main(['doctor', '--dataset', {spec!r}]))"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path
+    )
+
+
+def test_doctor_names_a_datasets_large_containers(tmp_path):
+    body = (
+        "import numpy as np\n"
+        "class Meta:\n"
+        "    def __init__(self):\n"
+        "        self.records = [{'path': f'/x/{i:08d}.jpg', 'label': i} for i in range(200_000)]\n"
+        "    def __len__(self):\n"
+        "        return len(self.records)\n"
+        "    def __getitem__(self, i):\n"
+        "        return self.records[i]['label']\n"
+        "def arrays():\n"
+        "    m = Meta()\n"
+        "    m.records = np.arange(2_000_000)\n"
+        "    return m\n"
+    )
+    proc = _doctor_on(tmp_path, body, "userdata:Meta")
+    assert "[WARN] dataset memory:" in proc.stdout and "records (list of 200,000" in proc.stdout
+    assert "share_dataset=True" in proc.stdout
+    proc = _doctor_on(tmp_path, body, "userdata:arrays")
+    assert "[OK  ] dataset memory:" in proc.stdout
+    proc = _doctor_on(tmp_path, body, "userdata")
+    assert proc.returncode == 2 and "--dataset takes MODULE:NAME" in proc.stderr

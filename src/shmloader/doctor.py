@@ -7,12 +7,15 @@ the remedy. The exit status is 1 when a check fails, 0 otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import multiprocessing
 import os
 import resource
 import signal
 import sys
+import types
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -421,6 +424,50 @@ def check_region_decoder() -> Check:
     )
 
 
+def load_dataset(spec: str) -> Any:
+    """The object ``spec`` names, ``"module:name"`` (a module importable from the current
+    directory; ``name`` may be dotted), called with no arguments when it is a class or
+    a function (a dataset's constructor or a factory)."""
+    module_name, sep, name = spec.partition(":")
+    if not sep or not module_name or not name:
+        raise ValueError(
+            f"--dataset takes MODULE:NAME (got {spec!r}), e.g. --dataset train:make_dataset "
+            "for the function make_dataset in train.py, called with no arguments."
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj: Any = importlib.import_module(module_name)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    called = isinstance(obj, (type, types.FunctionType, functools.partial))
+    return obj() if called else obj
+
+
+def check_dataset_memory(dataset: Any) -> Check:
+    """Whether ``dataset`` holds large Python containers, which every worker copies."""
+    from shmloader.memory.containers import format_bytes, large_containers
+
+    found = large_containers(dataset)
+    if not found:
+        return Check(
+            "dataset memory",
+            OK,
+            "no list, tuple or dict of 16 MiB or more of Python objects among its attributes: "
+            "workers copy nothing of it by reading it",
+        )
+    held = sum(c.estimated_bytes for c in found)
+    return Check(
+        "dataset memory",
+        WARN,
+        f"Python containers of ~{format_bytes(held)}: "
+        + ", ".join(c.describe() for c in found)
+        + "; every forked worker copies the pages it reads of them (spawned workers get them "
+        "pickled, whole)",
+        "DataLoader(..., share_dataset=True) stores them once in shared memory, read-only "
+        "(or wrap them with shmloader.share()); see docs/share.md",
+    )
+
+
 def run_checks(workers: int, batch_bytes: int, backend: str = "auto") -> list[Check]:
     """Every check, in the order they are printed (``backend``: the loader's shm_backend)."""
     checks = [check_native()]
@@ -485,6 +532,13 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="the shm_backend you plan to use (default: %(default)s, memfd on Linux)",
     )
+    parser.add_argument(
+        "--dataset",
+        metavar="MODULE:NAME",
+        help="also check a dataset's memory: the object NAME in MODULE (importable from the "
+        "current directory; called with no arguments if it is a class or function), e.g. "
+        "train:make_dataset",
+    )
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     args = parser.parse_args(argv)
     workers = args.workers if args.workers is not None else usable_cores()
@@ -496,6 +550,14 @@ def main(argv: list[str] | None = None) -> int:
         checks = run_checks(workers, int(args.batch_mb * 2**20), args.backend)
     except ValueError as exc:  # e.g. a bad $SHMLOADER_SHM_BACKEND
         parser.error(str(exc))
+    if args.dataset:
+        try:
+            dataset = load_dataset(args.dataset)
+        except ValueError as exc:
+            parser.error(str(exc))
+        except (ImportError, AttributeError) as exc:
+            parser.error(f"--dataset {args.dataset}: {exc}")
+        checks.append(check_dataset_memory(dataset))
     if args.json:
         payload: dict[str, Any] = {
             "workers": workers,
