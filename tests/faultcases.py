@@ -1173,7 +1173,7 @@ def case_restart_kill(
         for e in range(epochs):
             got.append(_epoch(dl, plan[e], seen))
             if between and e < epochs - 1:
-                victim = dl._persistent_iter.workers[1].proc.pid
+                victim = dl.persistent_iterator.workers[1].proc.pid
                 os.kill(victim, signal.SIGKILL)
                 wait_gone([victim], 2.0)
     restarts = dl.stats()["worker_restarts"]

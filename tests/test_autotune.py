@@ -349,7 +349,7 @@ def test_a_worker_killed_with_the_next_epochs_tasks_in_flight_is_replaced_exactl
             for k, batch in enumerate(loader):
                 batches.append(_plain(batch))
                 if e == 0 and k == 8:  # this epoch's last task and the next one's first are out
-                    it = loader._persistent_iter
+                    it = loader.persistent_iterator
                     assert it.prefetching_next_epoch
                     os.kill(it.workers[0].proc.pid, signal.SIGKILL)
             got.append(batches)

@@ -234,7 +234,7 @@ def _workers_cpu_over_slow_steps(steps: int) -> float:
     try:
         for _ in dl:  # the workers start, and learn the loop is fast
             pass
-        workers = [psutil.Process(w.proc.pid) for w in dl._persistent_iter.workers]
+        workers = [psutil.Process(w.proc.pid) for w in dl.persistent_iterator.workers]
         assert len(workers) == 2
         before = sum(sum(w.cpu_times()[:2]) for w in workers)
         count = 0

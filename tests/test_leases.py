@@ -385,7 +385,7 @@ def test_a_ring_limit_when_a_persistent_epoch_starts_stops_the_workers():
         **FORK,
     )
     kept = list(dl)  # 5 batches held in 8 slots
-    it = dl._persistent_iter
+    it = dl.persistent_iterator
     pids = [w.proc.pid for w in it.workers]
     again = iter(dl)
     with pytest.raises(MemoryError, match="max_shm_bytes"):

@@ -501,6 +501,13 @@ class DataLoader(Generic[T_co]):
             self._persistent_iter = None
 
     @property
+    def persistent_iterator(self) -> MultiProcessIter | None:
+        """The iterator a ``persistent_workers`` loader keeps between epochs (its
+        ``workers``, ``worker_pids()``, ``prefetching_next_epoch``), or None: before the
+        first epoch with workers, after :meth:`shutdown`, without persistent workers."""
+        return self._persistent_iter
+
+    @property
     def _iterator(self) -> MultiProcessIter | None:
         """torch's (private) name for the iterator a ``persistent_workers`` loader keeps
         between epochs, None when there is none; code written for torch's loader stops
