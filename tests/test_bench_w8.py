@@ -109,3 +109,14 @@ def test_w8_tables_show_errors_and_spread():
     }
     text = report.format_report([res])
     assert "2 ±10%" in text and "1.50" in text and "the measurement failed: boom" in text
+
+
+def test_w8_only_when_named():
+    from shmloader.bench.cli import build_parser
+
+    parser = build_parser()
+    assert "W8" not in parser.parse_args(["--workloads", "all"]).workloads
+    assert parser.parse_args(["--workloads", "w8"]).workloads == ["W8"]
+    assert parser.parse_args([]).w8_records == metadata.W8_RECORDS
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--workloads", "W9"])
