@@ -19,12 +19,14 @@ loader, so one loader's allocations never count against the other.
 
 The modules, one concept each:
 
-- :mod:`~shmloader.bench.datasets`: the synthetic datasets (W1-W5, W7) and W7's padding;
+- :mod:`~shmloader.bench.datasets`: the synthetic datasets (W1-W5, W7, W8) and W7's padding;
 - :mod:`~shmloader.bench.workloads`: workloads, variants, configurations, loader options;
 - :mod:`~shmloader.bench.peers`: the one harness (peers warmed up, timed alternating) and
   the DataLoader peer; :mod:`~shmloader.bench.ceiling`: the copy-ceiling peer;
 - :mod:`~shmloader.bench.measure`: one configuration of W1-W5, W7 (steady, cold, memory);
   :mod:`~shmloader.bench.jpeg`: W6, the JPEG folder, on the same harness;
+  :mod:`~shmloader.bench.metadata`: W8, a million metadata records, workers' memory and
+  time to first batch, a fresh process per measurement;
 - :mod:`~shmloader.bench.memory`: the memory probe, in a fresh process per loader;
 - :mod:`~shmloader.bench.results`, :mod:`~shmloader.bench.report`, :mod:`~shmloader.bench.plot`:
   the figures, their tables (text, markdown, JSON) and the chart;

@@ -12,26 +12,27 @@ from collections.abc import Callable, Sequence
 from shmloader.bench.jpeg import W6_IMAGE_SIZE, measure_w6, w6_steps
 from shmloader.bench.machine import machine_info
 from shmloader.bench.measure import COLD_BATCHES, config_steps, measure_config
+from shmloader.bench.metadata import W8_BATCH, W8_RECORDS, measure_w8, w8_steps
 from shmloader.bench.peers import torch_dataloader
 from shmloader.bench.plot import write_plot
 from shmloader.bench.progress import Progress
 from shmloader.bench.report import format_markdown, format_report, results_json
 from shmloader.bench.results import ConfigResult
-from shmloader.bench.workloads import ALL_NAMES, DEFAULT_NAMES, WORKLOADS, Config, make_configs
+from shmloader.bench.workloads import ALL_NAMES, DEFAULT_NAMES, OPT_IN_NAMES, WORKLOADS, Config, make_configs
 
 TORCH_HINT = "torch is not installed: `pip install torch` adds the side-by-side torch columns."
 
 
-def _parse_list(text: str, allowed: Sequence[str] | None = None) -> list[str]:
+def _parse_list(text: str, allowed: Sequence[str] | None = None, opt_in: Sequence[str] = ()) -> list[str]:
     items = [s.strip() for s in text.split(",") if s.strip()]
     if allowed is not None:
         if items == ["all"]:
             return list(allowed)
-        lookup = {a.lower(): a for a in allowed}
+        lookup = {a.lower(): a for a in [*allowed, *opt_in]}
         bad = [i for i in items if i.lower() not in lookup]
         if bad:
             raise argparse.ArgumentTypeError(
-                f"unknown workload(s) {bad}; choose from {', '.join(allowed)} or 'all'"
+                f"unknown workload(s) {bad}; choose from {', '.join(lookup.values())} or 'all'"
             )
         items = [lookup[i.lower()] for i in items]
     return items
@@ -60,13 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
         "persistent_workers=False. "
         "W6 needs Pillow and simplejpeg, and writes its images once under $SHMLOADER_CACHE "
         "(default ~/.cache/shmloader; a few minutes). "
+        "W8 runs only when named (--workloads W8 --workers 2,4; 'all' leaves it out): a fresh "
+        "process per measurement, about 4 minutes per worker count and round at 1,000,000 "
+        "records on 2 cores. "
         "With no options: W1 and W4 with 2 workers, about a minute.",
     )
     parser.add_argument(
         "--workloads",
-        type=lambda s: _parse_list(s, ALL_NAMES),
+        type=lambda s: _parse_list(s, ALL_NAMES, OPT_IN_NAMES),
         default=DEFAULT_NAMES,
-        help=f"comma-separated, or 'all' (default: {','.join(DEFAULT_NAMES)})",
+        help=f"comma-separated, or 'all' (all but {','.join(OPT_IN_NAMES)}; "
+        f"default: {','.join(DEFAULT_NAMES)})",
     )
     parser.add_argument(
         "--workers",
@@ -105,11 +110,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="W6's JPEGs: every image this size (default: 500x375, ImageNet's median; "
         "e.g. 1200x800 for camera photos scaled down)",
     )
+    parser.add_argument(
+        "--w8-records",
+        type=int,
+        default=W8_RECORDS,
+        metavar="N",
+        help=f"W8's metadata records (default: {W8_RECORDS:,})",
+    )
+    parser.add_argument(
+        "--w8-rounds", type=int, default=1, metavar="N", help="W8's rounds of every peer (default: 1)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
 
 
-def _steps(cfg: Config, repeat: int, memory: bool, have_torch: bool) -> int:
+def _steps(cfg: Config, repeat: int, memory: bool, have_torch: bool, w8_rounds: int = 1) -> int:
+    if cfg.workload == "W8":
+        return w8_steps(w8_rounds, have_torch)
     if WORKLOADS[cfg.workload].make is None:
         return w6_steps(repeat)
     return config_steps(cfg, repeat, memory, have_torch)
@@ -126,16 +143,25 @@ def run(
     quiet: bool = False,
     cold_batches: int = COLD_BATCHES,
     image_size: tuple[int, int] = W6_IMAGE_SIZE,
+    w8_records: int = W8_RECORDS,
+    w8_rounds: int = 1,
 ) -> list[ConfigResult]:
     """Measure ``configs`` one after the other (W6 by :func:`~shmloader.bench.jpeg.measure_w6`,
-    the others by :func:`~shmloader.bench.measure.measure_config`); without torch, its peers
-    are left out."""
+    W8 by :func:`~shmloader.bench.metadata.measure_w8`, the others by
+    :func:`~shmloader.bench.measure.measure_config`); without torch, its peers are left out."""
     torch_dl = torch_dataloader()
-    total = sum(_steps(cfg, repeat, memory, torch_dl is not None) for cfg in configs)
+    total = sum(_steps(cfg, repeat, memory, torch_dl is not None, w8_rounds) for cfg in configs)
     progress = Progress(total, out, enabled=not quiet)
     results = []
     try:
         for cfg in configs:
+            if cfg.workload == "W8":
+                results.append(
+                    measure_w8(
+                        cfg, records=w8_records, rounds=w8_rounds, torch_dl=torch_dl, progress=progress
+                    )
+                )
+                continue
             if WORKLOADS[cfg.workload].make is None:
                 results.append(
                     measure_w6(
@@ -171,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         or args.cold_batches < 1
     ):
         parser.error("--repeat, --batches and --cold-batches must be positive, and --seconds above zero")
+    if args.w8_records < W8_BATCH or args.w8_rounds < 1:
+        parser.error(f"--w8-rounds must be positive, and --w8-records at least one batch ({W8_BATCH})")
     if any(w < 1 for w in args.workers):
         parser.error("--workers must be positive: the num_workers=0 path is measured in every configuration")
 
@@ -206,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         quiet=args.quiet,
         cold_batches=args.cold_batches,
         image_size=args.image_size,
+        w8_records=args.w8_records,
+        w8_rounds=args.w8_rounds,
     )
     out("")
     out(format_report(results))
@@ -221,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "cold_batches": args.cold_batches,
         "image_size": list(args.image_size),
+        "w8_records": args.w8_records,
+        "w8_rounds": args.w8_rounds,
         "memory": not args.no_memory,
         "command": command,
     }

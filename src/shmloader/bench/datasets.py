@@ -1,4 +1,4 @@
-"""The synthetic datasets of workloads W1-W5 and W7, and W7's padding.
+"""The synthetic datasets of workloads W1-W5, W7 and W8, and W7's padding.
 
 Module level, so they pickle under spawn and forkserver; every sample comes from a small
 prebuilt cache, so fetching costs (almost) nothing and the loaders are what is measured.
@@ -160,3 +160,60 @@ def w7_padding(dataset: TokenDataset, batch_size: int) -> dict[str, dict[str, fl
         "bucketed": padding_waste(dataset.lengths, list(bucket_sampler(dataset, batch_size))),
         "unbucketed": padding_waste(dataset.lengths, plain),
     }
+
+
+def w8_record(i: int) -> dict[str, Any]:
+    """Record ``i`` of W8's metadata, as a detection dataset holds one per image: its path,
+    its label and an annotation dict (a box, its area, a crowd flag), every field varying
+    with ``i``."""
+    w = 16.0 + i % 200
+    h = 16.0 + (i * 7) % 150
+    return {
+        "path": f"/data/images/train/{i:08d}.jpg",
+        "label": i % 1000,
+        "ann": {
+            "bbox": [float(i % 640), float((i * 3) % 480), w, h],
+            "area": w * h,
+            "iscrowd": int(i % 10 == 0),
+        },
+    }
+
+
+def w8_sample(record: Any) -> tuple[np.ndarray, np.int64, np.int64]:
+    """What W8's ``__getitem__`` makes of a record: its box as float32[4], its label, and
+    its path's length plus its crowd flag (every field read, little work)."""
+    ann = record["ann"]
+    box = np.array(ann["bbox"], dtype=np.float32)
+    return box, np.int64(record["label"]), np.int64(len(record["path"]) + ann["iscrowd"])
+
+
+class MetadataDataset:
+    """W8: ``records`` holds one Python dict per sample (:func:`w8_record`), built in the
+    process that makes the dataset; sample ``i`` reads record ``i``'s fields
+    (:func:`w8_sample`). The list is what forked workers copy by reading it and what
+    ``share_dataset=True`` replaces with a shared view."""
+
+    def __init__(self, length: int):
+        self.records = [w8_record(i) for i in range(length)]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.int64, np.int64]:
+        return w8_sample(self.records[i])
+
+
+class EmptyMetadataDataset:
+    """W8's baseline: the same samples as :class:`MetadataDataset`, each record built from
+    its index when asked, so the dataset holds no container at all."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.int64, np.int64]:
+        if not 0 <= i < self.length:
+            raise IndexError(i)
+        return w8_sample(w8_record(i))

@@ -34,6 +34,25 @@ _MEM_HEADER = [
 ]
 _WASTE_TITLE = "W7 padding waste (padded / all elements of one epoch's batches, from the sampler and lengths)"
 _WASTE_HEADER = ["workload", "bucketed waste", "unbucketed waste", "elements/batch bucketed", "unbucketed"]
+_W8_MEM_TITLE = (
+    "W8 workers' memory (fork, one shuffled epoch per fresh process; USS: each worker's peak, "
+    "read every 0.25 s and at the last batch; PSS: the consumer and its workers at the last batch; "
+    "times from iter())"
+)
+_W8_MEM_HEADER = [
+    "workload",
+    "loader",
+    "USS/worker MB",
+    "workers' USS MB",
+    "total PSS MB",
+    "epoch s",
+    "first batch s",
+]
+_W8_SPAWN_TITLE = (
+    "W8 time to first batch (spawn, from iter(); share_dataset: share() inside that iter(); "
+    "pre-shared: the dataset shared before, share() timed apart)"
+)
+_W8_SPAWN_HEADER = ["workload", "loader", "first batch s", "vs torch", "share() s"]
 _TORCH_COLUMNS = {"vs torch", "torch", "ratio", "cold vs torch", "steady vs torch"}
 
 _LEGEND = [
@@ -59,6 +78,11 @@ _LEGEND = [
     "flip, np.array); torch+ImageFolder is torch's DataLoader over shmloader.vision.ImageFolder; "
     "shmloader+ImageFolder is this loader over the same ImageFolder. Shuffled, persistent "
     "workers, one warm-up epoch, then whole epochs timed; 'vs torch' is vs torch+conventional.",
+    "- W8 (shmloader.bench.metadata): a dataset holding its metadata as one Python dict per "
+    "record in a list (path, label, annotation dict with a box); __getitem__ reads one record's "
+    "fields. Every measurement in a fresh process; torch empty / shmloader empty: the same "
+    "samples computed from the index, no containers (the floor); shmloader gc.freeze: gc.freeze() "
+    "in the consumer before iter(). Batches/s in the main table: the fork epoch after its first batch.",
     "- W7: both loaders (and w0) get the same BucketBatchSampler(lengths, 64, num_buckets=16, "
     "seed=0); shmloader pads with collate='pad', torch with a numpy collate_fn "
     "(shmloader.bench.datasets.pad_collate) returning (padded, lengths). No copy ceiling: batch sizes vary.",
@@ -184,6 +208,60 @@ def _waste_rows(results: list[ConfigResult]) -> list[list[str]]:
     return rows
 
 
+def _figure(fig: dict[str, Any] | None, scale: float = 1.0, spec: str = ".0f") -> str:
+    """A W8 figure: its median (divided by ``scale``), and its spread over rounds."""
+    if not fig:
+        return "-"
+    text = format(fig["median"] / scale, spec)
+    return text + (f" ±{fig['spread']:.0%}" if len(fig["runs"]) > 1 else "")
+
+
+def _w8_memory_rows(results: list[ConfigResult]) -> list[list[str]]:
+    rows = []
+    for res in results:
+        w8 = res.extra.get("w8")
+        for name, fig in (w8 or {}).get("fork", {}).items():
+            if "error" in fig:
+                rows.append([res.config.label, name, fig["error"], "", "", "", ""])
+                continue
+            mb = 2**20
+            rows.append(
+                [
+                    res.config.label,
+                    name,
+                    _figure(fig["worker_peak_uss"], mb),
+                    _figure(fig["workers_peak_uss_sum"], mb),
+                    _figure(fig["total_pss"], mb),
+                    _figure(fig["epoch_s"], spec=".2f"),
+                    _figure(fig["first_batch_s"], spec=".2f"),
+                ]
+            )
+    return rows
+
+
+def _w8_spawn_rows(results: list[ConfigResult]) -> list[list[str]]:
+    rows = []
+    for res in results:
+        spawn = (res.extra.get("w8") or {}).get("spawn", {})
+        base = spawn.get("torch", {}).get("first_batch_s")
+        for name, fig in spawn.items():
+            if "error" in fig:
+                rows.append([res.config.label, name, fig["error"], "", ""])
+                continue
+            first = fig["first_batch_s"]
+            ratio = f"{first['median'] / base['median']:.2f}x" if base else "n/a"
+            rows.append(
+                [
+                    res.config.label,
+                    name,
+                    _figure(first, spec=".2f"),
+                    ratio,
+                    _figure(fig.get("share_s"), spec=".2f"),
+                ]
+            )
+    return rows
+
+
 def _torch_ran(results: list[ConfigResult]) -> bool:
     """Whether any configuration has a figure relative to torch."""
     return any(r.ratio_to_torch is not None for res in results for r in res.rows) or any(
@@ -204,6 +282,8 @@ def _tables(results: list[ConfigResult]) -> list[tuple[str, list[str], list[list
         (_COLD_TITLE, _COLD_HEADER, _cold_rows(results)),
         (_FB_TITLE, _FB_HEADER, _first_batch_rows(results)),
         (_MEM_TITLE, _MEM_HEADER, _memory_rows(results)),
+        (_W8_MEM_TITLE, _W8_MEM_HEADER, _w8_memory_rows(results)),
+        (_W8_SPAWN_TITLE, _W8_SPAWN_HEADER, _w8_spawn_rows(results)),
     ]
     return [t for t in tables if t[2] or t[0] == _FB_TITLE]
 

@@ -1,4 +1,4 @@
-"""The workloads (W1-W7), their variants, and the configurations a run measures.
+"""The workloads (W1-W8), their variants, and the configurations a run measures.
 
 A workload is a dataset and how both loaders batch it; a configuration is a workload
 with a worker count and the loader options of its variant (``W1-unordered``: in_order
@@ -30,7 +30,7 @@ class Workload:
     description: str
     batch_size: int
     default_batches: int  # per timed repeat (the time box usually ends it first for slow peers)
-    make: Callable[[int], Any] | None  # length -> dataset (None: W6 brings its own image folder)
+    make: Callable[[int], Any] | None  # length -> dataset (None: W6 and W8 measure themselves)
     time_scale: float = 1.0  # this workload's repeats run this many times --seconds
     ragged: bool = False  # W7: bucketed batches padded per batch; no copy ceiling
 
@@ -73,6 +73,17 @@ WORKLOADS: dict[str, Workload] = {
         TokenDataset,
         ragged=True,
     ),
+    "W8": Workload(
+        "W8",
+        "1,000,000 metadata records (--w8-records) of path, label and annotation dict held in "
+        "a Python list, batch 512, shuffled: workers' USS and total PSS over one fork epoch, "
+        "and time to first batch under spawn, for torch, shmloader and shmloader with "
+        "share_dataset=True (shmloader.bench.metadata; a fresh process per measurement; "
+        "minutes at full size)",
+        512,
+        0,
+        None,
+    ),
 }
 
 # Variants: (workload, in_order, persistent_workers)
@@ -81,7 +92,8 @@ VARIANTS: dict[str, tuple[str, bool, bool]] = {
     "W1-fresh": ("W1", True, False),  # persistent_workers=False: each epoch starts workers
     "W7-unordered": ("W7", False, True),  # both loaders balance tasks over their workers
 }
-ALL_NAMES = [*WORKLOADS, *VARIANTS]
+OPT_IN_NAMES = ["W8"]  # run only when named: minutes of fresh processes at full size
+ALL_NAMES = [n for n in [*WORKLOADS, *VARIANTS] if n not in OPT_IN_NAMES]  # what 'all' runs
 DEFAULT_NAMES = ["W1", "W4"]
 
 
