@@ -391,12 +391,12 @@ class Writer:
         offsets = np.empty(n, _U64)
         self._enter(dicts)
         try:
-            sigs = list(map(tuple, dicts))
-            first = self._memo(sigs[0])
-            if first is sigs[0] and sigs.count(first) == n:
-                # One key tuple, of str keys: the common case, in two passes.
+            first = tuple(dicts[0])
+            if self._memo(first) is first and all(map(first.__eq__, map(tuple, dicts))):
+                # One key tuple, of str keys: the common case, in one pass.
                 groups: dict[Any, Any] = {first: range(n)}
             else:
+                sigs = list(map(tuple, dicts))
                 if any(type(k) is not str for k in itertools.chain.from_iterable(set(sigs))):
                     sigs = [self._memo(s) for s in sigs]
                 groups = {}

@@ -306,8 +306,7 @@ class SharedDict(Mapping):
             found = store.tables.get(table)
             if found is None:
                 found = _key_table(store, table)
-            self._index, self._keys = found
-            self._n = len(self._keys)
+            self._index, self._keys, self._n = found
             self._buckets = 0
             self._values_at = pos + L.RECORD_HEAD.size
         else:
@@ -477,16 +476,16 @@ class SharedDict(Mapping):
         raise self._refused("be cleared")
 
 
-def _key_table(store: Store, table: int) -> tuple[dict[Any, int], tuple[Any, ...]]:
+def _key_table(store: Store, table: int) -> tuple[dict[Any, int], tuple[Any, ...], int]:
     """The key table at ``table`` decoded, kept in ``store.tables``: an index (key ->
     entry number: a dict's own lookup, so equal keys of other types find their entry as
-    in a dict) and the keys in order."""
+    in a dict), the keys in order, and their count."""
     n = _unpack_u64(store.mm, table)[0]
     keys = []
     for entry in range(n):
         key = value_at(store, table + 8 + L.REF_SIZE * entry)
         keys.append(key.copy() if isinstance(key, SharedTuple) else key)
-    found = store.tables[table] = ({key: entry for entry, key in enumerate(keys)}, tuple(keys))
+    found = store.tables[table] = ({key: entry for entry, key in enumerate(keys)}, tuple(keys), n)
     return found
 
 
