@@ -292,7 +292,11 @@ class SharedTuple(_SharedSequence):
 
 class SharedDict(Mapping):
     """A read-only dict in shared memory (see :func:`shmloader.share`): ``[]``, ``get``,
-    ``in``, ``len``, iteration, ``keys``, ``values``, ``items``, in the original's order."""
+    ``in``, ``len``, iteration, ``keys``, ``values``, ``items``, in the original's order.
+
+    A record (a dict whose keys sit in a key table shared with other dicts) finds a key
+    through this process's index of that table, built on its first read; other dicts
+    through the hashes and buckets stored with them."""
 
     __slots__ = ("_buckets", "_index", "_keys", "_n", "_pos", "_store", "_values_at")
     __hash__ = None  # type: ignore[assignment]
