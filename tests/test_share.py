@@ -128,6 +128,155 @@ def test_big_dict_lookup():
     assert "images/9999999.jpg" not in shared and shared == original
 
 
+# --- columns written in bulk: records sharing key tables, lists of lists ---------------------
+
+record_values = (
+    leaves | st.lists(st.floats(allow_nan=False), max_size=5) | st.lists(leaves, max_size=4).map(tuple)
+)
+records = st.lists(
+    st.fixed_dictionaries(
+        {"path": st.text(), "label": st.integers()},
+        optional={
+            "ann": st.fixed_dictionaries({"box": st.lists(st.floats(allow_nan=False), max_size=4)}),
+            7: record_values,
+        },
+    ),
+    min_size=16,
+    max_size=40,
+)
+columns = st.lists(record_values | st.dictionaries(keys, record_values, max_size=3), min_size=16, max_size=40)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records | columns | st.lists(records, min_size=1, max_size=3))
+def test_columns_written_in_bulk_equal_their_original(original):
+    shared = share(original)
+    assert shared == original and original == shared
+    same(shared, original)
+    back = pickle.loads(pickle.dumps(shared))
+    assert type(back) is list and back == original
+
+
+def _dataset(n: int):
+    return [
+        {
+            "path": f"/data/é/{i:08d}.jpg" if i % 3 else f"/data/{i}\ud800.jpg",
+            "label": i % 1000,
+            "ann": {"bbox": [1.0 * i, 2.0, 3.0, 4.0][: 1 + i % 4], "area": 12.0, "iscrowd": i % 2 == 0},
+            "extra": [None, 2**70, b"raw", np.float32(1.5), (i, str(i))][i % 5],
+        }
+        for i in range(n)
+    ]
+
+
+def test_records_share_one_key_table():
+    original = _dataset(1000)
+    original[5] = {"label": 5, "path": "reordered", "ann": {}, "extra": None}  # same keys, other order
+    original[6] = {"path": "fewer"}
+    original[7] = {1: "int", 2.5: "float", (1, "a"): "tuple"}
+    original[8] = {True: "bool", 1.5: "float", (1, "a"): "tuple"}  # equal to 7's keys but True, not 1
+    shared = share(original)
+    same(shared, original)
+    assert [list(r) for r in shared] == [list(r) for r in original]
+    rec = shared[10]
+    assert type(rec) is SharedDict and rec == original[10] and dict(rec) == original[10]
+    assert "path" in rec and "nope" not in rec and rec.get("nope", 3) == 3 and frozenset() not in rec
+    with pytest.raises(KeyError):
+        rec["nope"]
+    with pytest.raises(TypeError):
+        rec[["unhashable"]]
+    assert rec["ann"]["bbox"] == [10.0, 2.0, 3.0] and type(rec["ann"]["iscrowd"]) is bool
+    assert next(iter(rec.items())) == ("path", "/data/é/00000010.jpg")
+    assert shared[7][1.0] == shared[7][True] == "int" and shared[8][1] == "bool"
+    assert [type(k) for k in shared[8]] == [bool, float, tuple]
+    assert type(shared[3]["extra"]) is np.float32 and shared[1]["extra"] == 2**70
+    assert shared[1] != shared[2] and shared[1] == original[1] and shared[5] == original[5]
+    assert pickle.loads(pickle.dumps(shared[10])) == original[10]
+    # One key table for the many records with the same keys: few decoded by the reads above.
+    assert len(shared._store.tables) <= 8
+
+
+def test_key_tables_past_the_limit_and_big_dicts():
+    from shmloader.memory.shared import layout
+
+    n = layout.MAX_TABLES + 50
+    original = [{f"k{i}": i, "v": [i]} for i in range(n)]  # a key tuple each: past the limit
+    original.append({f"key{i}": i for i in range(layout.RECORD_KEYS + 1)})
+    original.append({(i, -i): float(i) for i in range(3000)} | {None: 0, b"b": 1, 2**70: 2})
+    shared = share(original)
+    same(shared, original)
+    assert shared[-1][(7, -7)] == 7.0 and shared[-1][2**70] == 2 and shared[-1][b"b"] == 1
+    assert shared[n - 1] == {f"k{n - 1}": n - 1, "v": [n - 1]}
+
+
+def test_lists_of_lists_and_tuples():
+    original = [
+        [[float(i)] * (i % 5) for i in range(50)],
+        [list(range(i % 7)) for i in range(50)],
+        [(i, f"s{i}", None, [i, 2**64]) for i in range(50)],
+        [[[j, [j]] for j in range(i % 3)] for i in range(50)],
+        [[] for _ in range(20)],
+        [{} for _ in range(20)],
+        [(1.0, 2) for _ in range(20)],
+    ]
+    shared = share(original)
+    same(shared, original)
+    assert type(shared[2][3]) is SharedTuple and type(shared[2][3][3]) is SharedList
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [(57, r"builtins\.set \(at \[57\]\['ann'\]\['bbox'\]\[2\]\)"), (3, r"at \[3\]\['ann'\]\['bbox'\]\[2\]")],
+)
+def test_unsupported_values_in_bulk_columns_are_named_with_their_place(where, message):
+    original = _dataset(100)
+    original[where]["ann"]["bbox"] = [1.0, 2.0, {3.0}]
+    with pytest.raises(TypeError, match=message):
+        share(original)
+
+
+def test_cycles_and_shared_containers_in_bulk_columns():
+    a: list = []
+    a.extend([a] * 20)
+    with pytest.raises(ValueError, match="contains itself"):
+        share(a)
+    records = [{"i": i, "next": []} for i in range(30)]
+    records[17]["next"].append(records)
+    with pytest.raises(ValueError, match="contains itself"):
+        share(records)
+    b: dict = {"x": [1, 2]}
+    deep = [[b, [[b]]] for _ in range(20)]
+    b["x"].append(deep)
+    with pytest.raises(ValueError, match="contains itself"):
+        share({"deep": deep})
+    # The same container met at two levels, without a cycle: stored twice, equal.
+    x = [1.0, "x"]
+    shared_twice = [[x, [x], {"x": x}] for _ in range(20)]
+    assert share(shared_twice) == shared_twice
+
+
+def _read_shared(shared, q) -> None:
+    """In a spawned process: what arrived, and its values as plain objects."""
+    q.put((type(shared).__name__, list(shared) if isinstance(shared, SharedDict) else None, shared.copy()))
+
+
+@pytest.mark.timeout(120)
+def test_records_travel_to_a_spawned_process():
+    import multiprocessing as mp
+
+    original = _dataset(40)
+    shared = share(original)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    for view, want, keys in ((shared, original, None), (shared[3], original[3], list(original[3]))):
+        p = ctx.Process(target=_read_shared, args=(view, q))
+        p.start()
+        got = q.get(timeout=60)
+        p.join(60)
+        assert p.exitcode == 0
+        assert got == (type(view).__name__, keys, want)
+
+
 def test_numpy_arrays_are_read_only_views():
     arrays = [
         np.arange(12, dtype=np.float32).reshape(3, 4),

@@ -1,14 +1,28 @@
 """Serialize nested lists, tuples and dicts into the flat layout of :mod:`.layout`.
 
-Children are written before their container (post-order), so a container's node is
-written once, whole, with its children's references: nothing is patched afterwards.
+Children are written before their container, so a container's node is written once,
+whole, with its children's references: nothing is patched afterwards.
+
+Values are written a *column* at a time: the items of a list, and across the rows of a
+list of records, the values of one key in every record (all the paths, then all the
+labels, ...). A column's values of one type are written by a few calls over the whole
+column (one utf-8 encoding of all its strings, one array of all its ints), and its
+containers a level at a time: every record of a column in one array of nodes, every
+list in another. Per value, Python runs a few iterations of C loops instead of a few
+calls. Anything unusual (a subclass, bytes, a numpy array, a big int) is written one
+value at a time, as is any column where something goes wrong: the value-by-value walk
+names the place of an unsupported value and finds cycles.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
+import struct
+import zlib
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -16,6 +30,21 @@ import numpy as np
 import shmloader.memory.shared.layout as L
 
 SUPPORTED = "lists, tuples, dicts, str, bytes, int, float, bool, None, numpy arrays and numpy scalars"
+
+# Below this many values a column is written value by value: numpy's per-call cost
+# would outweigh its per-value gain.
+_BULK = 16
+_CRC_S = zlib.crc32(b"s")  # a str key's canonical bytes start with b"s" (layout.key_bytes)
+_U64 = np.uint64
+_SCALARS = {str, int, float, bool, type(None), bytes}
+
+
+def _word(head: bytes) -> np.uint64:
+    """The 8 bytes ``head`` as a native u64, to fill a column of node heads."""
+    return np.frombuffer(head, _U64)[0]
+
+
+_FORM_WORD = {form: _word(struct.pack("=B7x", form)) for form in (L.REFS, L.INTS, L.FLOATS)}
 
 
 class UnsupportedValue(TypeError):
@@ -32,17 +61,40 @@ class UnsupportedValue(TypeError):
         return f"share() cannot store {self.what} (at {where}): {self.remedy}"
 
 
+class _Retry(Exception):
+    """A column written in bulk met something it leaves to the value-by-value walk (an
+    unsupported value, a container seen at two levels: maybe a cycle)."""
+
+
+def _bad_key(key: Any) -> UnsupportedValue:
+    return UnsupportedValue(
+        f"a dict key of type {type(key).__name__} ({key!r})",
+        "dict keys may be str, bytes, int, float, bool, None, numpy scalars or tuples of them.",
+    )
+
+
 class Writer:
     """Builds one buffer; :meth:`finish` returns it with the root's reference in its header."""
 
     def __init__(self) -> None:
         self.buf = bytearray(L.ROOT + L.REF_SIZE)
         self.buf[: L.HEADER.size] = L.MAGIC
-        self._keys: dict[tuple[type, Any], bytes] = {}  # dict keys are written once each
+        self._tables: dict[Any, int] = {}  # a key tuple -> its key table's offset
         self._open: set[int] = set()  # containers being written: one met again is a cycle
+        self._bulk_depth = 0  # columns being written in bulk, one inside another
+        self._levels: list[np.ndarray] = []  # the ids of the containers of those columns
 
     def finish(self, root: Any) -> bytearray:
-        ref = self.ref(root)
+        # The walk makes millions of short-lived tuples and lists and no cycle: the cyclic
+        # garbage collector, run on every few hundred of them, would only traverse the
+        # caller's (large) structure again and again.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            ref = self.ref(root)
+        finally:
+            if collecting:
+                gc.enable()
         self.buf[L.ROOT : L.ROOT + L.REF_SIZE] = ref
         return self.buf
 
@@ -55,6 +107,8 @@ class Writer:
             buf += part
         return start
 
+    # --- one value at a time -----------------------------------------------------------
+
     def ref(self, value: Any) -> bytes:
         """The 16-byte reference of ``value``, writing its node first where it needs one."""
         t = type(value)
@@ -63,7 +117,12 @@ class Writer:
                 return L.REF_INT.pack(L.INT, value)
             return L.REF.pack(L.BIGINT, self._bigint(value))
         if t is str:
-            return L.REF.pack(L.STR, self._text(value.encode("utf-8", "surrogatepass")))
+            data = value.encode("utf-8", "surrogatepass")
+            if len(data) < L.SPAN_MAX:
+                start = len(self.buf)
+                self.buf += data
+                return L.REF_SPAN.pack(L.SPAN, len(data), start)
+            return L.REF.pack(L.STR, self._text(data))
         if t is float:
             return L.REF_FLOAT.pack(L.FLOAT, value)
         if value is None:
@@ -83,7 +142,7 @@ class Writer:
         if t is tuple or t is SharedTuple:
             return L.REF.pack(L.TUPLE, self._guarded(self._sequence, value))
         if isinstance(value, (dict, SharedDict)):  # an OrderedDict, a defaultdict: as a dict
-            return L.REF.pack(L.DICT, self._guarded(self._dict, value))
+            return L.REF.pack(*self._guarded(self._dict, value))
         # Subclasses of the scalar types (an IntEnum, numpy.str_) are stored as their base.
         if isinstance(value, int):
             return self.ref(int(value))
@@ -105,7 +164,7 @@ class Writer:
             f"it stores {SUPPORTED}. Convert the value first (e.g. a set to a sorted list).",
         )
 
-    def _guarded(self, write: Any, value: Any) -> int:
+    def _guarded(self, write: Any, value: Any) -> Any:
         key = id(value)
         if key in self._open:
             raise ValueError(
@@ -148,9 +207,8 @@ class Writer:
         n = len(items)
         types = set(map(type, items))
         if n and types == {str}:
-            blobs = [s.encode("utf-8", "surrogatepass") for s in items]
-            ends = array("Q", itertools.accumulate(map(len, blobs), initial=0))
-            return self.node(L.SEQ_HEAD.pack(L.STRS, n), ends.tobytes(), b"".join(blobs))
+            data, ends = self._utf8(items)
+            return self.node(L.SEQ_HEAD.pack(L.STRS, n), ends.tobytes(), data)
         if n and types == {int}:
             try:
                 values = array("q", items)
@@ -160,66 +218,296 @@ class Writer:
                 return self.node(L.SEQ_HEAD.pack(L.INTS, n), values.tobytes())
         if n and types == {float}:
             return self.node(L.SEQ_HEAD.pack(L.FLOATS, n), array("d", items).tobytes())
-        refs = []
-        for i, item in enumerate(items):
-            try:
-                refs.append(self.ref(item))
-            except UnsupportedValue as exc:
-                exc.path.insert(0, f"[{i}]")
-                raise
-        return self.node(L.SEQ_HEAD.pack(L.REFS, n), b"".join(refs))
+        refs = self._column(items, lambda i: f"[{i}]")
+        return self.node(L.SEQ_HEAD.pack(L.REFS, n), refs.tobytes())
 
-    def _key(self, key: Any) -> bytes:
-        """A dict key's reference: equal keys of one type (a dataset's dicts share their
-        keys) are written once."""
-        try:
-            memo = (type(key), key)
-            found = self._keys.get(memo)
-        except TypeError:  # unhashable: dict keys never are, but a SharedDict's could be
-            memo, found = None, None
-        if found is None:
-            found = self.ref(key)
-            if memo is not None:
-                self._keys[memo] = found
-        return found
-
-    def _dict(self, d: Any) -> int:
+    def _dict(self, d: Any) -> tuple[int, int]:
+        """Write ``d``: a record where its key tuple has (or may get) a key table, else a
+        dict node with its own keys. Its tag and offset."""
         keys = list(d.keys())
-        n = len(keys)
-        hashes = array("I")
-        key_refs = []
+        values = list(d.values())
+        table = self._table(keys) if len(keys) <= L.RECORD_KEYS else None
+        if table is None:
+            return L.DICT, self._plain_dict(keys, values)
+        refs = self._column(values, lambda i: f"[{keys[i]!r}]")
+        return L.RECORD, self.node(L.RECORD_HEAD.pack(table, len(keys)), refs.tobytes())
+
+    def _table(self, keys: list[Any] | tuple[Any, ...], memo: Any = None) -> int | None:
+        """The offset of the key table of ``keys`` (written now if new), or None where
+        the buffer holds its share of key tables already. ``memo``: how the tuple is
+        remembered, where the caller knows it (see :meth:`_memo`)."""
+        if memo is None:
+            memo = self._memo(tuple(keys))
+        found = self._tables.get(memo)
+        if found is not None or len(self._tables) >= L.MAX_TABLES:
+            return found
         for key in keys:
             try:
-                hashes.append(L.key_hash(key))
+                L.key_bytes(key)
             except TypeError:
-                raise UnsupportedValue(
-                    f"a dict key of type {type(key).__name__} ({key!r})",
-                    "dict keys may be str, bytes, int, float, bool, None, numpy scalars or tuples of them.",
-                ) from None
-            key_refs.append(self._key(key))
-        value_refs = []
-        for key, value in zip(keys, d.values()):
-            try:
-                value_refs.append(self.ref(value))
-            except UnsupportedValue as exc:
-                exc.path.insert(0, f"[{key!r}]")
-                raise
-        buckets = array("I")
-        if n > L.SMALL_DICT:
-            size = 1 << (2 * n - 1).bit_length()  # at most half full: short probes
-            mask = size - 1
-            buckets = array("I", bytes(4 * size))
-            for entry, h in enumerate(hashes):
-                i = h & mask
-                while buckets[i]:
-                    i = (i + 1) & mask
-                buckets[i] = entry + 1
+                raise _bad_key(key) from None
+        refs = b"".join(map(self.ref, keys))
+        found = self._tables[memo] = self.node(L.U64.pack(len(keys)), refs)
+        return found
+
+    @staticmethod
+    def _memo(keys: tuple[Any, ...]) -> Any:
+        """How a key tuple is remembered: as itself where its keys are all str; else with
+        their types, since ``1``, ``1.0`` and ``True`` are equal but are stored apart."""
+        for key in keys:
+            if type(key) is not str:
+                return keys, tuple(map(type, keys))
+        return keys
+
+    def _plain_dict(self, keys: list[Any], values: list[Any]) -> int:
+        """A dict node carrying its own keys, hashes and buckets."""
+        n = len(keys)
+        if n and all(type(k) is str for k in keys):
+            blobs = [k.encode("utf-8", "surrogatepass") for k in keys]
+            hashes = array("I", [zlib.crc32(b, _CRC_S) for b in blobs])
+        else:
+            hashes = array("I")
+            for key in keys:
+                try:
+                    hashes.append(L.key_hash(key))
+                except TypeError:
+                    raise _bad_key(key) from None
+        key_refs = self._column(keys, lambda i: f"[{keys[i]!r}] (key)")
+        value_refs = self._column(values, lambda i: f"[{keys[i]!r}]")
+        buckets = _buckets(hashes) if n > L.SMALL_DICT else array("I")
         hash_bytes = hashes.tobytes()
         return self.node(
             L.DICT_HEAD.pack(n, len(buckets)),
             hash_bytes,
             bytes(L.pad(len(hash_bytes)) - len(hash_bytes)),
-            b"".join(key_refs),
-            b"".join(value_refs),
+            key_refs.tobytes(),
+            value_refs.tobytes(),
             buckets.tobytes(),
         )
+
+    # --- a column at a time ------------------------------------------------------------
+
+    def _column(self, values: list[Any] | tuple[Any, ...], where: Callable[[int], str]) -> np.ndarray:
+        """The references of ``values`` (an array of :data:`layout.REF_DTYPE`), their
+        nodes written. ``where(i)``: the place of value ``i`` in its container, for
+        errors."""
+        if len(values) >= _BULK:
+            if self._bulk_depth:
+                return self._bulk(values)
+            self._bulk_depth = 1
+            try:
+                return self._bulk(values)
+            except (_Retry, UnsupportedValue):
+                # Written one by one instead: the walk names the place of what cannot be
+                # stored, and tells a cycle from a container met twice.
+                pass
+            finally:
+                self._bulk_depth = 0
+        refs = []
+        for i, value in enumerate(values):
+            try:
+                refs.append(self.ref(value))
+            except UnsupportedValue as exc:
+                exc.path.insert(0, where(i))
+                raise
+        return np.frombuffer(b"".join(refs), L.REF_DTYPE)
+
+    def _bulk(self, values: list[Any] | tuple[Any, ...]) -> np.ndarray:
+        n = len(values)
+        out = np.zeros(n, L.REF_DTYPE)
+        kinds = set(map(type, values))
+        if len(kinds) == 1:
+            self._typed(kinds.pop(), values, out)
+            return out
+        types = list(map(type, values))
+        for kind in kinds:
+            idx = np.array([i for i, t in enumerate(types) if t is kind], np.intp)
+            part = np.zeros(len(idx), L.REF_DTYPE)
+            self._typed(kind, itemgetter(*idx)(values) if len(idx) > 1 else [values[idx[0]]], part)
+            out[idx] = part
+        return out
+
+    def _typed(self, kind: type, values: Any, out: np.ndarray) -> None:
+        """Fill ``out`` with the references of ``values``, every one of type ``kind``."""
+        if kind is str:
+            data, ends = self._utf8(values)
+            if len(values) and int(np.diff(ends).max()) >= L.SPAN_MAX:
+                out[:] = np.frombuffer(b"".join(map(self.ref, values)), L.REF_DTYPE)
+                return
+            start = len(self.buf)
+            self.buf += data
+            out["tag"] = L.SPAN
+            out["len"] = np.diff(ends)
+            out["payload"] = ends[:-1] + start
+        elif kind is int:
+            try:
+                ints = array("q", values)
+            except OverflowError:  # one beyond 64 bits: a node of its own
+                out[:] = np.frombuffer(b"".join(map(self.ref, values)), L.REF_DTYPE)
+                return
+            out["tag"] = L.INT
+            out["payload"] = np.frombuffer(ints, _U64)
+        elif kind is float:
+            out["tag"] = L.FLOAT
+            out["payload"] = np.frombuffer(array("d", values), _U64)
+        elif kind is bool:
+            out["tag"] = L.FALSE + np.frombuffer(array("b", values), np.uint8)
+        elif kind is type(None):
+            out["tag"] = L.NONE
+        elif kind is dict:
+            tags, offsets = self._records(values)
+            out["tag"] = tags
+            out["payload"] = offsets
+        elif kind is list or kind is tuple:
+            out["tag"] = L.LIST if kind is list else L.TUPLE
+            out["payload"] = self._sequences(values)
+        else:  # subclasses, bytes, numpy values, shared views: one by one
+            out[:] = np.frombuffer(b"".join(map(self.ref, values)), L.REF_DTYPE)
+
+    def _enter(self, containers: Any) -> None:
+        """Mark a level of containers as being written (until :meth:`_leave`). One already
+        open (an ancestor, or a container met at another level) is left to the
+        value-by-value walk, which tells a cycle from a structure that merely shares a
+        container. Levels are kept as sorted arrays of ids: sets of a million ids cost
+        several times more to build and to search."""
+        ids = np.fromiter(map(id, containers), np.int64, len(containers))
+        if self._open and np.isin(ids, np.fromiter(self._open, np.int64, len(self._open))).any():
+            raise _Retry
+        for level in self._levels:
+            at = np.searchsorted(level, ids)
+            if (level[np.minimum(at, len(level) - 1)] == ids).any():
+                raise _Retry
+        ids.sort()
+        self._levels.append(ids)
+
+    def _leave(self) -> None:
+        self._levels.pop()
+
+    def _records(self, dicts: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Write a column of dicts: those with the same key tuple as records sharing one
+        key table, their values a column per key. Their tags and offsets."""
+        n = len(dicts)
+        tags = np.empty(n, np.uint8)
+        offsets = np.empty(n, _U64)
+        self._enter(dicts)
+        try:
+            first = tuple(dicts[0])
+            if self._memo(first) is first and all(map(first.__eq__, map(tuple, dicts))):
+                # One key tuple, of str keys: the common case, in one pass.
+                groups: dict[Any, Any] = {first: range(n)}
+            else:
+                sigs = list(map(tuple, dicts))
+                if any(type(k) is not str for k in itertools.chain.from_iterable(set(sigs))):
+                    sigs = [self._memo(s) for s in sigs]
+                groups = {}
+                for i, sig in enumerate(sigs):
+                    groups.setdefault(sig, []).append(i)
+            for memo, rows in groups.items():
+                if len(groups) == 1:
+                    idx: Any = slice(None)
+                    group = dicts
+                else:
+                    idx = np.asarray(rows, np.intp)
+                    group = [dicts[i] for i in rows]
+                keys = list(group[0].keys())
+                table = self._table(keys, memo) if len(keys) <= L.RECORD_KEYS else None
+                if table is None:
+                    tags[idx] = L.DICT
+                    offsets[idx] = [self._plain_dict(list(d.keys()), list(d.values())) for d in group]
+                    continue
+                k = len(keys)
+                words = np.empty((len(group), 2 + 2 * k), _U64)
+                words[:, 0] = table
+                words[:, 1] = k
+                for j, key in enumerate(keys):
+                    col = self._bulk(list(map(itemgetter(key), group)))
+                    words[:, 2 + 2 * j : 4 + 2 * j] = col.view(_U64).reshape(-1, 2)
+                start = self.node(words.data.cast("B"))
+                tags[idx] = L.RECORD
+                offsets[idx] = start + 8 * words.shape[1] * np.arange(len(group), dtype=_U64)
+        finally:
+            self._leave()
+        return tags, offsets
+
+    def _sequences(self, seqs: Any) -> np.ndarray:
+        """Write a column of lists (or of tuples): as packed floats or ints where all
+        their items are, else as references, a column of all their items. Their offsets."""
+        m = len(seqs)
+        flat = list(itertools.chain.from_iterable(seqs))
+        kinds = set(map(type, flat))
+        # Sequences of scalars contain no container, so none of them is an ancestor of
+        # another container: they need no marking.
+        nested = not kinds <= _SCALARS
+        if nested:
+            self._enter(seqs)
+        try:
+            lens = np.fromiter(map(len, seqs), np.int64, m)
+            form, data, per = L.REFS, None, 2
+            if kinds == {float}:
+                form, data, per = L.FLOATS, np.frombuffer(array("d", flat), _U64), 1
+            elif kinds == {int}:
+                try:
+                    data = np.frombuffer(array("q", flat), _U64)
+                    form, per = L.INTS, 1
+                except OverflowError:
+                    pass
+            if data is None:
+                data = self._bulk(flat).view(_U64) if flat else np.empty(0, _U64)
+            sizes = 2 + per * lens
+            starts = np.zeros(m, np.int64)
+            np.cumsum(sizes[:-1], out=starts[1:])
+            words = np.zeros(int(sizes.sum()), _U64)
+            words[starts] = _FORM_WORD[form]
+            words[starts + 1] = lens
+            if m and (lens == lens[0]).all():
+                words.reshape(m, -1)[:, 2:] = data.reshape(m, -1)
+            elif len(data):
+                first = np.zeros(m, np.int64)  # each sequence's first item in ``flat``
+                np.cumsum(lens[:-1], out=first[1:])
+                dest = np.repeat(starts + 2 - per * first, lens * per) + np.arange(len(data))
+                words[dest] = data
+            start = self.node(words.data.cast("B"))
+        finally:
+            if nested:
+                self._leave()
+        return (start + 8 * starts).astype(_U64)
+
+    @staticmethod
+    def _utf8(strs: Any) -> tuple[bytes, np.ndarray]:
+        """The utf-8 of ``strs`` concatenated, and the n + 1 end offsets of each in it."""
+        n = len(strs)
+        joined = "".join(strs)
+        ends = np.zeros(n + 1, _U64)
+        if joined.isascii():  # one encoding, the lengths already known
+            data = joined.encode("ascii")
+            np.cumsum(np.fromiter(map(len, strs), np.int64, n), out=ends[1:])
+        else:
+            blobs = [s.encode("utf-8", "surrogatepass") for s in strs]
+            data = b"".join(blobs)
+            np.cumsum(np.fromiter(map(len, blobs), np.int64, n), out=ends[1:])
+        return data, ends
+
+
+def _buckets(hashes: array) -> array:
+    """The bucket table of a dict with these key hashes: a power of two at most half full,
+    each entry (its number + 1) in the first free slot from ``hash & mask`` on (linear
+    probing). Placed a round at a time for all entries: where several want one free slot
+    the first entry takes it and the others move on, so every entry sits at the end of
+    a run of full slots from its own, which is all a lookup needs."""
+    n = len(hashes)
+    size = 1 << (2 * n - 1).bit_length()
+    mask = size - 1
+    table = np.zeros(size, np.uint32)
+    slot = np.frombuffer(hashes, np.uint32).astype(np.int64) & mask
+    pending = np.arange(n)
+    while len(pending):
+        want = slot[pending]
+        free = np.flatnonzero(table[want] == 0)
+        taken, first = np.unique(want[free], return_index=True)  # ``pending`` is sorted
+        winners = free[first]
+        table[taken] = pending[winners] + 1
+        lost = np.ones(len(pending), bool)
+        lost[winners] = False
+        pending = pending[lost]
+        slot[pending] = (slot[pending] + 1) & mask
+    return array("I", table.tobytes())

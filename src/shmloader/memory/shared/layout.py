@@ -3,11 +3,13 @@
 The buffer starts with a header (a magic number and the root's reference). Every value is
 named by a *reference*, 16 bytes: a tag byte, seven bytes of padding, then 8 bytes of
 payload. ``None``, ``bool``, an ``int`` that fits in 64 bits and a ``float`` live in the
-reference itself; every other value is a *node* somewhere in the buffer, 8-byte aligned,
-whose offset is the payload:
+reference itself. A ``str`` whose utf-8 is under 4 GiB is a *span*: its byte length (u32)
+sits in the reference's bytes 4-7 and the payload is the offset of its bytes (anywhere,
+unaligned, no header). Every other value is a *node* somewhere in the buffer, 8-byte
+aligned, whose offset is the payload:
 
-- ``str``, ``bytes``, a larger ``int``: its length (u64), then its bytes (utf-8 with
-  surrogates passed through; an ``int`` as signed little-endian bytes).
+- ``str`` (4 GiB and over), ``bytes``, a larger ``int``: its length (u64), then its bytes
+  (utf-8 with surrogates passed through; an ``int`` as signed little-endian bytes).
 - a list or a tuple: a form byte and the count (u64), then by form: ``REFS``, one
   reference per item; ``STRS`` (every item a ``str``), count + 1 end offsets (u64) then
   the utf-8 bytes of all items; ``INTS`` / ``FLOATS`` (every item an ``int`` that fits /
@@ -17,6 +19,10 @@ whose offset is the payload:
   buckets (u32: entry number + 1, 0 empty; linear probing). Small dicts have no buckets:
   their hashes are scanned. A key's hash is the CRC-32 of a canonical encoding
   (:func:`key_bytes`), the same in every process (``hash()`` of a ``str`` is not).
+- a *record* (a dict whose keys are listed in a shared key table; the dicts of a dataset
+  nearly always have the same keys, so each key tuple is stored once): the key table's
+  offset and the count (u64 each), then the values' references. A key table: the count
+  (u64), then the keys' references, in insertion order.
 - a numpy array or scalar: ndim, the length of its dtype's description, the offset of
   its data (64-byte aligned), then the shape (u64 each) and the description (numpy's
   ``.npy`` header form: structured dtypes survive it).
@@ -40,7 +46,14 @@ ROOT = HEADER.size
 REF = struct.Struct("=B7xQ")  # tag, node offset
 REF_INT = struct.Struct("=B7xq")
 REF_FLOAT = struct.Struct("=B7xd")
+REF_SPAN = struct.Struct("=B3xIQ")  # tag, byte length, offset of the bytes
+SPAN_MAX = 2**32  # a str of this many utf-8 bytes or more is a STR node
 REF_SIZE = REF.size
+# A reference as a numpy record (native byte order, as the structs'): columns of
+# references are built as arrays of these.
+REF_DTYPE = np.dtype(
+    {"names": ["tag", "len", "payload"], "formats": ["u1", "u4", "u8"], "offsets": [0, 4, 8], "itemsize": 16}
+)
 U64 = struct.Struct("=Q")
 I64 = struct.Struct("=q")
 F64 = struct.Struct("=d")
@@ -48,14 +61,20 @@ U32 = struct.Struct("=I")
 PAIR = struct.Struct("=QQ")
 SEQ_HEAD = struct.Struct("=B7xQ")  # form, count
 DICT_HEAD = struct.Struct("=QQ")  # count, buckets
+RECORD_HEAD = struct.Struct("=QQ")  # key table's offset, count
 ARRAY_HEAD = struct.Struct("=QQQQ")  # ndim, description length, data offset, data bytes
 
 # Reference tags.
-NONE, FALSE, TRUE, INT, FLOAT, STR, BYTES, BIGINT, LIST, TUPLE, DICT, ARRAY, SCALAR = range(13)
+NONE, FALSE, TRUE, INT, FLOAT, STR, BYTES, BIGINT, LIST, TUPLE, DICT, ARRAY, SCALAR, SPAN, RECORD = range(15)
 # Forms of a list's or tuple's node.
 REFS, STRS, INTS, FLOATS = range(4)
 
 SMALL_DICT = 8  # up to this many keys a lookup scans the hashes: no buckets to build or probe
+# A dict of up to this many keys is a record while the buffer has fewer key tables than
+# MAX_TABLES: each reading process keeps an index of every key table it reads, so both
+# bound that memory; other dicts carry their own keys and buckets.
+RECORD_KEYS = 256
+MAX_TABLES = 1024
 ARRAY_ALIGN = 64  # numpy arrays' data start on a cache line, as numpy's own allocations do
 
 

@@ -31,9 +31,10 @@ _stores: weakref.WeakValueDictionary[str, Store] = weakref.WeakValueDictionary()
 
 
 class Store:
-    """One mapped segment: its descriptor, its read-only mapping, its size, its token."""
+    """One mapped segment: its descriptor, its read-only mapping, its size, its token, and
+    what this process's readers have decoded from it once for all reads (``tables``)."""
 
-    __slots__ = ("__weakref__", "_dtypes", "fd", "mm", "size", "token")
+    __slots__ = ("__weakref__", "_dtypes", "fd", "mm", "size", "tables", "token")
 
     def __init__(self, fd: int, size: int, token: str, *, populate: bool) -> None:
         self.fd = -1  # the caller closes ``fd`` where mapping it fails
@@ -47,6 +48,8 @@ class Store:
         self.size = size
         self.token = token
         self._dtypes: dict[bytes, np.dtype] = {}  # one per dtype description: a few
+        # The key tables readers in this process have decoded, by offset (see views).
+        self.tables: dict[int, Any] = {}
 
     def dtype(self, description: bytes) -> np.dtype:
         """The dtype a description in this segment names (parsed once)."""

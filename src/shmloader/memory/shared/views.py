@@ -33,6 +33,7 @@ _unpack_u64 = L.U64.unpack_from
 _unpack_i64 = L.I64.unpack_from
 _unpack_f64 = L.F64.unpack_from
 _unpack_pair = L.PAIR.unpack_from
+_unpack_span = struct.Struct("=IQ").unpack_from  # a span reference's length and offset
 
 
 def value_at(store: Store, pos: int) -> Any:
@@ -41,6 +42,9 @@ def value_at(store: Store, pos: int) -> Any:
     tag = mm[pos]
     if tag == L.INT:
         return _unpack_i64(mm, pos + 8)[0]
+    if tag == L.SPAN:
+        n, off = _unpack_span(mm, pos + 4)
+        return str(mm[off : off + n], "utf-8", "surrogatepass")
     if tag == L.STR:
         off = _unpack_u64(mm, pos + 8)[0]
         n = _unpack_u64(mm, off)[0]
@@ -54,6 +58,8 @@ def value_at(store: Store, pos: int) -> Any:
     if tag == L.FALSE:
         return False
     off = _unpack_u64(mm, pos + 8)[0]
+    if tag == L.RECORD:
+        return SharedDict(store, off, True)
     if tag == L.DICT:
         return SharedDict(store, off)
     if tag == L.LIST:
@@ -286,21 +292,39 @@ class SharedTuple(_SharedSequence):
 
 class SharedDict(Mapping):
     """A read-only dict in shared memory (see :func:`shmloader.share`): ``[]``, ``get``,
-    ``in``, ``len``, iteration, ``keys``, ``values``, ``items``, in the original's order."""
+    ``in``, ``len``, iteration, ``keys``, ``values``, ``items``, in the original's order.
 
-    __slots__ = ("_buckets", "_n", "_pos", "_store")
+    A record (a dict whose keys sit in a key table shared with other dicts) finds a key
+    through this process's index of that table, built on its first read; other dicts
+    through the hashes and buckets stored with them."""
+
+    __slots__ = ("_buckets", "_index", "_keys", "_n", "_pos", "_store", "_values_at")
     __hash__ = None  # type: ignore[assignment]
 
-    def __init__(self, store: Store, pos: int) -> None:
+    def __init__(self, store: Store, pos: int, record: bool = False) -> None:
         self._store = store
         self._pos = pos
-        self._n, self._buckets = L.DICT_HEAD.unpack_from(store.mm, pos)
+        if record:
+            # A record: its keys are its key table's, decoded once per process.
+            table = _unpack_u64(store.mm, pos)[0]
+            found = store.tables.get(table)
+            if found is None:
+                found = _key_table(store, table)
+            self._index, self._keys, self._n = found
+            self._buckets = 0
+            self._values_at = pos + L.RECORD_HEAD.size
+        else:
+            self._index = self._keys = None
+            self._n, self._buckets = L.DICT_HEAD.unpack_from(store.mm, pos)
+            self._values_at = self._keys_at() + L.REF_SIZE * self._n
 
     def _keys_at(self) -> int:
         return self._pos + L.DICT_HEAD.size + L.pad(4 * self._n)
 
     def _find(self, key: Any) -> int:
         """The entry number of ``key``, or -1. A TypeError for an unhashable key."""
+        if self._index is not None:
+            return self._index.get(key, -1)
         try:
             h = L.key_hash(key)
         except TypeError:
@@ -331,14 +355,22 @@ class SharedDict(Mapping):
             i = (i + 1) & mask
 
     def _key(self, entry: int) -> Any:
+        if self._keys is not None:
+            return self._keys[entry]
         key = value_at(self._store, self._keys_at() + L.REF_SIZE * entry)
         # A key comes back as the original's was: a tuple key as a tuple (hashable, small).
         return key.copy() if isinstance(key, SharedTuple) else key
 
     def _value(self, entry: int) -> Any:
-        return value_at(self._store, self._keys_at() + L.REF_SIZE * (self._n + entry))
+        return value_at(self._store, self._values_at + L.REF_SIZE * entry)
 
     def __getitem__(self, key: Any) -> Any:
+        index = self._index
+        if index is not None:  # a record: one lookup in this process's index of its keys
+            entry = index.get(key)
+            if entry is None:
+                raise KeyError(key)
+            return value_at(self._store, self._values_at + L.REF_SIZE * entry)
         entry = self._find(key)
         if entry < 0:
             raise KeyError(key)
@@ -355,8 +387,9 @@ class SharedDict(Mapping):
         return self._n
 
     def __iter__(self) -> Iterator[Any]:
-        for entry in range(self._n):
-            yield self._key(entry)
+        if self._keys is not None:
+            return iter(self._keys)
+        return map(self._key, range(self._n))
 
     def values(self) -> ValuesView:
         return _Values(self)
@@ -365,7 +398,7 @@ class SharedDict(Mapping):
         return _Items(self)
 
     def _values(self) -> Iterator[Any]:
-        store, values = self._store, self._keys_at() + L.REF_SIZE * self._n
+        store, values = self._store, self._values_at
         for entry in range(self._n):
             yield value_at(store, values + L.REF_SIZE * entry)
 
@@ -406,7 +439,7 @@ class SharedDict(Mapping):
 
     def __reduce__(self) -> tuple[Any, ...]:
         if context.get_spawning_popen() is not None:
-            return (SharedDict, (self._store, self._pos))
+            return (SharedDict, (self._store, self._pos, self._index is not None))
         return (dict, (self.copy(),))
 
     def __repr__(self) -> str:
@@ -445,6 +478,19 @@ class SharedDict(Mapping):
 
     def clear(self) -> None:
         raise self._refused("be cleared")
+
+
+def _key_table(store: Store, table: int) -> tuple[dict[Any, int], tuple[Any, ...], int]:
+    """The key table at ``table`` decoded, kept in ``store.tables``: an index (key ->
+    entry number: a dict's own lookup, so equal keys of other types find their entry as
+    in a dict), the keys in order, and their count."""
+    n = _unpack_u64(store.mm, table)[0]
+    keys = []
+    for entry in range(n):
+        key = value_at(store, table + 8 + L.REF_SIZE * entry)
+        keys.append(key.copy() if isinstance(key, SharedTuple) else key)
+    found = store.tables[table] = ({key: entry for entry, key in enumerate(keys)}, tuple(keys), n)
+    return found
 
 
 class _Values(ValuesView):
