@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from shmloader.bench.busy import Burners
 from shmloader.bench.jpeg import W6_IMAGE_SIZE, measure_w6, w6_steps
 from shmloader.bench.machine import machine_info
 from shmloader.bench.measure import COLD_BATCHES, config_steps, measure_config
@@ -105,6 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="W6's JPEGs: every image this size (default: 500x375, ImageNet's median; "
         "e.g. 1200x800 for camera photos scaled down)",
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-bound processes beside the loaders while they are measured (a busy "
+        "machine: e.g. one per core), ended by the bench (default: 0)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
 
@@ -171,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         or args.cold_batches < 1
     ):
         parser.error("--repeat, --batches and --cold-batches must be positive, and --seconds above zero")
+    if args.busy < 0:
+        parser.error("--busy must be 0 or more (CPU-bound processes beside the loaders)")
     if any(w < 1 for w in args.workers):
         parser.error("--workers must be positive: the num_workers=0 path is measured in every configuration")
 
@@ -195,18 +206,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.batches or 'default'} batches or {args.seconds:g} s per repeat, "
         f"{args.repeat} repeats; {info['cpu_model']}, {info['usable_cores']} cores, {versions}"
     )
+    if args.busy:
+        out(f"busy: {args.busy} CPU-bound process(es) run beside the loaders throughout")
     t0 = time.perf_counter()
-    results = run(
-        configs,
-        batches=args.batches,
-        seconds=args.seconds,
-        repeat=args.repeat,
-        memory=not args.no_memory,
-        out=out,
-        quiet=args.quiet,
-        cold_batches=args.cold_batches,
-        image_size=args.image_size,
-    )
+    with Burners(args.busy):  # (ended and reaped however the run ends)
+        results = run(
+            configs,
+            batches=args.batches,
+            seconds=args.seconds,
+            repeat=args.repeat,
+            memory=not args.no_memory,
+            out=out,
+            quiet=args.quiet,
+            cold_batches=args.cold_batches,
+            image_size=args.image_size,
+        )
     out("")
     out(format_report(results))
     if info["torch"] is None:
@@ -222,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "cold_batches": args.cold_batches,
         "image_size": list(args.image_size),
         "memory": not args.no_memory,
+        "busy": args.busy,
         "command": command,
     }
     info["load_average_end"] = machine_info()["load_average"]
