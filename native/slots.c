@@ -147,6 +147,7 @@ long sl_recv(int sock, void *buf, size_t len, int *fd_out) {
 #define SL_Q_SLEEPING 16
 #define SL_Q_SOCKET 1
 #define SL_Q_FUTEX 2
+#define SL_Q_WOKEN_AT 17 /* in the sleeping word's cache line */
 
 /* The sleeping word: the first 32 bits of ctl[16] (a futex word is 32 bits; the rest of
  * that cache line is unused). Every access to it goes through this pointer. */
@@ -207,9 +208,20 @@ int sl_futex_wake(uint32_t *word, int n) {
 static inline uint32_t sl_q_clear(uint64_t *ctl) {
     uint32_t *w = sl_q_word(ctl);
     uint32_t was = __atomic_exchange_n(w, 0, __ATOMIC_SEQ_CST);
-    if (was == SL_Q_FUTEX)
+    if (was == SL_Q_FUTEX) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        __atomic_store_n(&ctl[SL_Q_WOKEN_AT], (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec,
+                         __ATOMIC_RELAXED);
         sl_futex_wake(w, 1);
+    }
     return was;
+}
+
+/* When (CLOCK_MONOTONIC ns) a producer last woke the consumer from its futex: the
+ * consumer's delay in running after it says how busy its CPUs are. */
+int64_t sl_q_woken_at(uint64_t *ctl) {
+    return (int64_t)__atomic_load_n(&ctl[SL_Q_WOKEN_AT], __ATOMIC_RELAXED);
 }
 
 /* Appends the record [5 + words, kind, slot, seq, stamp, payload[0..words)]. Returns 0 when

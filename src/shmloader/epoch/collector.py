@@ -31,7 +31,13 @@ from shmloader.memory.ring import attach_fd
 from shmloader.system import slots as _slots
 from shmloader.system.process import yield_cpu
 from shmloader.transport import wire
-from shmloader.transport.channel import SLEEP_FUTEX, SLEEP_WINDOW_NS, YIELD_MAX_NS, next_yield_window
+from shmloader.transport.channel import (
+    SLEEP_FUTEX,
+    SLEEP_SPIN_NS,
+    SLEEP_WINDOW_NS,
+    YIELD_MAX_NS,
+    next_yield_window,
+)
 from shmloader.tuning.timing import Timing
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 
@@ -155,10 +161,14 @@ class Collector:
             return False
         channel = worker.channel
         if channel.arm_results(SLEEP_FUTEX):
+            # A frame written (or an exit) before the arm rang nobody: look once more.
+            if pool.pending_events(worker):
+                channel.disarm_results()
+                return self._collect()
             window = SLEEP_WINDOW_NS
             if deadline is not None:
                 window = min(window, max(0, int((deadline - time.monotonic()) * 1e9)))
-            channel.sleep_results(window)
+            channel.sleep_results(window, SLEEP_SPIN_NS)
         return self._collect()
 
     def _yield_for(self, window_ns: int) -> bool:

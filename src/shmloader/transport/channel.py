@@ -71,8 +71,8 @@ SLEEP_FUTEX = 2
 # socket sleep sees what no futex does (a worker's exit, the consumer's end closing), and
 # this bounds how late those are seen; a wait this long is no per-batch cost.
 SLEEP_WINDOW_NS = 20_000_000
-# Before the futex wait, the queue is watched for this long without a system call or a
-# yield (a pause loop): a record that close costs neither side a sleep and a wake-up.
+# Before the futex wait, the queue is watched for up to this long without a system call or
+# a yield (a pause loop): a record that close costs neither side a sleep and a wake-up.
 SLEEP_SPIN_NS = 5_000
 
 # Where there is no futex, before either side sleeps on its socket it yields its CPU,
@@ -222,7 +222,7 @@ class Channel:
         (take it instead)."""
         return bool(lib.sl_q_arm(self._result_ctl, how))
 
-    def sleep_results(self, timeout_ns: int, spin_ns: int = SLEEP_SPIN_NS) -> bool:
+    def sleep_results(self, timeout_ns: int, spin_ns: int) -> bool:
         """After :meth:`arm_results` (SLEEP_FUTEX) said True: sleep until the worker
         publishes a result or rings (:meth:`ring_results`), for up to ``timeout_ns``
         (after ``spin_ns`` of watching the queue). True when a result is queued; the
@@ -262,6 +262,11 @@ class Channel:
             self._result_ctl, self._result_data, RESULT_WORDS, kind, slot, seq, stamp, fetch, collate, idle
         )
 
+    def woken_at(self) -> int:
+        """When (``time.monotonic_ns()``) the consumer last woke this worker from its
+        futex (0: never)."""
+        return lib.sl_q_woken_at(self._task_ctl)
+
     def ring_results(self) -> None:
         """A frame was just written to the consumer's socket: wake it if it sleeps on the
         result queue's futex (it would not see the frame there)."""
@@ -273,7 +278,7 @@ class Channel:
         consumer will wake it with its next task), False when a task came meanwhile."""
         return bool(lib.sl_q_arm(self._task_ctl, how))
 
-    def sleep_tasks(self, timeout_ns: int, spin_ns: int = SLEEP_SPIN_NS) -> bool:
+    def sleep_tasks(self, timeout_ns: int, spin_ns: int) -> bool:
         """After :meth:`arm_tasks` (SLEEP_FUTEX) said True: sleep until the consumer queues
         a task or rings (:meth:`ring_tasks`), for up to ``timeout_ns`` (after ``spin_ns`` of
         watching the queue). True when a task is queued; awake again either way."""

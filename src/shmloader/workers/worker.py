@@ -32,6 +32,7 @@ from shmloader.system.process import ParentDeath, die_with_parent, use_batch_pol
 from shmloader.transport import wire
 from shmloader.transport.channel import (
     SLEEP_FUTEX,
+    SLEEP_SPIN_NS,
     SLEEP_WINDOW_NS,
     YIELD_MAX_NS,
     Channel,
@@ -286,7 +287,7 @@ class _Worker:
             if readable(0):
                 channel.disarm_tasks()
             else:
-                channel.sleep_tasks(SLEEP_WINDOW_NS)
+                channel.sleep_tasks(SLEEP_WINDOW_NS, SLEEP_SPIN_NS)
         got = channel.take_tasks()
         framed = bool(readable(0))
         self.idle_ns += clock() - start
