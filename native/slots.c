@@ -148,6 +148,7 @@ long sl_recv(int sock, void *buf, size_t len, int *fd_out) {
 #define SL_Q_SOCKET 1
 #define SL_Q_FUTEX 2
 #define SL_Q_WOKEN_AT 17 /* in the sleeping word's cache line */
+#define SL_Q_FRAMES 18
 
 /* The sleeping word: the first 32 bits of ctl[16] (a futex word is 32 bits; the rest of
  * that cache line is unused). Every access to it goes through this pointer. */
@@ -224,6 +225,11 @@ int64_t sl_q_woken_at(uint64_t *ctl) {
     return (int64_t)__atomic_load_n(&ctl[SL_Q_WOKEN_AT], __ATOMIC_RELAXED);
 }
 
+/* The frames the producer said it wrote (sl_q_ring); read after sl_q_arm. */
+uint64_t sl_q_frames(uint64_t *ctl) {
+    return __atomic_load_n(&ctl[SL_Q_FRAMES], __ATOMIC_SEQ_CST);
+}
+
 /* Appends the record [5 + words, kind, slot, seq, stamp, payload[0..words)]. Returns 0 when
  * it does not fit now (nothing written), 1 when it was published (and, with `wake`, a
  * consumer asleep on the futex was woken), 2 when it was published and the consumer was
@@ -261,10 +267,15 @@ int sl_q_take_sleeper(uint64_t *ctl) {
     return sl_q_clear(ctl) == SL_Q_SOCKET ? 1 : 0;
 }
 
-/* After a frame was written to the consumer's socket: a consumer asleep on the futex
- * would not see it, so it is woken (its word cleared); one asleep on the socket is woken
- * by the frame itself and its word is left alone. Returns 1 when it woke one. */
-int sl_q_ring(uint64_t *ctl) {
+/* After frames were written to the consumer's socket, `frames` of them in all since the
+ * channel began: the count is published (a consumer about to sleep on the futex compares
+ * it with the frames it read: sl_q_frames), then a consumer asleep on the futex, which
+ * would not see them, is woken (its word cleared); one asleep on the socket is woken by
+ * the frame itself and its word is left alone. The same Dekker pattern as the records':
+ * either the consumer sees the count, or this sees its word. Returns 1 when it woke one. */
+int sl_q_ring(uint64_t *ctl, uint64_t frames) {
+    __atomic_store_n(&ctl[SL_Q_FRAMES], frames, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     uint32_t *w = sl_q_word(ctl);
     uint32_t expected = SL_Q_FUTEX;
     if (!__atomic_compare_exchange_n(w, &expected, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))

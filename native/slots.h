@@ -32,7 +32,8 @@ int sl_futex_wake(uint32_t *word, int n);
 int sl_q_push(uint64_t *ctl, int64_t *data, size_t cap, int64_t kind, int64_t slot, int64_t seq,
               int64_t stamp, const char *payload, size_t words, int wake);
 int sl_q_take_sleeper(uint64_t *ctl);
-int sl_q_ring(uint64_t *ctl);
+int sl_q_ring(uint64_t *ctl, uint64_t frames);
+uint64_t sl_q_frames(uint64_t *ctl);
 int64_t sl_q_woken_at(uint64_t *ctl);
 int sl_q_push3(uint64_t *ctl, int64_t *data, size_t cap, int64_t kind, int64_t slot, int64_t seq,
                int64_t stamp, int64_t a, int64_t b, int64_t c);

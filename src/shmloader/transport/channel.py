@@ -201,7 +201,13 @@ class Channel:
     def ring_tasks(self) -> None:
         """A frame was just written to the worker's socket: wake it if it sleeps on its
         futex (it would not see the frame there); one asleep on the socket wakes anyway."""
-        lib.sl_q_ring(self._task_ctl)
+        lib.sl_q_ring(self._task_ctl, self.frames_sent)
+
+    def frames_written(self) -> int:
+        """The frames the worker said it wrote to its socket (:meth:`ring_results`): more
+        than the consumer read means some wait there. Read after :meth:`arm_results`, it
+        sees every frame whose ring did not see the arm."""
+        return lib.sl_q_frames(self._result_ctl)
 
     def take_results(self) -> list[tuple[int, int, int, int, int, int, int]]:
         """Results the worker published, oldest first: (kind, slot, seq, stamp, fetch_ns,
@@ -267,10 +273,11 @@ class Channel:
         futex (0: never)."""
         return lib.sl_q_woken_at(self._task_ctl)
 
-    def ring_results(self) -> None:
-        """A frame was just written to the consumer's socket: wake it if it sleeps on the
+    def ring_results(self, frames_sent: int) -> None:
+        """A frame was just written to the consumer's socket, ``frames_sent`` frames in all
+        (the stamps' count): publish the count and wake the consumer if it sleeps on the
         result queue's futex (it would not see the frame there)."""
-        lib.sl_q_ring(self._result_ctl)
+        lib.sl_q_ring(self._result_ctl, frames_sent)
 
     def arm_tasks(self, how: int = SLEEP_SOCKET) -> bool:
         """The worker is about to sleep, reading its socket (SLEEP_SOCKET) or on the task

@@ -347,11 +347,6 @@ class WorkerPool:
             self._focused = focus
         return self.focus_poller
 
-    def pending_events(self, focus: WorkerHandle | None) -> bool:
-        """Whether :meth:`wait` with ``focus`` would return at once: input (or EOF) on
-        the sockets it watches, or a worker's exit (one ``poll`` that does not wait)."""
-        return bool(self._poller_for(focus).poll(0))
-
     def readable_now(self) -> list[WorkerHandle]:
         """Workers whose sockets have input now (without waiting)."""
         out = []

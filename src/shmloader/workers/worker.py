@@ -40,6 +40,7 @@ from shmloader.transport.channel import (
 )
 from shmloader.workers import seeding
 from shmloader.workers.failures import WorkerFailure
+from shmloader.workers.policy import PolicyTuner
 
 _RESULT_WAKE = wire.result_wake_frame()
 _VIEW_CACHE_SIZE = 1024  # entries of the placement, skeleton and view caches (ragged batches: one per shape)
@@ -132,9 +133,10 @@ def _yield_to_the_consumer() -> None:
     SCHED_BATCH policy: the same CPU share as before, but a worker that wakes up (a task
     came) no longer preempts the process running on that CPU, most often the consumer,
     which then finishes its step first. The consumer's wake-up write stops costing it a
-    worker's whole batch of wall time, which small batches feel most. A worker_init_fn
-    may set another policy: it runs after this. Where the policy is refused (a sandbox)
-    or absent, nothing changes."""
+    worker's whole batch of wall time, which small batches feel most. On a busy machine
+    a worker woken late goes back to the normal policy (:mod:`shmloader.workers.policy`).
+    A worker_init_fn may set another policy: it runs after this, and is left alone. Where
+    the policy is refused (a sandbox) or absent, nothing changes."""
     use_batch_policy()
 
 
@@ -183,6 +185,7 @@ class _Worker:
         # Out of tasks: sleep on the task queue's futex first (sleep_for_work), else
         # yield for up to spin_ns before sleeping on the socket (yield_for_work).
         self.futex = _slots.HAS_FUTEX
+        self.policy: PolicyTuner | None = None  # made in run()
         self.spin_ns = 0 if self.futex else SPIN_MAX_NS
         self.socket_poller = select.poll()  # (has a frame come?)
         self.socket_poller.register(self.fd, select.POLLIN)
@@ -222,6 +225,7 @@ class _Worker:
                 failure = WorkerFailure.capture(exc, cfg.worker_id, "running worker_init_fn", None)
                 self.conn.send_bytes(wire.pack(wire.RES_INIT_ERROR, payload=pickle.dumps(failure)))
                 return
+        self.policy = PolicyTuner()  # (after worker_init_fn: a policy it set is kept)
         try:
             self.serve()
         except _Stop:
@@ -279,17 +283,22 @@ class _Worker:
         came, False when nothing did (the caller then sleeps on the socket, which also
         sees the consumer's end close). Neither the sleep nor its wake-up gives up a time
         slice or writes a byte, however busy the machine."""
-        clock = time.perf_counter_ns
+        clock = time.monotonic_ns  # (the clock of the consumer's wake-up stamp)
         start = clock()
         readable = self.socket_poller.poll
         if channel.arm_tasks(SLEEP_FUTEX):
             # A frame written before the arm rang nobody: look at the socket once more.
             if readable(0):
                 channel.disarm_tasks()
-            else:
-                channel.sleep_tasks(SLEEP_WINDOW_NS, SLEEP_SPIN_NS)
+            elif channel.sleep_tasks(SLEEP_WINDOW_NS, SLEEP_SPIN_NS) and self.policy is not None:
+                # How late this worker runs after the consumer's wake-up (if it woke us).
+                woken = channel.woken_at()
+                if woken >= start:
+                    self.policy.woke(clock() - woken)
         got = channel.take_tasks()
-        framed = bool(readable(0))
+        # (With tasks, frames wait: the stamps read them when a task needs them, and the
+        # queue's end does.)
+        framed = not got and bool(readable(0))
         self.idle_ns += clock() - start
         if framed:
             self.read_frames(frames)  # (its bytes are there: no wait)
@@ -397,7 +406,7 @@ class _Worker:
         and the consumer reads the frame before acting on that result: see channel.py)."""
         self.frames_sent += 1
         self.conn.send_bytes(message)
-        self.channel.ring_results()  # (a consumer asleep on the futex would not see it)
+        self.channel.ring_results(self.frames_sent)  # (a consumer asleep on the futex would not see it)
 
     def send_result(self, slot: int, seq: int, collate_ns: int) -> None:
         """Batch ``seq`` is READY in ``slot``: tell the consumer, with the clocks."""
@@ -411,7 +420,7 @@ class _Worker:
             return
         self.frames_sent += 1  # (no room in the queue)
         wire.send_frame(self.fd, wire.ready_frame(slot, seq, self.fetch_ns, collate_ns, self.idle_ns))
-        self.channel.ring_results()
+        self.channel.ring_results(self.frames_sent)
 
     def report_stats(self) -> None:
         """Send what the dataset's ``shmloader_stats()`` counters gained since the last report (only
@@ -515,7 +524,7 @@ class _Worker:
             message = wire.pack(wire.RES_SEGMENT, slot, seq, wire.size_payload(total))
             self.frames_sent += 1
             wire.send_frame_with_fd(self.fd, wire.frame(message), segment.fd)
-            self.channel.ring_results()
+            self.channel.ring_results(self.frames_sent)
         finally:
             segment.close_fd()  # the consumer holds its own descriptor now; ours goes
 
