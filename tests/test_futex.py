@@ -363,3 +363,44 @@ def test_idle_workers_behind_a_slow_step_use_almost_no_cpu():
     benchmarks/HISTORY.md)."""
     share, wall = _workers_cpu_behind_a_slow_step(0.005, 1.5)
     assert share < 0.10, f"each worker used {share:.1%} of a core over {wall:.1f} s behind 5 ms steps"
+
+
+def test_a_worker_woken_late_leaves_sched_batch_and_tries_it_again_later():
+    """The policy tuner (in a forked child: the policy is the calling thread's): a round
+    of late wake-ups puts it back under the normal policy, prompt ones keep SCHED_BATCH,
+    RETRY_S later it tries SCHED_BATCH again; made under another policy (a worker_init_fn
+    chose it) it changes nothing."""
+    from shmloader.system.process import batch_policy_in_force, use_batch_policy, use_normal_policy
+    from shmloader.workers import policy
+
+    def child() -> int:
+        if not use_batch_policy():
+            return 7  # refused here: nothing to test
+        tuner = policy.PolicyTuner()
+        for _ in range(policy.ROUND):
+            tuner.woke(50_000)  # prompt: stays
+        if not (batch_policy_in_force() and tuner.batch):
+            return 2
+        for _ in range(policy.ROUND):
+            tuner.woke(5_000_000)  # 5 ms late: a busy machine
+        if batch_policy_in_force() or tuner.batch:
+            return 3
+        tuner.woke(50_000)  # too soon to try again
+        if batch_policy_in_force():
+            return 4
+        policy.RETRY_S = 0.0
+        tuner.woke(50_000)
+        if not (batch_policy_in_force() and tuner.batch):
+            return 5
+        use_normal_policy()
+        other = policy.PolicyTuner()
+        for _ in range(2 * policy.ROUND):
+            other.woke(5_000_000)
+        if other.active or batch_policy_in_force():
+            return 6
+        return 1
+
+    code = _exit_code(_in_child(child))
+    if code == 7:
+        pytest.skip("SCHED_BATCH is refused here")
+    assert code == 1, f"step {code} failed"
