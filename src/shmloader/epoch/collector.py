@@ -32,8 +32,8 @@ from shmloader.system import slots as _slots
 from shmloader.system.process import yield_cpu
 from shmloader.transport import wire
 from shmloader.transport.channel import (
+    RESULT_SPIN_NS,
     SLEEP_FUTEX,
-    SLEEP_SPIN_NS,
     SLEEP_WINDOW_NS,
     YIELD_MAX_NS,
     next_yield_window,
@@ -168,7 +168,7 @@ class Collector:
             window = SLEEP_WINDOW_NS
             if deadline is not None:
                 window = min(window, max(0, int((deadline - time.monotonic()) * 1e9)))
-            channel.sleep_results(window, SLEEP_SPIN_NS)
+            channel.sleep_results(window, RESULT_SPIN_NS)
         return self._collect()
 
     def _yield_for(self, window_ns: int) -> bool:

@@ -71,9 +71,13 @@ SLEEP_FUTEX = 2
 # socket sleep sees what no futex does (a worker's exit, the consumer's end closing), and
 # this bounds how late those are seen; a wait this long is no per-batch cost.
 SLEEP_WINDOW_NS = 20_000_000
-# Before the futex wait, the queue is watched for up to this long without a system call or
-# a yield (a pause loop): a record that close costs neither side a sleep and a wake-up.
-SLEEP_SPIN_NS = 5_000
+# Before its futex wait, the consumer watches the result queue for up to this long without
+# a system call or a yield (a pause loop): a result that close costs it no sleep and the
+# worker no wake-up. A worker does not (TASK_SPIN_NS): the consumer's next task is rarely
+# that close, and a worker spinning where there are fewer cores than processes takes the
+# CPU the consumer needs to send it.
+RESULT_SPIN_NS = 5_000
+TASK_SPIN_NS = 0
 
 # Where there is no futex, before either side sleeps on its socket it yields its CPU,
 # looking at its queue between yields, for up to a window (collector.Collector._yield_for,

@@ -32,8 +32,8 @@ from shmloader.system.process import ParentDeath, die_with_parent, use_batch_pol
 from shmloader.transport import wire
 from shmloader.transport.channel import (
     SLEEP_FUTEX,
-    SLEEP_SPIN_NS,
     SLEEP_WINDOW_NS,
+    TASK_SPIN_NS,
     YIELD_MAX_NS,
     Channel,
     next_yield_window,
@@ -290,7 +290,7 @@ class _Worker:
             # A frame written before the arm rang nobody: look at the socket once more.
             if readable(0):
                 channel.disarm_tasks()
-            elif channel.sleep_tasks(SLEEP_WINDOW_NS, SLEEP_SPIN_NS) and self.policy is not None:
+            elif channel.sleep_tasks(SLEEP_WINDOW_NS, TASK_SPIN_NS) and self.policy is not None:
                 # How late this worker runs after the consumer's wake-up (if it woke us).
                 woken = channel.woken_at()
                 if woken >= start:
