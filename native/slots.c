@@ -7,6 +7,12 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* Acquire: everything the writer did before its release store is visible after this. */
 uint32_t sl_load(uint32_t *states, size_t index) {
@@ -123,24 +129,113 @@ long sl_recv(int sock, void *buf, size_t len, int *fd_out) {
  * records out and release-stores the head (its copies done before the producer may reuse
  * the words). Head and tail only grow (64 bits never wrap).
  *
- * Sleeping without losing a wake-up. A consumer that finds the queue empty and wants to
- * block (in poll, on its socket): sets the flag, full fence, loads the tail again
- * (sl_q_arm). A producer: stores the tail, full fence, loads the flag; when set, clears it
- * (exchange: one wake per sleep) and says a wake-up is owed (the caller writes to the
- * socket). This is Dekker's pattern: with a full fence between each side's store and its
- * load, at least one side sees the other's store, so either the consumer sees the record
- * and does not sleep, or the producer sees the flag and wakes it (or both: one spurious
- * wake-up, harmless). */
+ * Sleeping without losing a wake-up. The consumer's "sleeping" word (the first 32 bits
+ * of ctl[16], so that a futex can wait on it) is 0 while it is awake, SL_Q_SOCKET while it
+ * blocks on its socket (a wake-up is a byte written there) and SL_Q_FUTEX while it waits
+ * on the word itself (a wake-up is FUTEX_WAKE, no byte). A consumer that finds the queue
+ * empty and wants to block sets the word, full fence, loads the tail again (sl_q_arm). A
+ * producer: stores the tail, full fence, loads the word; when set, clears it (exchange:
+ * one wake per sleep) and wakes the consumer the way the word says. This is Dekker's
+ * pattern: with a full fence between each side's store and its load, at least one side
+ * sees the other's store, so either the consumer sees the record and does not sleep, or
+ * the producer sees the word and wakes it (or both: one spurious wake-up, harmless). A
+ * futex wait gives the same guarantee at the last step: the kernel sleeps only while the
+ * word still holds SL_Q_FUTEX, so a producer's clear that came first makes it return. */
 
 #define SL_Q_HEAD 0
 #define SL_Q_TAIL 8
 #define SL_Q_SLEEPING 16
+#define SL_Q_SOCKET 1
+#define SL_Q_FUTEX 2
+#define SL_Q_WOKEN_AT 17 /* in the sleeping word's cache line */
+#define SL_Q_FRAMES 18
+
+/* The sleeping word: the first 32 bits of ctl[16] (a futex word is 32 bits; the rest of
+ * that cache line is unused). Every access to it goes through this pointer. */
+static inline uint32_t *sl_q_word(uint64_t *ctl) {
+    return (uint32_t *)&ctl[SL_Q_SLEEPING];
+}
+
+/* 1 where this build can sleep on a word of shared memory (Linux futexes), else 0. */
+int sl_has_futex(void) {
+#ifdef __linux__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Sleeps while *word == expected, for up to timeout_ns (< 0: no limit). A shared futex
+ * (no FUTEX_PRIVATE_FLAG): the word is in a mapping shared between processes. Returns 0
+ * when woken (or woken for no reason: the caller looks again), 1 at the timeout, 2 when
+ * the word did not hold `expected` (nothing to wait for), 3 when a signal interrupted it
+ * (the caller returns to Python so that its handlers run), -errno on another failure. */
+int sl_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns) {
+#ifdef __linux__
+    struct timespec ts, *tsp = NULL;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = (time_t)(timeout_ns / 1000000000);
+        ts.tv_nsec = (long)(timeout_ns % 1000000000);
+        tsp = &ts;
+    }
+    if (syscall(SYS_futex, word, FUTEX_WAIT, expected, tsp, NULL, 0) == 0)
+        return 0;
+    switch (errno) {
+    case ETIMEDOUT: return 1;
+    case EAGAIN: return 2;
+    case EINTR: return 3;
+    default: return -errno;
+    }
+#else
+    (void)word; (void)expected; (void)timeout_ns;
+    return -ENOSYS;
+#endif
+}
+
+/* Wakes up to n processes sleeping on `word`; returns how many woke, or -errno. */
+int sl_futex_wake(uint32_t *word, int n) {
+#ifdef __linux__
+    long woke = syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
+    return woke < 0 ? -errno : (int)woke;
+#else
+    (void)word; (void)n;
+    return -ENOSYS;
+#endif
+}
+
+/* Clears the sleeping word; returns what it held. A futex sleeper is woken here (one
+ * system call, nothing for the caller to write); a socket sleeper is the caller's to
+ * wake. */
+static inline uint32_t sl_q_clear(uint64_t *ctl) {
+    uint32_t *w = sl_q_word(ctl);
+    uint32_t was = __atomic_exchange_n(w, 0, __ATOMIC_SEQ_CST);
+    if (was == SL_Q_FUTEX) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        __atomic_store_n(&ctl[SL_Q_WOKEN_AT], (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec,
+                         __ATOMIC_RELAXED);
+        sl_futex_wake(w, 1);
+    }
+    return was;
+}
+
+/* When (CLOCK_MONOTONIC ns) a producer last woke the consumer from its futex: the
+ * consumer's delay in running after it says how busy its CPUs are. */
+int64_t sl_q_woken_at(uint64_t *ctl) {
+    return (int64_t)__atomic_load_n(&ctl[SL_Q_WOKEN_AT], __ATOMIC_RELAXED);
+}
+
+/* The frames the producer said it wrote (sl_q_ring); read after sl_q_arm. */
+uint64_t sl_q_frames(uint64_t *ctl) {
+    return __atomic_load_n(&ctl[SL_Q_FRAMES], __ATOMIC_SEQ_CST);
+}
 
 /* Appends the record [5 + words, kind, slot, seq, stamp, payload[0..words)]. Returns 0 when
- * it does not fit now (nothing written), 1 when it was published, 2 when it was published
- * and the consumer was asleep: with `wake`, the flag is cleared and the caller owes it a
- * wake-up now; without, the flag stays set and the caller may wake it later
- * (sl_q_take_sleeper). */
+ * it does not fit now (nothing written), 1 when it was published (and, with `wake`, a
+ * consumer asleep on the futex was woken), 2 when it was published and the consumer was
+ * asleep: with `wake`, on its socket: the word is cleared and the caller owes it a
+ * wake-up byte now; without `wake` (either way of sleeping), the word stays set and the
+ * caller wakes it later (sl_q_take_sleeper). */
 int sl_q_push(uint64_t *ctl, int64_t *data, size_t cap, int64_t kind, int64_t slot, int64_t seq,
               int64_t stamp, const char *payload, size_t words, int wake) {
     size_t n = 5 + words;
@@ -157,18 +252,36 @@ int sl_q_push(uint64_t *ctl, int64_t *data, size_t cap, int64_t kind, int64_t sl
     memcpy(&data[0], payload + first * 8, (words - first) * 8);
     __atomic_store_n(&ctl[SL_Q_TAIL], tail + n, __ATOMIC_RELEASE);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (!__atomic_load_n(&ctl[SL_Q_SLEEPING], __ATOMIC_RELAXED))
+    if (!__atomic_load_n(sl_q_word(ctl), __ATOMIC_RELAXED))
         return 1;
     if (!wake)
         return 2;
-    return __atomic_exchange_n(&ctl[SL_Q_SLEEPING], 0, __ATOMIC_SEQ_CST) ? 2 : 1;
+    return sl_q_clear(ctl) == SL_Q_SOCKET ? 2 : 1;
 }
 
 /* For a producer that deferred a wake-up (sl_q_push without `wake`): clears the consumer's
- * flag; returns 1 when it was set (the caller writes the wake-up now), 0 when the consumer
- * woke meanwhile (it will look at the queue before sleeping again). */
+ * word, waking a futex sleeper here; returns 1 when it slept on its socket (the caller
+ * writes the wake-up byte now), 0 otherwise (woken here, or it woke meanwhile: it looks at
+ * the queue before sleeping again). */
 int sl_q_take_sleeper(uint64_t *ctl) {
-    return __atomic_exchange_n(&ctl[SL_Q_SLEEPING], 0, __ATOMIC_SEQ_CST) ? 1 : 0;
+    return sl_q_clear(ctl) == SL_Q_SOCKET ? 1 : 0;
+}
+
+/* After frames were written to the consumer's socket, `frames` of them in all since the
+ * channel began: the count is published (a consumer about to sleep on the futex compares
+ * it with the frames it read: sl_q_frames), then a consumer asleep on the futex, which
+ * would not see them, is woken (its word cleared); one asleep on the socket is woken by
+ * the frame itself and its word is left alone. The same Dekker pattern as the records':
+ * either the consumer sees the count, or this sees its word. Returns 1 when it woke one. */
+int sl_q_ring(uint64_t *ctl, uint64_t frames) {
+    __atomic_store_n(&ctl[SL_Q_FRAMES], frames, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    uint32_t *w = sl_q_word(ctl);
+    uint32_t expected = SL_Q_FUTEX;
+    if (!__atomic_compare_exchange_n(w, &expected, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        return 0;
+    sl_futex_wake(w, 1);
+    return 1;
 }
 
 /* sl_q_push of a record whose payload is the three words a, b, c (a result and its clocks). */
@@ -200,23 +313,60 @@ size_t sl_q_pop(uint64_t *ctl, int64_t *data, size_t cap, int64_t *out, size_t o
     return moved;
 }
 
-/* The consumer is about to sleep: sets its flag, then looks at the queue again (see above).
- * Returns 1 when it may block (the producer will wake it), 0 when a record arrived
- * meanwhile (the flag is cleared again; a wake-up may still come: harmless). */
-int sl_q_arm(uint64_t *ctl) {
-    __atomic_store_n(&ctl[SL_Q_SLEEPING], 1, __ATOMIC_SEQ_CST);
+/* The consumer is about to sleep, `how` (SL_Q_SOCKET or SL_Q_FUTEX): sets its word, then
+ * looks at the queue again (see above). Returns 1 when it may block (the producer will
+ * wake it), 0 when a record arrived meanwhile (the word is cleared again; a wake-up may
+ * still come: harmless). */
+int sl_q_arm(uint64_t *ctl, uint32_t how) {
+    __atomic_store_n(sl_q_word(ctl), how, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&ctl[SL_Q_TAIL], __ATOMIC_ACQUIRE) !=
         __atomic_load_n(&ctl[SL_Q_HEAD], __ATOMIC_RELAXED)) {
-        __atomic_store_n(&ctl[SL_Q_SLEEPING], 0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(sl_q_word(ctl), 0, __ATOMIC_SEQ_CST);
         return 0;
     }
     return 1;
 }
 
+/* After sl_q_arm(ctl, SL_Q_FUTEX) returned 1: sleeps until a producer clears the word
+ * (a record, or sl_q_ring after a frame), for up to timeout_ns. First it watches the tail
+ * for up to spin_ns without a system call (a record that close costs the producer no
+ * FUTEX_WAKE and this side no sleep; the loop never yields its CPU). Returns 1 when the
+ * queue holds a record, 0 otherwise (timed out, rung for a frame, or a signal came: the
+ * caller looks at its socket and signals). Either way the word is cleared on return. */
+int sl_q_sleep(uint64_t *ctl, int64_t spin_ns, int64_t timeout_ns) {
+    uint32_t *w = sl_q_word(ctl);
+    if (spin_ns > 0) {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (unsigned i = 1;; i++) {
+            if (__atomic_load_n(&ctl[SL_Q_TAIL], __ATOMIC_ACQUIRE) !=
+                __atomic_load_n(&ctl[SL_Q_HEAD], __ATOMIC_RELAXED))
+                goto done;
+            if (!__atomic_load_n(w, __ATOMIC_ACQUIRE))
+                goto done;
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#elif defined(__aarch64__)
+            __asm__ __volatile__("yield");
+#endif
+            if (i % 64 == 0) {
+                clock_gettime(CLOCK_MONOTONIC, &t);
+                if ((t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec) >= spin_ns)
+                    break;
+            }
+        }
+    }
+    sl_futex_wait(w, SL_Q_FUTEX, timeout_ns);
+done:
+    __atomic_store_n(w, 0, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&ctl[SL_Q_TAIL], __ATOMIC_ACQUIRE) !=
+           __atomic_load_n(&ctl[SL_Q_HEAD], __ATOMIC_RELAXED);
+}
+
 /* The consumer is awake again: no wake-up is wanted. */
 void sl_q_disarm(uint64_t *ctl) {
-    __atomic_store_n(&ctl[SL_Q_SLEEPING], 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(sl_q_word(ctl), 0, __ATOMIC_SEQ_CST);
 }
 
 /* Words published and not yet popped (a snapshot). */

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -526,3 +528,60 @@ def test_w6_skipped_without_pillow():
     assert "needs Pillow and simplejpeg" in proc.stdout
     w6 = [ln for ln in proc.stdout.splitlines() if ln.startswith("W6 w2  ")]
     assert len(w6) == 3 and all("skipped" in ln for ln in w6)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process now (a zombie counts: not reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_bench_busy_runs_burners_beside_the_loaders_and_ends_them(tmp_path):
+    """``--busy 1``: one CPU-bound process runs through the measurement (its pid recorded
+    by a prelude), the header and the JSON say so, and it is gone when the bench ends."""
+    pids = tmp_path / "pids"
+    prelude = textwrap.dedent(
+        f"""
+        from shmloader.bench import busy
+        _start = busy.Burners.start
+        def start(self):
+            out = _start(self)
+            with open({str(pids)!r}, "a") as f:
+                f.write(" ".join(map(str, self.pids)) + "\\n")
+            return out
+        busy.Burners.start = start
+        """
+    )
+    out = tmp_path / "r.json"
+    proc = _cli("bench", *_TINY, "--no-memory", "--busy", "1", "--json", str(out), prelude=prelude)
+    assert proc.returncode == 0, proc.stderr
+    assert "busy: 1 CPU-bound process(es)" in proc.stdout
+    assert json.loads(out.read_text())["settings"]["busy"] == 1
+    (started,) = [int(p) for p in pids.read_text().split()]
+    assert not _alive(started), f"burner {started} outlived the bench"
+
+
+def test_burners_spin_and_are_reaped_however_the_block_ends():
+    """Each burner uses a CPU while it runs; stop() (or leaving the block, by an exception
+    too) ends and reaps every one of them."""
+    from shmloader.bench.busy import Burners
+
+    with pytest.raises(RuntimeError), Burners(2) as burners:
+        pids = list(burners.pids)
+        assert len(pids) == 2
+        time.sleep(0.3)
+        ticks = [int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11]) for pid in pids]
+        assert all(t > 0 for t in ticks), f"burners used no CPU: {ticks} ticks"
+        raise RuntimeError("the measurement failed")
+    assert burners.pids == []
+    assert not any(_alive(pid) for pid in pids)
+    with pytest.raises(ValueError, match="--busy"):
+        Burners(-1)
+
+
+def test_bench_rejects_negative_busy():
+    proc = _cli("bench", "--busy", "-1")
+    assert proc.returncode != 0 and "--busy must be 0 or more" in proc.stderr

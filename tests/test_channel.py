@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from shmloader import DataLoader
+from shmloader.epoch import collector as collector_module
+from shmloader.system import slots
 from shmloader.transport.channel import MAX_TASK_PAYLOAD, TASK_WORDS, Channel
 from shmloader.workers import worker as worker_module
 
@@ -254,6 +256,7 @@ def test_idle_workers_stop_yielding_the_cpu_when_the_loop_is_slow(monkeypatch):
     that on every batch: each long sleep halves the window, down to none. Side by side
     with workers that never yield (forked: they see the patched window): 600 steps
     yielding 200 us each would cost the two workers ~120 ms more."""
+    monkeypatch.setattr(slots, "HAS_FUTEX", False)  # the yielding path (forked workers see it)
     adaptive = _workers_cpu_over_slow_steps(600)
     monkeypatch.setattr(worker_module, "SPIN_MAX_NS", 0)
     never = _workers_cpu_over_slow_steps(600)
@@ -263,14 +266,23 @@ def test_idle_workers_stop_yielding_the_cpu_when_the_loop_is_slow(monkeypatch):
     )
 
 
-def test_a_task_by_frame_ends_a_workers_yield_at_once(monkeypatch):
-    """A worker yielding for a task also looks at its socket: a task that comes by frame
-    (keys that are not ints) is taken at once, not when the yield's window ends. With a
-    50 ms window (forked workers see it), 100 one-key batches would take over 1 s if each
-    worker waited it out (it reads the frames there are then: ~2 tasks a window); a yield
+@pytest.mark.parametrize("futex", [True, False])
+def test_a_task_by_frame_ends_a_workers_wait_at_once(monkeypatch, futex):
+    """A worker waiting for a task also looks at its socket: a task that comes by frame
+    (keys that are not ints) is taken at once, not when the wait's window ends. Asleep on
+    its futex, the frame's ring wakes it (with a 5 s window, forked workers see it);
+    yielding (no futex), it polls its socket between yields (a 50 ms window). 100
+    one-key batches would take over 1 s if each worker waited its window out; a yield
     that hands the CPU to a busy machine's other processes costs about a time slice (~1
     ms) a batch."""
-    monkeypatch.setattr(worker_module, "SPIN_MAX_NS", 50_000_000)
+    if futex:
+        if not slots.HAS_FUTEX:
+            pytest.skip("no futex in this build")
+        monkeypatch.setattr(worker_module, "SLEEP_WINDOW_NS", 5_000_000_000)
+        monkeypatch.setattr(collector_module, "SLEEP_WINDOW_NS", 5_000_000_000)
+    else:
+        monkeypatch.setattr(slots, "HAS_FUTEX", False)  # the yielding path (forked workers see it)
+        monkeypatch.setattr(worker_module, "SPIN_MAX_NS", 50_000_000)
     dl = DataLoader(
         _KeyDataset(),
         batch_sampler=[[str(i)] for i in range(100)],
@@ -279,7 +291,10 @@ def test_a_task_by_frame_ends_a_workers_yield_at_once(monkeypatch):
         multiprocessing_context="fork",
     )
     try:
+        began = time.perf_counter()
         assert sum(1 for _ in dl) == 100
+        # The first batch of each worker comes by frame: its ring wakes the consumer.
+        first = time.perf_counter() - began
         times = []
         for _ in range(3):
             began = time.perf_counter()
@@ -288,3 +303,4 @@ def test_a_task_by_frame_ends_a_workers_yield_at_once(monkeypatch):
     finally:
         dl.shutdown()
     assert min(times) < 0.3, f"100 batches whose tasks came by frame took {min(times):.2f} s"
+    assert first < 4, f"the first epoch, its first batches by frame, took {first:.1f} s"

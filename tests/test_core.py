@@ -21,6 +21,7 @@ from shmloader import (
     get_worker_info,
 )
 from shmloader.epoch.collector import Collector
+from shmloader.system import slots
 
 from . import datasets as D
 from .datasets import NumpyLoader as DataLoader  # numpy output: these tests check numpy views
@@ -277,6 +278,7 @@ def test_a_consumer_waiting_for_slow_batches_blocks_instead_of_spinning(monkeypa
             yielding[1] += 1
 
     monkeypatch.setattr(Collector, "_yield_for", timed)
+    monkeypatch.setattr(slots, "HAS_FUTEX", False)  # the yielding path: test_futex.py has the other
     dl = DataLoader(
         D.Sleepy(120, 0.005), num_workers=1, persistent_workers=True, multiprocessing_context="fork"
     )

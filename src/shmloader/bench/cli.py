@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from shmloader.bench.busy import Burners
 from shmloader.bench.jpeg import W6_IMAGE_SIZE, measure_w6, w6_steps
 from shmloader.bench.machine import machine_info
 from shmloader.bench.measure import COLD_BATCHES, config_steps, measure_config
@@ -120,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--w8-rounds", type=int, default=1, metavar="N", help="W8's rounds of every peer (default: 1)"
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-bound processes beside the loaders while they are measured (a busy "
+        "machine: e.g. one per core), ended by the bench (default: 0)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
 
@@ -199,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat, --batches and --cold-batches must be positive, and --seconds above zero")
     if args.w8_records < W8_BATCH or args.w8_rounds < 1:
         parser.error(f"--w8-rounds must be positive, and --w8-records at least one batch ({W8_BATCH})")
+    if args.busy < 0:
+        parser.error("--busy must be 0 or more (CPU-bound processes beside the loaders)")
     if any(w < 1 for w in args.workers):
         parser.error("--workers must be positive: the num_workers=0 path is measured in every configuration")
 
@@ -223,20 +234,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.batches or 'default'} batches or {args.seconds:g} s per repeat, "
         f"{args.repeat} repeats; {info['cpu_model']}, {info['usable_cores']} cores, {versions}"
     )
+    if args.busy:
+        out(f"busy: {args.busy} CPU-bound process(es) run beside the loaders throughout")
     t0 = time.perf_counter()
-    results = run(
-        configs,
-        batches=args.batches,
-        seconds=args.seconds,
-        repeat=args.repeat,
-        memory=not args.no_memory,
-        out=out,
-        quiet=args.quiet,
-        cold_batches=args.cold_batches,
-        image_size=args.image_size,
-        w8_records=args.w8_records,
-        w8_rounds=args.w8_rounds,
-    )
+    with Burners(args.busy):  # (ended and reaped however the run ends)
+        results = run(
+            configs,
+            batches=args.batches,
+            seconds=args.seconds,
+            repeat=args.repeat,
+            memory=not args.no_memory,
+            out=out,
+            quiet=args.quiet,
+            cold_batches=args.cold_batches,
+            image_size=args.image_size,
+            w8_records=args.w8_records,
+            w8_rounds=args.w8_rounds,
+        )
     out("")
     out(format_report(results))
     if info["torch"] is None:
@@ -254,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "w8_records": args.w8_records,
         "w8_rounds": args.w8_rounds,
         "memory": not args.no_memory,
+        "busy": args.busy,
         "command": command,
     }
     info["load_average_end"] = machine_info()["load_average"]

@@ -3,9 +3,13 @@ process sentinels, and what a worker's exit or silence means.
 
 A result comes back through the worker's result queue in shared memory; the socket carries
 the rare messages (errors, shard states, stats, batches in one-off segments) and the
-wake-up a worker writes when the consumer sleeps. Before it blocks, the consumer yields its
-CPU for a window that adapts to the waits seen (:func:`~shmloader.transport.channel.next_yield_window`):
-a result that close is cheaper to catch than to be woken for. A worker that exits is
+wake-up a worker writes when the consumer sleeps there. Waiting for one worker's result
+(the batch due, in order; or the only worker), the consumer first sleeps on that worker's
+result queue (a futex, :data:`~shmloader.system.slots.HAS_FUTEX`): the worker's result
+wakes it with no byte written and no time slice lost, however busy the machine; past
+:data:`~shmloader.transport.channel.SLEEP_WINDOW_NS` it blocks on the sockets and
+sentinels. Without a futex it yields its CPU before it blocks, for a window that adapts
+to the waits seen (:func:`~shmloader.transport.channel.next_yield_window`). A worker that exits is
 replaced or its death raised at once (:class:`~shmloader.epoch.restarts.Restarts`); no
 result within ``timeout`` replaces the worker that owes the batch waited for, or raises.
 """
@@ -24,9 +28,16 @@ from shmloader.epoch.restarts import Restarts
 from shmloader.epoch.rings import RingKeeper
 from shmloader.errors import LoaderTimeoutError, WorkerDiedError
 from shmloader.memory.ring import attach_fd
+from shmloader.system import slots as _slots
 from shmloader.system.process import yield_cpu
 from shmloader.transport import wire
-from shmloader.transport.channel import YIELD_MAX_NS, next_yield_window
+from shmloader.transport.channel import (
+    RESULT_SPIN_NS,
+    SLEEP_FUTEX,
+    SLEEP_WINDOW_NS,
+    YIELD_MAX_NS,
+    next_yield_window,
+)
 from shmloader.tuning.timing import Timing
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 
@@ -59,7 +70,9 @@ class Collector:
         self._dataset_counts = dataset_counts
         self._timeout = timeout
         self._in_order = in_order
-        self._spin_ns = YIELD_MAX_NS  # how long to yield the CPU before blocking, adapted
+        self._futex = _slots.HAS_FUTEX  # sleep on a result queue's futex before blocking
+        # How long to yield the CPU before blocking where there is no futex, adapted.
+        self._spin_ns = 0 if self._futex else YIELD_MAX_NS
         self._retired: set[WorkerHandle] = set()  # worker_init_fn failed: their exit is expected
 
     # --- the next result -------------------------------------------------------------------
@@ -88,17 +101,21 @@ class Collector:
             return
         if self._courier.owes_wake_ups:
             self._courier.wake_sleepers()  # before this process blocks: it waits for their work
-        spin = self._spin_ns
-        if spin and self._yield_for(spin):
-            return
         timeout = self._timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
         due = self._inflight.due() if self._in_order else None
+        spin = self._spin_ns
+        if self._futex:
+            if self._sleep_for(due.worker if due is not None else None, deadline):
+                return
+        elif spin and self._yield_for(spin):
+            return
         blocked = time.perf_counter_ns()
         events = self._pool.wait(due.worker if due is not None else None, deadline)
-        # Yield next time as long as it would have caught this result (a data-bound loop,
-        # whose waits last milliseconds, soon blocks at once again).
-        self._spin_ns = next_yield_window(spin, time.perf_counter_ns() - blocked)
+        if not self._futex:
+            # Yield next time as long as it would have caught this result (a data-bound
+            # loop, whose waits last milliseconds, soon blocks at once again).
+            self._spin_ns = next_yield_window(spin, time.perf_counter_ns() - blocked)
         if events is None:
             self._deadline_passed(due, timeout)
             return
@@ -127,6 +144,32 @@ class Collector:
         if self._restarts.limit and self._replace_hung(timeout):
             return
         raise self.timeout_error(timeout)
+
+    def _sleep_for(self, worker: WorkerHandle | None, deadline: float | None) -> bool:
+        """Sleep on the result queue of ``worker`` (the one whose batch is due; None: the
+        only worker, if there is one) until it publishes a result or writes a frame, for
+        up to SLEEP_WINDOW_NS or ``deadline``; True when a result came. False (nothing
+        came, a frame came, or bytes wait to be written to some worker) leaves the rest to
+        the sockets' and sentinels' poll, which sees what the futex does not."""
+        pool = self._pool
+        if worker is None:
+            workers = pool.workers
+            if len(workers) != 1:
+                return False
+            worker = workers[0]
+        if pool.sending or worker.fd not in pool.fd_owner:
+            return False
+        channel = worker.channel
+        if channel.arm_results(SLEEP_FUTEX):
+            # A frame written before the arm rang nobody: its count says it is there.
+            if channel.frames_written() > worker.frames_read:
+                channel.disarm_results()
+                return self._collect()
+            window = SLEEP_WINDOW_NS
+            if deadline is not None:
+                window = min(window, max(0, int((deadline - time.monotonic()) * 1e9)))
+            channel.sleep_results(window, RESULT_SPIN_NS)
+        return self._collect()
 
     def _yield_for(self, window_ns: int) -> bool:
         """Give this CPU to whatever else is runnable on it (often the worker loading the

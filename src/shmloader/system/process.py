@@ -1,5 +1,5 @@
-"""The calling process's own OS settings and yields: its CPU yield, its scheduling policy,
-and the signal that follows its parent's death.
+"""The calling process's own OS settings and yields: its CPU yield, its scheduling policy
+(batch or normal), and the signal that follows its parent's death.
 
 Each call here changes nothing but the calling process; the callers say when and why
 (:mod:`shmloader.workers.worker`, :mod:`shmloader.epoch.collector`).
@@ -28,6 +28,24 @@ def use_batch_policy() -> bool:
     except (AttributeError, OSError):
         return False
     return True
+
+
+def use_normal_policy() -> bool:
+    """Put the calling thread back under Linux's default policy (SCHED_OTHER, nice
+    unchanged). True where it took."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+def batch_policy_in_force() -> bool:
+    """Whether the calling thread runs under SCHED_BATCH now."""
+    try:
+        return os.sched_getscheduler(0) == os.SCHED_BATCH
+    except (AttributeError, OSError):
+        return False
 
 
 class ParentDeath(enum.Enum):

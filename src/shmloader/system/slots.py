@@ -6,6 +6,7 @@ functions here, which check every return code and turn failures into exceptions.
 
 from __future__ import annotations
 
+import enum
 import errno
 import functools
 import os
@@ -21,6 +22,10 @@ FREE = 0
 ASSIGNED = 1
 READY = 2
 HELD = 3
+
+# Whether this build can sleep on a word of shared memory until another process wakes it
+# (Linux futexes). Where it cannot, the loader's waits block on sockets instead.
+HAS_FUTEX = bool(lib.sl_has_futex())
 
 
 class Mapping:
@@ -167,3 +172,55 @@ def set_parent_death_signal(signum: int = signal.SIGKILL) -> None:
     err = lib.sl_set_pdeathsig(signum)
     if err:
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
+
+
+class Wait(enum.IntEnum):
+    """How :meth:`FutexWord.wait` ended."""
+
+    WOKEN = 0  # a wake() came (or the kernel woke it for no reason: look again)
+    TIMEOUT = 1  # the time given passed
+    CHANGED = 2  # the word did not hold the value expected: nothing was waited for
+    INTERRUPTED = 3  # a signal came (Python's handlers run as the call returns)
+
+
+class FutexWord:
+    """A 32-bit word of a shared mapping that processes sleep on and wake each other
+    through (a futex, shared between processes: never FUTEX_PRIVATE_FLAG). Needs
+    :data:`HAS_FUTEX`. The calls release the GIL while they run (cffi's API mode), so a
+    thread sleeping here leaves the process's other threads running."""
+
+    __slots__ = ("_mapping", "_ptr")
+
+    def __init__(self, mapping: Mapping, offset: int) -> None:
+        """The word at byte ``offset`` (4-aligned) of ``mapping``."""
+        if not HAS_FUTEX:
+            raise OSError(errno.ENOSYS, "this build of shmloader has no futex (Linux only)")
+        if offset % 4:
+            raise ValueError(f"a futex word must be 4-byte aligned, offset {offset} is not")
+        mapping.buffer(offset, 4)  # checks the range
+        self._mapping = mapping  # keeps the memory mapped while the word is used
+        self._ptr = mapping.pointer(offset, "uint32_t *")
+
+    def load(self) -> int:
+        """The word's value (acquire order)."""
+        return lib.sl_load(self._ptr, 0)
+
+    def store(self, value: int) -> None:
+        """Set the word (release order); wakes nobody."""
+        lib.sl_store(self._ptr, 0, value)
+
+    def wait(self, expected: int, timeout_ns: int = -1) -> Wait:
+        """Sleep while the word holds ``expected``, until :meth:`wake` or ``timeout_ns``
+        (negative: no limit). The kernel compares and sleeps atomically: a store and wake
+        that come first make it return at once (CHANGED)."""
+        code = lib.sl_futex_wait(self._ptr, expected, timeout_ns)
+        if code < 0:
+            raise OSError(-code, f"futex wait failed: {os.strerror(-code)}")
+        return Wait(code)
+
+    def wake(self, count: int = 1) -> int:
+        """Wake up to ``count`` processes sleeping on the word; how many woke."""
+        woke = lib.sl_futex_wake(self._ptr, count)
+        if woke < 0:
+            raise OSError(-woke, f"futex wake failed: {os.strerror(-woke)}")
+        return woke

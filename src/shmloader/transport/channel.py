@@ -4,10 +4,15 @@ Each worker has a small shared segment of its own (made by the consumer with the
 socket, sent to it as the first frame: a restarted worker gets a fresh one) holding two
 single-producer single-consumer queues of int64 records (``native/slots.c``): tasks from
 the consumer (the submission queue) and results from the worker (the completion queue).
-A busy consumer and busy workers exchange batches through them without a system call:
-the socket carries a byte only when the side that must act sleeps (its "sleeping" flag,
-set with a full fence before it looks at the queue one last time and blocks in ``poll``
-or ``read``; see ``sl_q_arm``: no wake-up is lost).
+A busy consumer and busy workers exchange batches through them without a system call.
+A side out of work sleeps on its queue's "sleeping" word (a futex, where the system has
+one: :data:`~shmloader.system.slots.HAS_FUTEX`) for up to :data:`SLEEP_WINDOW_NS`: the
+other side's next record clears the word and wakes it with one ``FUTEX_WAKE``, and a frame
+written to its socket meanwhile rings it the same way (:meth:`Channel.ring_tasks`,
+:meth:`Channel.ring_results`). Past the window, and where there is no futex, it blocks on
+its socket (``poll`` or ``read``: worker deaths, the lifeline and timeouts are seen there)
+and the wake-up is a byte written to it. Either way the word is set with a full fence
+before the side looks at the queue one last time (``sl_q_arm``): no wake-up is lost.
 
 What stays on the socket: the rare messages (errors, shard states, stats, batches in
 one-off segments, new rings and epochs: anything that carries a descriptor or a pickle,
@@ -58,10 +63,28 @@ _RESULT_BYTES = _RESULT.size
 # Results popped by the consumer at once (more wait for the next pop).
 _POP_RESULTS = 64
 
-# Before either side sleeps on its socket it yields its CPU, looking at its queue between
-# yields, for up to a window (collector.Collector._yield_for, worker._Worker.yield_for_work):
-# the other side's next record is often that close, and a side asleep costs the other a
-# wake-up write. The window adapts to the sleeps that follow (next_yield_window).
+# How a side sleeps (native/slots.c: SL_Q_SOCKET, SL_Q_FUTEX).
+SLEEP_SOCKET = 1
+SLEEP_FUTEX = 2
+
+# How long a side sleeps on its queue's futex before it blocks on its socket instead: the
+# socket sleep sees what no futex does (a worker's exit, the consumer's end closing), and
+# this bounds how late those are seen; a wait this long is no per-batch cost.
+SLEEP_WINDOW_NS = 20_000_000
+# Before its futex wait, the consumer watches the result queue for up to this long without
+# a system call or a yield (a pause loop): a result that close costs it no sleep and the
+# worker no wake-up. A worker does not (TASK_SPIN_NS): the consumer's next task is rarely
+# that close, and a worker spinning where there are fewer cores than processes takes the
+# CPU the consumer needs to send it.
+RESULT_SPIN_NS = 5_000
+TASK_SPIN_NS = 0
+
+# Where there is no futex, before either side sleeps on its socket it yields its CPU,
+# looking at its queue between yields, for up to a window (collector.Collector._yield_for,
+# worker._Worker.yield_for_work): the other side's next record is often that close, and a
+# side asleep costs the other a wake-up write. The window adapts to the sleeps that follow
+# (next_yield_window). (A yield beside other runnable processes gives the CPU away for a
+# whole time slice: the futex sleep above replaces it where it can.)
 YIELD_MAX_NS = 200_000
 YIELD_MIN_NS = 2_000
 
@@ -174,9 +197,21 @@ class Channel:
         )
 
     def take_sleeper(self) -> bool:
-        """Whether the worker still sleeps with tasks queued (then write it a wake-up now:
-        this cleared its flag); False when it woke meanwhile (it takes them anyway)."""
+        """Whether the worker still sleeps on its socket with tasks queued (then write it a
+        wake-up now: this cleared its flag); False when it woke meanwhile (it takes them
+        anyway) or slept on its futex (woken here, with one system call)."""
         return bool(lib.sl_q_take_sleeper(self._task_ctl))
+
+    def ring_tasks(self) -> None:
+        """A frame was just written to the worker's socket: wake it if it sleeps on its
+        futex (it would not see the frame there); one asleep on the socket wakes anyway."""
+        lib.sl_q_ring(self._task_ctl, self.frames_sent)
+
+    def frames_written(self) -> int:
+        """The frames the worker said it wrote to its socket (:meth:`ring_results`): more
+        than the consumer read means some wait there. Read after :meth:`arm_results`, it
+        sees every frame whose ring did not see the arm."""
+        return lib.sl_q_frames(self._result_ctl)
 
     def take_results(self) -> list[tuple[int, int, int, int, int, int, int]]:
         """Results the worker published, oldest first: (kind, slot, seq, stamp, fetch_ns,
@@ -190,11 +225,19 @@ class Channel:
             return [_RESULT.unpack_from(self._out)[1:]]
         return [r[1:] for r in _RESULT.iter_unpack(memoryview(self._out)[: 8 * words])]
 
-    def arm_results(self) -> bool:
-        """The consumer is about to sleep on the worker's socket: True when it may (the
-        worker will write a wake-up with its next result), False when a result came
-        meanwhile (take it instead)."""
-        return bool(lib.sl_q_arm(self._result_ctl))
+    def arm_results(self, how: int = SLEEP_SOCKET) -> bool:
+        """The consumer is about to sleep, on the worker's socket (SLEEP_SOCKET) or on the
+        result queue's futex (SLEEP_FUTEX, then :meth:`sleep_results`): True when it may
+        (the worker will wake it with its next result), False when a result came meanwhile
+        (take it instead)."""
+        return bool(lib.sl_q_arm(self._result_ctl, how))
+
+    def sleep_results(self, timeout_ns: int, spin_ns: int) -> bool:
+        """After :meth:`arm_results` (SLEEP_FUTEX) said True: sleep until the worker
+        publishes a result or rings (:meth:`ring_results`), for up to ``timeout_ns``
+        (after ``spin_ns`` of watching the queue). True when a result is queued; the
+        consumer is awake again either way."""
+        return bool(lib.sl_q_sleep(self._result_ctl, spin_ns, timeout_ns))
 
     def disarm_results(self) -> None:
         """The consumer is awake: the worker need not wake it."""
@@ -222,16 +265,35 @@ class Channel:
         self, kind: int, slot: int, seq: int, stamp: int, fetch: int, collate: int, idle: int
     ) -> int:
         """Publish a result and the worker's clocks (ns: fetch, collate, idle), stamped with
-        the frames the worker sent before it; 0: no room, send it by frame; 1: published;
-        2: published and the consumer sleeps: write it a wake-up."""
+        the frames the worker sent before it; 0: no room, send it by frame; 1: published
+        (a consumer asleep on the futex woken here); 2: published and the consumer sleeps
+        on its socket: write it a wake-up."""
         return lib.sl_q_push3(
             self._result_ctl, self._result_data, RESULT_WORDS, kind, slot, seq, stamp, fetch, collate, idle
         )
 
-    def arm_tasks(self) -> bool:
-        """The worker is about to block reading its socket: True when it may (the consumer
-        will write a wake-up with its next task), False when a task came meanwhile."""
-        return bool(lib.sl_q_arm(self._task_ctl))
+    def woken_at(self) -> int:
+        """When (``time.monotonic_ns()``) the consumer last woke this worker from its
+        futex (0: never)."""
+        return lib.sl_q_woken_at(self._task_ctl)
+
+    def ring_results(self, frames_sent: int) -> None:
+        """A frame was just written to the consumer's socket, ``frames_sent`` frames in all
+        (the stamps' count): publish the count and wake the consumer if it sleeps on the
+        result queue's futex (it would not see the frame there)."""
+        lib.sl_q_ring(self._result_ctl, frames_sent)
+
+    def arm_tasks(self, how: int = SLEEP_SOCKET) -> bool:
+        """The worker is about to sleep, reading its socket (SLEEP_SOCKET) or on the task
+        queue's futex (SLEEP_FUTEX, then :meth:`sleep_tasks`): True when it may (the
+        consumer will wake it with its next task), False when a task came meanwhile."""
+        return bool(lib.sl_q_arm(self._task_ctl, how))
+
+    def sleep_tasks(self, timeout_ns: int, spin_ns: int) -> bool:
+        """After :meth:`arm_tasks` (SLEEP_FUTEX) said True: sleep until the consumer queues
+        a task or rings (:meth:`ring_tasks`), for up to ``timeout_ns`` (after ``spin_ns`` of
+        watching the queue). True when a task is queued; awake again either way."""
+        return bool(lib.sl_q_sleep(self._task_ctl, spin_ns, timeout_ns))
 
     def disarm_tasks(self) -> None:
         """The worker is awake: the consumer need not wake it."""

@@ -256,6 +256,7 @@ class WorkerPool:
         worker.channel.frames_sent += 1
         if not worker.writer.send(framed, fd):
             self.queued(worker)
+        worker.channel.ring_tasks()  # (a worker asleep on its futex would not see the frame)
 
     def wake(self, worker: WorkerHandle) -> None:
         """Wake ``worker``, asleep with an empty task queue (a task was just queued)."""
@@ -282,8 +283,10 @@ class WorkerPool:
         for fd, mask in events:
             worker, is_sentinel = self.fd_owner.get(fd, (None, True))
             writable = worker is not None and not is_sentinel and mask & select.POLLOUT
-            if writable and worker.writer.flush():  # type: ignore[union-attr]
-                self._sent(worker)  # type: ignore[arg-type]
+            if writable:
+                if worker.writer.flush():  # type: ignore[union-attr]
+                    self._sent(worker)  # type: ignore[arg-type]
+                worker.channel.ring_tasks()  # type: ignore[union-attr]
             if mask != select.POLLOUT:
                 other = True
         return other
@@ -393,6 +396,7 @@ class WorkerPool:
             fdguard.unregister(w.fd)
             w.conn.close()
             w.reader.close()
+            w.channel.ring_tasks()  # asleep on its futex: it wakes to the stop (or EOF) now
         self.sending.clear()
         deadline = time.monotonic() + (JOIN_TIMEOUT_S if graceful else 0.0)
         for w in self.workers:

@@ -30,9 +30,17 @@ from shmloader.memory.ring import Ring, attach_fd
 from shmloader.system import slots as _slots
 from shmloader.system.process import ParentDeath, die_with_parent, use_batch_policy, yield_cpu
 from shmloader.transport import wire
-from shmloader.transport.channel import YIELD_MAX_NS, Channel, next_yield_window
+from shmloader.transport.channel import (
+    SLEEP_FUTEX,
+    SLEEP_WINDOW_NS,
+    TASK_SPIN_NS,
+    YIELD_MAX_NS,
+    Channel,
+    next_yield_window,
+)
 from shmloader.workers import seeding
 from shmloader.workers.failures import WorkerFailure
+from shmloader.workers.policy import PolicyTuner
 
 _RESULT_WAKE = wire.result_wake_frame()
 _VIEW_CACHE_SIZE = 1024  # entries of the placement, skeleton and view caches (ragged batches: one per shape)
@@ -40,8 +48,8 @@ _VIEW_CACHE_SIZE = 1024  # entries of the placement, skeleton and view caches (r
 # (memfd, reserve, map, the memory budget's reads, the descriptor's passing, and a mapping
 # in the consumer) costs far more than pickling and unpickling this many bytes.
 PICKLED_MAX_BYTES = 64 * 1024
-# Out of tasks, a worker yields its CPU for up to this long before it sleeps (see
-# _Worker.yield_for_work and channel.next_yield_window).
+# Out of tasks, a worker without a futex yields its CPU for up to this long before it
+# sleeps (see _Worker.yield_for_work and channel.next_yield_window).
 SPIN_MAX_NS = YIELD_MAX_NS
 
 
@@ -125,9 +133,10 @@ def _yield_to_the_consumer() -> None:
     SCHED_BATCH policy: the same CPU share as before, but a worker that wakes up (a task
     came) no longer preempts the process running on that CPU, most often the consumer,
     which then finishes its step first. The consumer's wake-up write stops costing it a
-    worker's whole batch of wall time, which small batches feel most. A worker_init_fn
-    may set another policy: it runs after this. Where the policy is refused (a sandbox)
-    or absent, nothing changes."""
+    worker's whole batch of wall time, which small batches feel most. On a busy machine
+    a worker woken late goes back to the normal policy (:mod:`shmloader.workers.policy`).
+    A worker_init_fn may set another policy: it runs after this, and is left alone. Where
+    the policy is refused (a sandbox) or absent, nothing changes."""
     use_batch_policy()
 
 
@@ -173,8 +182,12 @@ class _Worker:
         self.collate_from: int | None = None  # when the current batch's collation began
         self.channel: Channel | None = None  # the task and result queues (the first frame)
         self.frames_sent = 0  # frames sent to the consumer: the stamp of each queued result
-        self.spin_ns = SPIN_MAX_NS  # ns to yield for a task before sleeping (serve)
-        self.socket_poller = select.poll()  # (yield_for_work: has a frame come?)
+        # Out of tasks: sleep on the task queue's futex first (sleep_for_work), else
+        # yield for up to spin_ns before sleeping on the socket (yield_for_work).
+        self.futex = _slots.HAS_FUTEX
+        self.policy: PolicyTuner | None = None  # made in run()
+        self.spin_ns = 0 if self.futex else SPIN_MAX_NS
+        self.socket_poller = select.poll()  # (has a frame come?)
         self.socket_poller.register(self.fd, select.POLLIN)
 
     def start_epoch(
@@ -212,6 +225,7 @@ class _Worker:
                 failure = WorkerFailure.capture(exc, cfg.worker_id, "running worker_init_fn", None)
                 self.conn.send_bytes(wire.pack(wire.RES_INIT_ERROR, payload=pickle.dumps(failure)))
                 return
+        self.policy = PolicyTuner()  # (after worker_init_fn: a policy it set is kept)
         try:
             self.serve()
         except _Stop:
@@ -241,7 +255,7 @@ class _Worker:
                 self.on_frame(frames.popleft())
             elif tasks:
                 self.read_frames(frames)  # a frame sent before the next task: on its way
-            elif self.spin_ns and self.yield_for_work(take, tasks, frames):
+            elif self.wait_for_work(channel, tasks, frames):
                 pass
             elif channel.arm_tasks():
                 # Asleep: the consumer writes a wake-up with its next task (or a frame).
@@ -249,9 +263,47 @@ class _Worker:
                     slept = self.read_frames(frames)
                 finally:
                     channel.disarm_tasks()
-                # Yield next time while it would have caught this task (a loop whose
-                # steps last milliseconds soon sleeps at once again).
-                self.spin_ns = next_yield_window(self.spin_ns, slept, SPIN_MAX_NS)
+                if not self.futex:
+                    # Yield next time while it would have caught this task (a loop whose
+                    # steps last milliseconds soon sleeps at once again).
+                    self.spin_ns = next_yield_window(self.spin_ns, slept, SPIN_MAX_NS)
+
+    def wait_for_work(self, channel: Channel, tasks: deque, frames: deque[bytes]) -> bool:
+        """Out of tasks, before sleeping on the socket: sleep on the futex where there is
+        one (:meth:`sleep_for_work`), else yield the CPU for the adapted window
+        (:meth:`yield_for_work`); True when a task or a frame came."""
+        if self.futex:
+            return self.sleep_for_work(channel, tasks, frames)
+        return bool(self.spin_ns) and self.yield_for_work(channel.take_tasks, tasks, frames)
+
+    def sleep_for_work(self, channel: Channel, tasks: deque, frames: deque[bytes]) -> bool:
+        """Out of tasks: sleep on the task queue's futex until the consumer queues a task
+        (into ``tasks``) or writes a frame (read into ``frames``: a task too large for the
+        queue, a new ring, an epoch, a stop), for up to SLEEP_WINDOW_NS; True when either
+        came, False when nothing did (the caller then sleeps on the socket, which also
+        sees the consumer's end close). Neither the sleep nor its wake-up gives up a time
+        slice or writes a byte, however busy the machine."""
+        clock = time.monotonic_ns  # (the clock of the consumer's wake-up stamp)
+        start = clock()
+        readable = self.socket_poller.poll
+        if channel.arm_tasks(SLEEP_FUTEX):
+            # A frame written before the arm rang nobody: look at the socket once more.
+            if readable(0):
+                channel.disarm_tasks()
+            elif channel.sleep_tasks(SLEEP_WINDOW_NS, TASK_SPIN_NS) and self.policy is not None:
+                # How late this worker runs after the consumer's wake-up (if it woke us).
+                woken = channel.woken_at()
+                if woken >= start:
+                    self.policy.woke(clock() - woken)
+        got = channel.take_tasks()
+        # (With tasks, frames wait: the stamps read them when a task needs them, and the
+        # queue's end does.)
+        framed = not got and bool(readable(0))
+        self.idle_ns += clock() - start
+        if framed:
+            self.read_frames(frames)  # (its bytes are there: no wait)
+        tasks.extend(got)
+        return bool(got) or framed
 
     def yield_for_work(self, take: Callable[[], list], tasks: deque, frames: deque[bytes]) -> bool:
         """Out of tasks: give this CPU to whatever else is runnable on it (the other
@@ -354,6 +406,7 @@ class _Worker:
         and the consumer reads the frame before acting on that result: see channel.py)."""
         self.frames_sent += 1
         self.conn.send_bytes(message)
+        self.channel.ring_results(self.frames_sent)  # (a consumer asleep on the futex would not see it)
 
     def send_result(self, slot: int, seq: int, collate_ns: int) -> None:
         """Batch ``seq`` is READY in ``slot``: tell the consumer, with the clocks."""
@@ -367,6 +420,7 @@ class _Worker:
             return
         self.frames_sent += 1  # (no room in the queue)
         wire.send_frame(self.fd, wire.ready_frame(slot, seq, self.fetch_ns, collate_ns, self.idle_ns))
+        self.channel.ring_results(self.frames_sent)
 
     def report_stats(self) -> None:
         """Send what the dataset's ``shmloader_stats()`` counters gained since the last report (only
@@ -470,6 +524,7 @@ class _Worker:
             message = wire.pack(wire.RES_SEGMENT, slot, seq, wire.size_payload(total))
             self.frames_sent += 1
             wire.send_frame_with_fd(self.fd, wire.frame(message), segment.fd)
+            self.channel.ring_results(self.frames_sent)
         finally:
             segment.close_fd()  # the consumer holds its own descriptor now; ours goes
 
