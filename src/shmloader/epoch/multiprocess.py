@@ -350,7 +350,7 @@ class MultiProcessIter:
 
     def _end_epoch(self) -> None:
         self.epoch_done = True
-        self._memory.check(time.perf_counter())  # where copy-on-read has done the most
+        self._memory.epoch_ended(time.perf_counter())
         if not self._persistent:
             self.close()
 

@@ -1,11 +1,14 @@
 """Watching a loader's workers' memory: ``stats()["memory"]`` and the copy-on-read warning.
 
-A :class:`MemoryWatch` lives as long as its loader. It reads each worker's memory when
-the worker starts (its baseline) and then on a schedule that thins out (after 0.5 s,
-1 s, 2 s, ... then every 16 s), at the end of each epoch and when ``stats()`` asks, so a
-batch costs one comparison of two floats. When a worker's private memory grew past both
-64 MiB and a quarter of what the dataset's large Python containers hold
-(:func:`~shmloader.memory.containers.large_containers`), it emits one
+A :class:`MemoryWatch` lives as long as its loader. It reads each worker's memory on a
+schedule that thins out (0.5 s after the first worker starts, then 1 s, 2 s, ... later,
+then every 16 s), at an epoch's end when half the current interval has passed since the
+last reading, and when ``stats()`` asks, so a batch costs one comparison of two floats.
+A worker's growth is its private memory: a process starts with none of its own (a forked
+one shares all of its parent's pages, a spawned one is an empty interpreter), so nothing
+is read when a worker starts (a read costs milliseconds per GB the process maps). When a
+worker's private memory grew past both 64 MiB and a quarter of what the dataset's large
+Python containers hold (:func:`~shmloader.memory.containers.large_containers`), it emits one
 :class:`~shmloader.errors.CopyOnReadWarning` naming them and the remedy.
 """
 
@@ -30,18 +33,15 @@ REPORT_MAX_AGE_S = 1.0  # stats() reuses readings this recent
 
 
 class _Worker:
-    __slots__ = ("baseline", "id", "last", "pid")
+    __slots__ = ("id", "last", "pid")
 
-    def __init__(self, wid: int, pid: int, baseline: ProcessMemory | None) -> None:
+    def __init__(self, wid: int, pid: int) -> None:
         self.id = wid
         self.pid = pid
-        self.baseline = baseline
-        self.last = baseline
+        self.last: ProcessMemory | None = None  # not read yet
 
     def growth(self) -> int:
-        if self.baseline is None or self.last is None:
-            return 0
-        return max(0, self.last.private - self.baseline.private)
+        return self.last.private if self.last is not None else 0
 
 
 class MemoryWatch:
@@ -55,6 +55,8 @@ class MemoryWatch:
         self._workers: dict[int, _Worker] = {}  # by pid
         self._interval = FIRST_CHECK_S
         self._read_at = -math.inf
+        self._parent: ProcessMemory | None = None  # this process's memory, read by report()
+        self._parent_at = -math.inf
         self.due = math.inf  # when check() should run next: none before a worker starts
         self.warned = False
         self.peak_uss = 0  # the most any worker's USS and growth reached, in the loader's life
@@ -65,11 +67,10 @@ class MemoryWatch:
     # --- workers coming and going ---------------------------------------------------------
 
     def started(self, wid: int, pid: int) -> None:
-        """Worker ``wid`` runs as process ``pid``: its memory now is its baseline (a pid
-        already known keeps its own)."""
+        """Worker ``wid`` runs as process ``pid`` (a pid already known is kept)."""
         if pid in self._workers:
             return
-        self._workers[pid] = _Worker(wid, pid, process_memory(pid))
+        self._workers[pid] = _Worker(wid, pid)
         if self.due == math.inf:
             self._interval = FIRST_CHECK_S
             self.due = self._clock() + self._interval
@@ -91,6 +92,13 @@ class MemoryWatch:
         if not self.warned:
             self._consider_warning()
 
+    def epoch_ended(self, now: float) -> None:
+        """An epoch ended (where copy-on-read has done the most): check now unless the
+        last reading is recent (under half the current interval, and 0.5 s), so short
+        epochs do not read /proc at each end."""
+        if self._workers and now - self._read_at >= max(FIRST_CHECK_S, self._interval / 2):
+            self.check(now)
+
     def _read(self, now: float) -> None:
         self._read_at = now
         for w in list(self._workers.values()):
@@ -107,11 +115,11 @@ class MemoryWatch:
         ``private``, or None where /proc cannot be read), ``workers_uss`` and
         ``workers_growth`` (their sums), ``peak_worker_uss`` and ``peak_worker_growth``
         (the most one worker reached in the loader's life, stopped workers included, as
-        read at the checks: after 0.5, 1, 2, ... 16 s, then every 16 s, and at each
-        epoch's end), ``copy_on_read_warned`` (whether the warning was
+        read at the checks), ``copy_on_read_warned`` (whether the warning was
         given) and ``shared`` / ``not_shared`` (``share_dataset=True``: the attributes
         replaced, with their estimated size, and those left, with why). Readings older
-        than a second are taken again (one /proc read per worker)."""
+        than a second are taken again (one /proc read per process: milliseconds each),
+        younger ones are reused."""
         now = self._clock()
         if now - self._read_at > REPORT_MAX_AGE_S:
             self._read(now)
@@ -119,7 +127,9 @@ class MemoryWatch:
         for w in sorted(self._workers.values(), key=lambda w: w.id):
             last = w.last.as_dict() if w.last is not None else {"uss": 0, "pss": 0, "rss": 0, "private": 0}
             workers.append({"id": w.id, "pid": w.pid, **last, "growth": w.growth()})
-        parent = process_memory(os.getpid())
+        if now - self._parent_at > REPORT_MAX_AGE_S:
+            self._parent, self._parent_at = process_memory(os.getpid()), now
+        parent = self._parent
         sharing = self.sharing
         return {
             "workers": workers,
