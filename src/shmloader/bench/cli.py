@@ -8,6 +8,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from shmloader.bench.busy import Burners
 from shmloader.bench.jpeg import W6_IMAGE_SIZE, measure_w6, w6_steps
@@ -103,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--plot", metavar="PATH", help="write a PNG bar chart of the ratios (needs matplotlib)"
     )
+    _add_workload_options(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    return parser
+
+
+def _add_workload_options(parser: argparse.ArgumentParser) -> None:
+    """The options of single workloads (W6's images, W8's records) and of the machine the
+    loaders run on (--busy)."""
     parser.add_argument(
         "--image-size",
         type=_image_size,
@@ -129,8 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="run N CPU-bound processes beside the loaders while they are measured (a busy "
         "machine: e.g. one per core), ended by the bench (default: 0)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
-    return parser
 
 
 def _steps(cfg: Config, repeat: int, memory: bool, have_torch: bool, w8_rounds: int = 1) -> int:
@@ -195,10 +202,8 @@ def run(
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``shmloader bench``: run the benchmark and print the tables."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse the options no run can use (argparse's error: usage, message, status 2)."""
     if (
         args.repeat < 1
         or (args.batches is not None and args.batches < 1)
@@ -212,6 +217,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--busy must be 0 or more (CPU-bound processes beside the loaders)")
     if any(w < 1 for w in args.workers):
         parser.error("--workers must be positive: the num_workers=0 path is measured in every configuration")
+
+
+def _settings(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The run's settings as the JSON records them."""
+    return {
+        "workloads": args.workloads,
+        "workers": args.workers,
+        "batches": args.batches,
+        "seconds": args.seconds,
+        "repeat": args.repeat,
+        "cold_batches": args.cold_batches,
+        "image_size": list(args.image_size),
+        "w8_records": args.w8_records,
+        "w8_rounds": args.w8_rounds,
+        "memory": not args.no_memory,
+        "busy": args.busy,
+        "command": command,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``shmloader bench``: run the benchmark and print the tables."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
 
     def out(s: str) -> None:
         print(s, flush=True)
@@ -257,20 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         out("\n" + TORCH_HINT)
     out(f"\n{len(configs)} configuration(s) in {time.perf_counter() - t0:.0f} s.")
     command = ("shmloader bench " + shlex.join(sys.argv[1:] if argv is None else argv)).strip()
-    settings = {
-        "workloads": args.workloads,
-        "workers": args.workers,
-        "batches": args.batches,
-        "seconds": args.seconds,
-        "repeat": args.repeat,
-        "cold_batches": args.cold_batches,
-        "image_size": list(args.image_size),
-        "w8_records": args.w8_records,
-        "w8_rounds": args.w8_rounds,
-        "memory": not args.no_memory,
-        "busy": args.busy,
-        "command": command,
-    }
+    settings = _settings(args, command)
     info["load_average_end"] = machine_info()["load_average"]
     if args.json:
         with open(args.json, "w") as f:
