@@ -30,6 +30,18 @@ if getattr(_main, "__spec__", None) is None and os.path.basename(getattr(_main, 
     _main.__spec__ = importlib.machinery.ModuleSpec("pytest.__main__", None)
 
 
+MAX_TEST_PROCESSES = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    """How many pytest processes ``-n auto`` (pyproject.toml's addopts) starts: one per
+    CPU this process may run on, at most MAX_TEST_PROCESSES. Most tests wait on the
+    workers they start, so two files at once nearly halve the suite's time on two cores;
+    each pytest process holds its own imports (torch's among them), so more than a few
+    cost memory without saving time."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_TEST_PROCESSES))
+
+
 @pytest.fixture(params=START_METHODS)
 def method(request):
     """The start method of the test's workers: every such test runs under each of them."""

@@ -89,6 +89,36 @@ def test_shared_equals_original(original):
     assert copy.deepcopy(shared) is shared
 
 
+numeric_lists = (
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=8)
+    | st.lists(st.floats(allow_nan=False, width=64), max_size=8)
+    | st.lists(st.integers(-9, 9) | st.floats(-9, 9) | st.booleans(), max_size=8)  # mixed: references
+    | st.lists(st.lists(st.floats(-9, 9), min_size=3, max_size=3), max_size=4)  # nested: 2-d
+    | st.lists(st.text(max_size=3), max_size=4)
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    numeric_lists,
+    st.sampled_from([None, np.float16, np.float32, np.float64, np.complex128, np.int32, np.int64]),
+)
+def test_numpy_builds_from_a_shared_list_what_it_builds_from_the_original(original, dtype):
+    shared = share({"v": original, "t": tuple(original)})
+    for view, plain in ((shared["v"], original), (shared["t"], tuple(original))):
+        try:
+            want = np.array(plain, dtype=dtype)
+        except (ValueError, OverflowError) as exc:  # e.g. text as float32: the same error
+            with pytest.raises(type(exc)):
+                np.array(view, dtype=dtype)
+            continue
+        got = np.array(view, dtype=dtype)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+        assert got.flags.writeable  # the caller's own array, never the segment's pages
+        assert np.asarray(view).dtype == np.asarray(plain).dtype
+
+
 def test_mixed_kinds_and_lookups():
     original = {
         "paths": ["a/b.jpg", "é\ud800", ""],  # a lone surrogate survives

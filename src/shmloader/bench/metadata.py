@@ -172,7 +172,7 @@ def _epoch(spec: dict[str, Any]) -> dict[str, Any]:
     _batch = None
     parent = process_memory(os.getpid())
     memory = loader.stats().get("memory", {}) if spec["loader"] == "shmloader" else {}
-    close_iter(it)
+    closed = _closed(it)
     peak = [sampler.peak_uss[pid] for pid in sorted(end)]
     return {
         "batches": batches,
@@ -186,7 +186,19 @@ def _epoch(spec: dict[str, Any]) -> dict[str, Any]:
         "total_pss": (parent.pss if parent is not None else 0) + sum(m["pss"] for m in end.values()),
         "shared": memory.get("shared", {}),
         "copy_on_read_warned": memory.get("copy_on_read_warned"),
+        **closed,
     }
+
+
+def _closed(it: Any) -> dict[str, str]:
+    """Stop ``it``'s workers. The figures are taken by then: a worker that dies while it
+    stops (torch's spawn workers now and then abort at exit, "terminate called without an
+    active exception") is reported as ``close_error``, not as a failed measurement."""
+    try:
+        close_iter(it)
+    except Exception as exc:
+        return {"close_error": f"{type(exc).__name__}: {exc}".strip()}
+    return {}
 
 
 def _first_batch(spec: dict[str, Any]) -> dict[str, Any]:
@@ -206,8 +218,7 @@ def _first_batch(spec: dict[str, Any]) -> dict[str, Any]:
     it = iter(loader)
     next(it)
     first = time.perf_counter() - t0
-    close_iter(it)
-    return {"first_batch_s": first, "share_s": share_s}
+    return {"first_batch_s": first, "share_s": share_s, **_closed(it)}
 
 
 def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
@@ -374,6 +385,14 @@ def measure_w8(
     ok = {r.loader: r for r in res.rows if r.runs}
     paired = len({len(r.runs) for r in ok.values()}) == 1  # ratios pair rounds: only when all ran
     summarize(ok, res.batch_bytes, base="torch" if paired else "")
+    for kind, peers in (("fork", fork), ("spawn", spawn)):
+        for name, got in peers.items():
+            for g in got:
+                if "close_error" in g:
+                    res.notes.append(
+                        f"{cfg.label} {kind} {name}: a worker died while the workers stopped, after "
+                        f"the figures were taken ({g['close_error']})"
+                    )
     res.notes.append(
         f"{cfg.label}: {records:,} records, batch {W8_BATCH}, shuffled, one epoch per fresh process "
         f"(fork), batches/s after the first batch; W8 took {res.extra['w8']['seconds']:.0f} s"

@@ -106,6 +106,18 @@ def plain(value: Any) -> Any:
     return value
 
 
+def _exact_from_int64(dtype: Any) -> bool:
+    """Whether casting int64 values to ``dtype`` gives what numpy gives from the Python
+    ints (narrower ints raise on overflow from Python ints and wrap from int64)."""
+    return dtype is None or np.dtype(dtype) in (np.dtype(np.int64), np.dtype(np.float64))
+
+
+def _exact_from_float64(dtype: Any) -> bool:
+    """Whether casting float64 values to ``dtype`` gives what numpy gives from the
+    Python floats (to an int, those raise on overflow and float64 wraps)."""
+    return dtype is None or np.dtype(dtype).kind in "fc"
+
+
 class _SharedSequence(Sequence):
     """A shared list or tuple: ``len``, indexing (slices give a plain list or tuple),
     iteration, ``in``, ``index``, ``count``, ``reversed``, comparison with its kind."""
@@ -208,6 +220,27 @@ class _SharedSequence(Sequence):
         """A plain, private copy: lists, tuples and dicts all the way down (numpy arrays
         copied out of the segment), free to change."""
         return self._kind(plain(v) for v in self)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """What ``numpy.array`` builds from the equal plain list: a list of ints or floats
+        is read from the segment in one step (int64 or float64, then ``dtype``), any
+        other through its plain copy. The array is the caller's own, never the segment's."""
+        form = self._form
+        if (form == L.INTS and _exact_from_int64(dtype)) or (form == L.FLOATS and _exact_from_float64(dtype)):
+            packed = np.frombuffer(
+                self._store.mm,
+                np.int64 if form == L.INTS else np.float64,
+                self._n,
+                self._pos + L.SEQ_HEAD.size,
+            )
+            return packed.copy() if dtype is None else packed.astype(dtype)
+        if copy is False:
+            raise ValueError(
+                f"numpy was asked for an array over a shared {self._kind.__name__} without a copy "
+                "(copy=False), but only a list of ints or of floats lies in the segment as numpy "
+                "reads it: pass copy=None or True."
+            )
+        return np.array(self.copy(), dtype=dtype)
 
     def __copy__(self) -> Any:
         return self  # read-only, as a tuple: a copy would be the same
