@@ -1,10 +1,10 @@
-"""Only the cffi extensions live here; all other metadata is in pyproject.toml."""
+"""Only the C extensions live here; all other metadata is in pyproject.toml."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 
 def _jpeg_builder():
@@ -29,4 +29,8 @@ if isinstance(headers, str):
     )
 else:
     modules.append("native/build_jpeg.py:ffibuilder")
-setup(cffi_modules=modules)
+# The shared-structure reader builds Python objects, so it uses Python's C API, not cffi.
+shared_read = Extension(
+    "shmloader._shared_read", ["native/shared_read.c"], extra_compile_args=["-O2", "-std=gnu11"]
+)
+setup(cffi_modules=modules, ext_modules=[shared_read])

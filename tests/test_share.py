@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shmloader import DataLoader, share
-from shmloader.memory.shared import SharedDict, SharedList, SharedTuple
+from shmloader.memory.shared import SharedDict, SharedList, SharedTuple, views
 
 # --- values and types ----------------------------------------------------------------------
 
@@ -39,16 +39,40 @@ structures = st.recursive(
 containers = st.lists(structures) | st.lists(structures).map(tuple) | st.dictionaries(keys, structures)
 
 
-def same(view, original) -> None:
-    """``view`` stands for ``original``: a view of the same kind, equal values of the same
-    types, all the way down."""
+VIEWS = (SharedList, SharedTuple, SharedDict)
+
+
+def plain_same(value, original) -> None:
+    """``value`` is an ordinary object equal to ``original``, of its types all the way down
+    (no view inside)."""
+    assert type(value) is type(original)
+    if type(original) in (list, tuple):
+        assert len(value) == len(original)
+        for a, b in zip(value, original):
+            plain_same(a, b)
+    elif type(original) is dict:
+        assert list(value) == list(original) and [type(k) for k in value] == [type(k) for k in original]
+        for k, v in original.items():
+            plain_same(value[k], v)
+    else:
+        assert value == original
+
+
+def same(view, original, top: bool = True) -> None:
+    """``view`` stands for ``original``: at the top, a view of the same kind; below it,
+    such a view or (a small container: views.PLAIN_VALUES) an equal plain container;
+    equal values of the same types, all the way down."""
+    if not top and type(original) in (list, tuple, dict) and not isinstance(view, VIEWS):
+        plain_same(view, original)
+        assert count_values(original) <= views.PLAIN_VALUES
+        return
     if type(original) is list:
         assert type(view) is SharedList and len(view) == len(original)
         assert list(view) == original
         for a, b in zip(view, original):
-            same(a, b)
+            same(a, b, False)
         for i in range(-len(original), len(original)):
-            same(view[i], original[i])
+            same(view[i], original[i], False)
     elif type(original) is tuple:
         assert type(view) is SharedTuple and tuple(view) == original
         try:
@@ -57,20 +81,30 @@ def same(view, original) -> None:
             with pytest.raises(TypeError):
                 hash(view)
         for a, b in zip(view, original):
-            same(a, b)
+            same(a, b, False)
     elif type(original) is dict:
         assert type(view) is SharedDict and len(view) == len(original)
         assert list(view) == list(original)
         assert [type(k) for k in view] == [type(k) for k in original]
         for k, v in original.items():
             assert k in view
-            same(view[k], v)
-            same(view.get(k), v)
+            same(view[k], v, False)
+            same(view.get(k), v, False)
         for (vk, vv), (ok, ov) in zip(view.items(), original.items()):
             assert vk == ok
-            same(vv, ov)
+            same(vv, ov, False)
     else:
         assert type(view) is type(original) and view == original
+
+
+def count_values(value) -> int:
+    """At least the values a reader counts against views.PLAIN_VALUES in ``value``: itself,
+    its items and theirs (a dict's values; its keys may count too)."""
+    if type(value) in (list, tuple):
+        return 1 + sum(count_values(v) for v in value)
+    if type(value) is dict:
+        return 1 + sum(count_values(v) for v in value.values())
+    return 1
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -205,9 +239,11 @@ def test_records_share_one_key_table():
     original[6] = {"path": "fewer"}
     original[7] = {1: "int", 2.5: "float", (1, "a"): "tuple"}
     original[8] = {True: "bool", 1.5: "float", (1, "a"): "tuple"}  # equal to 7's keys but True, not 1
+    original[10]["extra"] = list(range(views.PLAIN_VALUES))  # over the budget: a view
     shared = share(original)
     same(shared, original)
     assert [list(r) for r in shared] == [list(r) for r in original]
+    assert type(shared[11]) is dict and shared[11] == original[11]  # small: a plain dict
     rec = shared[10]
     assert type(rec) is SharedDict and rec == original[10] and dict(rec) == original[10]
     assert "path" in rec and "nope" not in rec and rec.get("nope", 3) == 3 and frozenset() not in rec
@@ -251,7 +287,9 @@ def test_lists_of_lists_and_tuples():
     ]
     shared = share(original)
     same(shared, original)
-    assert type(shared[2][3]) is SharedTuple and type(shared[2][3][3]) is SharedList
+    # Each list of 50 is a view; each item a small container: plain, of its own types.
+    assert type(shared[2]) is SharedList and shared[2][3] == (3, "s3", None, [3, 2**64])
+    assert type(shared[2][3]) is tuple and type(shared[2][3][3]) is list
 
 
 @pytest.mark.parametrize(
@@ -298,7 +336,8 @@ def test_records_travel_to_a_spawned_process():
     shared = share(original)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    for view, want, keys in ((shared, original, None), (shared[3], original[3], list(original[3]))):
+    big = share({"records": original, "big": {f"k{i}": i for i in range(views.PLAIN_VALUES + 1)}})
+    for view, want, keys in ((shared, original, None), (big["big"], big["big"].copy(), list(big["big"]))):
         p = ctx.Process(target=_read_shared, args=(view, q))
         p.start()
         got = q.get(timeout=60)
@@ -357,18 +396,66 @@ def test_numpy_arrays_are_read_only_views():
     ],
 )
 def test_writes_raise_type_error_naming_the_remedy(write):
-    shared = share({"l": [1, 2], "t": (1, 2)})
+    # Over views.PLAIN_VALUES values each, so reads give views (smaller: plain copies).
+    big = [1, 2, *range(views.PLAIN_VALUES)]
+    original = {"l": big, "t": tuple(big)}
+    shared = share(original)
     with pytest.raises(TypeError, match=r"read-only .* private copy \(shared\.copy\(\)"):
         write(shared)
-    assert shared == {"l": [1, 2], "t": (1, 2)}
+    assert shared == original
 
 
 def test_augmented_assignment_leaves_the_view_unchanged():
-    shared = share({"l": [1]})
+    big = list(range(views.PLAIN_VALUES + 1))
+    shared = share({"l": big})
     items = shared["l"]
     with pytest.raises(TypeError):
         items += [2]
-    assert shared["l"] == [1]
+    assert shared["l"] == big
+
+
+def test_small_containers_come_back_as_private_plain_copies():
+    """A record read from a shared list is an ordinary dict, built on each read: changing
+    it changes neither the segment nor the next read (as in a forked worker, where a
+    change to a record stays in that worker's copy)."""
+    small = {"path": "a.jpg", "ann": {"bbox": [1.0, 2.0, 3.0, 4.0], "tags": ("x", "y")}}
+    shared = share([small, {"k": list(range(views.PLAIN_VALUES))}])
+    rec = shared[0]
+    assert type(rec) is dict and type(rec["ann"]["bbox"]) is list and rec == small
+    rec["ann"]["bbox"].append(5.0)
+    rec["path"] = "b.jpg"
+    assert shared[0] == small and shared[0] is not shared[0]
+    assert copy.deepcopy(shared[0]) == small  # what detectron2-style mappers do first
+    assert type(shared[1]) is SharedDict and type(shared[1]["k"]) is SharedList
+    with pytest.raises(TypeError, match="read-only"):
+        shared[1]["k"].append(1)
+    arrays = share([{"a": np.arange(3.0)}])[0]
+    assert not arrays["a"].flags.writeable  # an array inside stays a view of the segment
+    with pytest.raises(ValueError):
+        arrays["a"][0] = 1.0
+
+
+def test_a_corrupt_segment_gives_value_error_not_a_stray_read():
+    from shmloader._shared_read import build
+
+    good = share([{"path": "p", "n": [1.0, 2.0]}])
+    mm = bytearray(good._store.mm)
+    for offset in range(len(mm)):
+        for byte in (0xFF, 0x7F):
+            bad = bytearray(mm)
+            bad[offset] = byte
+            try:
+                build(bytes(bad), 8, views.PLAIN_VALUES, {}, views.view_at, good._store, None)
+                build(bytes(bad), 8 + 32, views.PLAIN_VALUES, {}, views.view_at, good._store, None)
+            except (ValueError, UnicodeDecodeError, TypeError, OverflowError):
+                pass  # refused with an error; anything else (a crash) fails the test
+    # A list whose item is itself (no encoder writes one): the reader stops at its depth
+    # bound, whatever the budget, and says "too big" (views then read it lazily).
+    from shmloader.memory.shared import layout as L
+
+    cycle = L.MAGIC + L.REF.pack(L.LIST, 24) + L.SEQ_HEAD.pack(L.REFS, 1) + L.REF.pack(L.LIST, 24)
+    too_big = object()
+    assert build(cycle, 8, 10**9, {}, views.view_at, good._store, too_big) is too_big
 
 
 @pytest.mark.parametrize(

@@ -28,14 +28,13 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from shmloader.bench.isolated import run_isolated
 from shmloader.bench.peers import close_iter, summarize
 from shmloader.bench.progress import Progress
 from shmloader.bench.results import ConfigResult, Row, median_spread
@@ -46,7 +45,6 @@ W8_RECORDS = 1_000_000
 W8_BATCH = 512
 SAMPLE_INTERVAL_S = 0.25
 CHILD_TIMEOUT_S = 900.0
-_REAP_WAIT_S = 3.0  # a session's last processes (spawn's resource tracker) exit this soon
 
 # name -> (loader, dataset, options): "records" is MetadataDataset, "empty" its twin.
 FORK_PEERS: dict[str, tuple[str, str, dict[str, bool]]] = {
@@ -228,62 +226,10 @@ def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
 # --- in the bench's process ------------------------------------------------------------
 
 
-def _session_pids(sid: int) -> list[int]:
-    """The live processes of session ``sid`` (the measuring process's, and what it started)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        # after the command: state, ppid, pgrp, session
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
-
-
-def _kill_session(sid: int) -> None:
-    try:
-        os.killpg(sid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def run_child(spec: dict[str, Any], timeout: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
-    """Run one measurement in a fresh process of its own session and return its figures,
-    or ``{"error": ...}`` saying why there are none. The process and anything it started
-    are ended on a timeout, an error or an interrupt; processes it left behind when it
-    exited are listed under ``"leaked"`` (and ended)."""
-    cmd = [sys.executable, "-m", "shmloader.bench.metadata", json.dumps(spec)]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_session(proc.pid)
-        proc.communicate()
-        return {"error": f"the measurement did not finish in {timeout:.0f} s", "leaked": []}
-    except BaseException:
-        _kill_session(proc.pid)
-        proc.wait()
-        raise
-    deadline = time.monotonic() + _REAP_WAIT_S
-    left = _session_pids(proc.pid)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = _session_pids(proc.pid)
-    if left:
-        _kill_session(proc.pid)
-    if proc.returncode != 0:
-        last = err.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        return {"error": f"the measurement failed: {last[0]}", "leaked": left}
-    result = json.loads(out.strip().splitlines()[-1])
-    result["leaked"] = left
-    return result
+    """Run one W8 measurement in a fresh process of its own session (see
+    :func:`~shmloader.bench.isolated.run_isolated`): its figures, or ``{"error": ...}``."""
+    return run_isolated("shmloader.bench.metadata", spec, timeout)
 
 
 def w8_steps(rounds: int, have_torch: bool) -> int:

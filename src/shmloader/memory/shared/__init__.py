@@ -13,7 +13,7 @@ from typing import Any
 import shmloader.memory.shared.layout as L
 from shmloader.memory.shared.encode import SUPPORTED, Writer
 from shmloader.memory.shared.store import create
-from shmloader.memory.shared.views import SharedDict, SharedList, SharedTuple, value_at
+from shmloader.memory.shared.views import SharedDict, SharedList, SharedTuple, view_at
 
 __all__ = ["SharedDict", "SharedList", "SharedTuple", "share"]
 
@@ -40,4 +40,4 @@ def share(obj: Any, *, backend: str = "auto") -> SharedList | SharedTuple | Shar
     data = Writer().finish(obj)
     store = create(data, backend)
     del data
-    return value_at(store, L.ROOT)
+    return view_at(store, L.ROOT)

@@ -25,9 +25,16 @@ from typing import Any
 import numpy as np
 
 import shmloader.memory.shared.layout as L
+from shmloader._shared_read import build as _build
 from shmloader.memory.shared.store import Store
 
 _CHUNK = 4096  # items decoded per read while iterating a packed list
+# A container read from a view comes back as a plain list, tuple or dict, the reader's own,
+# when it holds at most this many values all the way down (its items, theirs, ...; a
+# packed list's numbers and strings each count): a record of a dataset is then as fast to
+# use as the original. A larger one comes back as a view, whose reads cost a call each.
+PLAIN_VALUES = 64
+_TOO_BIG = object()  # what _build gives for a container over the budget
 
 _unpack_u64 = L.U64.unpack_from
 _unpack_i64 = L.I64.unpack_from
@@ -37,7 +44,16 @@ _unpack_span = struct.Struct("=IQ").unpack_from  # a span reference's length and
 
 
 def value_at(store: Store, pos: int) -> Any:
-    """The value whose 16-byte reference is at ``pos``."""
+    """The value whose 16-byte reference is at ``pos``: a container of at most
+    :data:`PLAIN_VALUES` values in all as a plain list, tuple or dict (built in one C
+    call), a larger one as a view."""
+    got = _build(store.mm, pos, PLAIN_VALUES, store.record_keys, view_at, store, _TOO_BIG)
+    return view_at(store, pos) if got is _TOO_BIG else got
+
+
+def view_at(store: Store, pos: int) -> Any:
+    """The value whose 16-byte reference is at ``pos``, a container as a view whatever
+    its size."""
     mm = store.mm
     tag = mm[pos]
     if tag == L.INT:
@@ -103,6 +119,11 @@ def plain(value: Any) -> Any:
         return value.copy()
     if isinstance(value, np.ndarray):
         return value.copy()
+    kind = type(value)
+    if kind is list or kind is tuple:  # a small container, built plain: its arrays are views
+        return kind(plain(v) for v in value)
+    if kind is dict:
+        return {k: plain(v) for k, v in value.items()}
     return value
 
 
@@ -142,6 +163,11 @@ class _SharedSequence(Sequence):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"{self._kind.__name__} index out of range")
+        if self._form == L.REFS:  # value_at inlined: a dataset's records are read here
+            store = self._store
+            pos = self._pos + L.SEQ_HEAD.size + L.REF_SIZE * i
+            got = _build(store.mm, pos, PLAIN_VALUES, store.record_keys, view_at, store, _TOO_BIG)
+            return view_at(store, pos) if got is _TOO_BIG else got
         return self._item(i)
 
     def _item(self, i: int) -> Any:
