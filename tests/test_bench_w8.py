@@ -44,6 +44,7 @@ def test_w8_shared_workers_hold_less_and_nothing_leaks(w8_run):
         run = w8["fork_runs"][name][0]
         assert len(run["workers_peak_uss"]) == 2 and run["batches"] == -(-_RECORDS // metadata.W8_BATCH)
         assert run["total_pss"] > sum(run["workers_end_pss"]) > 0
+        assert run["next_epoch_s"] > 0
     for name in ("shmloader", "shmloader share_dataset", "shmloader pre-shared"):
         assert spawn[name]["first_batch_s"]["median"] > 0
     assert spawn["shmloader pre-shared"]["share_s"]["median"] > 0
@@ -55,7 +56,7 @@ def test_w8_shared_workers_hold_less_and_nothing_leaks(w8_run):
     assert (
         fork["shmloader empty"]["worker_peak_uss"]["median"] < fork["shmloader"]["worker_peak_uss"]["median"]
     )
-    assert "W8 workers' memory" in text and "W8 time to first batch (spawn" in text
+    assert "next epoch s" in text and "W8 workers' memory" in text and "W8 time to first batch (spawn" in text
 
 
 @pytest.mark.timeout(_DEADLINE_S + 30)

@@ -6,7 +6,8 @@ Every measurement runs in a fresh process (``python -m shmloader.bench.metadata 
 in a session of its own), so no configuration inherits another's memory; the bench ends
 and reaps it, and any process it left, also on errors and interrupts. Two kinds:
 
-- ``fork``: one shuffled epoch, batch 512, workers started by fork (not persistent). A
+- ``fork``: one shuffled epoch, batch 512, workers started by fork (not persistent), then
+  the same loader's next epoch, timed alone (share_dataset shares in the first only). A
   thread of the measuring process reads each worker's USS and PSS
   (:func:`~shmloader.memory.usage.process_memory`) every 0.25 s and once more when the
   last batch is in hand, before the workers stop. Reported: each worker's peak USS,
@@ -171,11 +172,19 @@ def _epoch(spec: dict[str, Any]) -> dict[str, Any]:
     parent = process_memory(os.getpid())
     memory = loader.stats().get("memory", {}) if spec["loader"] == "shmloader" else {}
     closed = _closed(it)
+    it = None
+    # The same loader's next epoch: a shared dataset was shared by the first.
+    t0 = perf()
+    for _batch in loader:
+        pass
+    _batch = None
+    next_epoch_s = perf() - t0
     peak = [sampler.peak_uss[pid] for pid in sorted(end)]
     return {
         "batches": batches,
         "first_batch_s": t_first,
         "epoch_s": t_last,
+        "next_epoch_s": next_epoch_s,
         "batches_per_s": (batches - 1) / max(t_last - t_first, 1e-9),
         "consumer_cpu_ms": cpu_s / max(batches - 1, 1) * 1e3,
         "workers_peak_uss": peak,
@@ -282,6 +291,7 @@ FORK_FIELDS: dict[str, Callable[[dict], float]] = {
     "total_pss": lambda g: g["total_pss"],
     "epoch_s": lambda g: g["epoch_s"],
     "first_batch_s": lambda g: g["first_batch_s"],
+    "next_epoch_s": lambda g: g["next_epoch_s"],
     "batches_per_s": lambda g: g["batches_per_s"],
 }
 SPAWN_FIELDS: dict[str, Callable[[dict], float]] = {"first_batch_s": lambda g: g["first_batch_s"]}

@@ -37,7 +37,7 @@ _WASTE_HEADER = ["workload", "bucketed waste", "unbucketed waste", "elements/bat
 _W8_MEM_TITLE = (
     "W8 workers' memory (fork, one shuffled epoch per fresh process; USS: each worker's peak, "
     "read every 0.25 s and at the last batch; PSS: the consumer and its workers at the last batch; "
-    "times from iter())"
+    "times from iter(); next epoch: the same loader's second epoch, its workers started again)"
 )
 _W8_MEM_HEADER = [
     "workload",
@@ -47,6 +47,7 @@ _W8_MEM_HEADER = [
     "total PSS MB",
     "epoch s",
     "first batch s",
+    "next epoch s",
 ]
 _W8_SPAWN_TITLE = (
     "W8 time to first batch (spawn, from iter(); share_dataset: share() inside that iter(); "
@@ -222,7 +223,7 @@ def _w8_memory_rows(results: list[ConfigResult]) -> list[list[str]]:
         w8 = res.extra.get("w8")
         for name, fig in (w8 or {}).get("fork", {}).items():
             if "error" in fig:
-                rows.append([res.config.label, name, fig["error"], "", "", "", ""])
+                rows.append([res.config.label, name, fig["error"], "", "", "", "", ""])
                 continue
             mb = 2**20
             rows.append(
@@ -234,6 +235,7 @@ def _w8_memory_rows(results: list[ConfigResult]) -> list[list[str]]:
                     _figure(fig["total_pss"], mb),
                     _figure(fig["epoch_s"], spec=".2f"),
                     _figure(fig["first_batch_s"], spec=".2f"),
+                    _figure(fig.get("next_epoch_s"), spec=".2f"),
                 ]
             )
     return rows
