@@ -52,17 +52,20 @@ def _mib(n: float) -> str:
 
 
 def check_native() -> Check:
+    """The C helpers every loader needs: the slots' atomics (cffi) and the shared-structure
+    reader (a CPython extension)."""
     try:
+        from shmloader import _shared_read  # noqa: F401
         from shmloader.system import slots as _slots  # noqa: F401
     except ImportError as exc:
         return Check(
             "native helper",
             FAIL,
-            f"shmloader._native cannot be imported: {exc}",
-            "reinstall so the cffi extension is built: pip install -e . (needs a C compiler "
-            "and the cffi package)",
+            f"a C extension of shmloader cannot be imported: {exc}",
+            "reinstall so the extensions are built: pip install -e . (needs a C compiler, "
+            "Python's headers and the cffi package)",
         )
-    return Check("native helper", OK, "shmloader._native is built and loads")
+    return Check("native helper", OK, "shmloader._native and shmloader._shared_read are built and load")
 
 
 def _budget_text(budget: Any) -> str:

@@ -148,16 +148,31 @@ def measure_config(
 ) -> ConfigResult:
     """Time every peer of ``cfg`` side by side, then fresh loaders' short epochs (cold,
     and time to first batch), then memory (``memory``: a fresh process per loader)."""
-    from shmloader.memory.sizing import default_num_slots
-
     wl = WORKLOADS[cfg.workload]
     if wl.make is None:
         raise ValueError(f"{cfg.label}: W6 is measured by shmloader.bench.jpeg.measure_w6, not here.")
     n_batches = batches or wl.default_batches
-    length = wl.batch_size * (n_batches + WARMUP_BATCHES + 8)
-    dataset = wl.make(length)
-    num_slots = default_num_slots(cfg.workers, _PREFETCH)  # the loader's ring, for the ceiling
+    dataset = wl.make(wl.batch_size * (n_batches + WARMUP_BATCHES + 8))
     load0 = load1()
+    res = _new_result(cfg, wl, dataset)
+    _time_steady(res, cfg, wl, dataset, torch_dl, n_batches, seconds * wl.time_scale, repeat, progress)
+    res.first_batch_s, res.cold = _cold_times(cfg, dataset, wl, torch_dl, repeat, cold_batches, progress)
+    if memory:
+        for name in ["shmloader", "torch"] if torch_dl is not None else ["shmloader"]:
+            res.memory[name] = probe_memory(cfg, name)
+            progress.step(f"{cfg.label} memory probe {name}")
+    if load0 is not None:
+        res.load_average = [load0, load1() or 0.0]
+    return res
+
+
+def _new_result(cfg: Config, wl: Workload, dataset: Any) -> ConfigResult:
+    """``cfg``'s result before any timing: the batch's bytes, the ring the loader will
+    make (for the copy ceiling), and the workload's own notes (W5's sample cost, W7's
+    padding)."""
+    from shmloader.memory.sizing import default_num_slots
+
+    num_slots = default_num_slots(cfg.workers, _PREFETCH)
     extra: dict[str, Any] = {}
     if wl.ragged:
         extra["padding"] = w7_padding(dataset, wl.batch_size)
@@ -173,6 +188,22 @@ def measure_config(
             f"W7 GB/s counts the mean bucketed batch ({batch_bytes / 2**20:.2f} MiB; "
             f"padding waste {pad['bucketed']['waste']:.1%}, {pad['unbucketed']['waste']:.1%} unbucketed)"
         )
+    return res
+
+
+def _time_steady(
+    res: ConfigResult,
+    cfg: Config,
+    wl: Workload,
+    dataset: Any,
+    torch_dl: Any | None,
+    n_batches: int,
+    max_s: float,
+    repeat: int,
+    progress: Progress,
+) -> None:
+    """The side-by-side rounds of every peer (this loader, torch's, num_workers=0, the
+    copy ceilings) into ``res.rows``, and the ring this loader made."""
     shm, tl, w0 = _make_loaders(cfg, dataset, wl, torch_dl)
     # Persistent workers: steady state, from the first batch; otherwise from iter(), so
     # the worker start-up each epoch pays is what the variant shows.
@@ -183,18 +214,11 @@ def measure_config(
     peers.append(LoaderPeer("shmloader w0", w0))
     if not wl.ragged:  # ragged batches: no fixed bytes per batch to copy
         peers += [
-            CeilingPeer(dataset, wl.batch_size, num_slots, cfg.workers),
-            CeilingPeer(dataset, wl.batch_size, num_slots, cfg.workers, shared=True),
+            CeilingPeer(dataset, wl.batch_size, res.num_slots, cfg.workers),
+            CeilingPeer(dataset, wl.batch_size, res.num_slots, cfg.workers, shared=True),
         ]
     try:
-        rows = time_peers(
-            cfg.label,
-            peers,
-            batches=n_batches,
-            max_s=seconds * wl.time_scale,
-            repeat=repeat,
-            progress=progress,
-        )
+        rows = time_peers(cfg.label, peers, batches=n_batches, max_s=max_s, repeat=repeat, progress=progress)
         ring = getattr(shm, "ring", None)
         if ring is not None:
             res.ring = {
@@ -216,11 +240,3 @@ def measure_config(
         res.rows += [
             Row(name, status="n/a (ragged batches)") for name in ("copy ceiling", "copy ceiling shm")
         ]
-    res.first_batch_s, res.cold = _cold_times(cfg, dataset, wl, torch_dl, repeat, cold_batches, progress)
-    if memory:
-        for name in ["shmloader", "torch"] if torch_dl is not None else ["shmloader"]:
-            res.memory[name] = probe_memory(cfg, name)
-            progress.step(f"{cfg.label} memory probe {name}")
-    if load0 is not None:
-        res.load_average = [load0, load1() or 0.0]
-    return res
