@@ -4,6 +4,7 @@ dataset of Python metadata (and not on a numpy-backed one of the same size), and
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -89,10 +90,15 @@ def test_process_memory_reads_this_process_and_nothing_for_a_gone_one():
     me = process_memory(os.getpid())
     assert me is not None
     assert 0 < me.uss <= me.rss and 0 < me.pss <= me.rss and me.private <= me.uss
-    blob = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB written: private to this process
+    # 64 MiB of new pages written: private to this process. (A fresh mapping: a heap
+    # allocation could reuse pages that earlier tests in this process made resident.)
+    fresh = mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    pages = np.frombuffer(fresh, dtype=np.uint8)
+    pages[:] = 1
     grown = process_memory(os.getpid())
     assert grown.private - me.private > 48 << 20
-    del blob
+    del pages
+    fresh.close()
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert process_memory(child.pid) is None

@@ -151,6 +151,15 @@ def test_numpy_builds_from_a_shared_list_what_it_builds_from_the_original(origin
         np.testing.assert_array_equal(got, want)
         assert got.flags.writeable  # the caller's own array, never the segment's pages
         assert np.asarray(view).dtype == np.asarray(plain).dtype
+    # Lists of over views.PLAIN_VALUES values: views, whose __array__ numpy calls.
+    n = views.PLAIN_VALUES + 1
+    big = share([[float(i) for i in range(n)], list(range(n)), ["a"] * n])
+    over = np.array(big[0], copy=False)  # no copy asked: the segment's floats, read-only
+    assert over.tolist() == [float(i) for i in range(n)] and not over.flags.writeable
+    assert np.array(big[1], dtype=np.int64, copy=False).tolist() == list(range(n))
+    for view, dtype in ((big[2], None), (big[1], np.float32)):
+        with pytest.raises(ValueError, match="copy=False"):
+            np.array(view, dtype=dtype, copy=False)
 
 
 def test_mixed_kinds_and_lookups():

@@ -7,7 +7,9 @@ in the data), so a forked worker that reads every item copies no page of the dat
 
 Scalars come back as new ``str``, ``bytes``, ``int``, ``float``, ``bool`` or ``None``
 objects; numpy arrays as read-only arrays over the segment (no copy); nested lists,
-tuples and dicts as views of their own. A view pickles as a plain copy of its values,
+tuples and dicts of at most :data:`PLAIN_VALUES` values all the way down as plain
+objects of the reader's own, built whole by one C call (``shmloader._shared_read``),
+larger ones as views of their own. A view pickles as a plain copy of its values,
 except into a process being started (a DataLoader's worker under spawn or forkserver):
 there it travels as the segment's descriptor, and the child maps the same pages.
 """
@@ -250,7 +252,8 @@ class _SharedSequence(Sequence):
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         """What ``numpy.array`` builds from the equal plain list: a list of ints or floats
         is read from the segment in one step (int64 or float64, then ``dtype``), any
-        other through its plain copy. The array is the caller's own, never the segment's."""
+        other through its plain copy. The array is the caller's own, except with
+        ``copy=False`` (a read-only array over the segment, where one can be had)."""
         form = self._form
         if (form == L.INTS and _exact_from_int64(dtype)) or (form == L.FLOATS and _exact_from_float64(dtype)):
             packed = np.frombuffer(
@@ -259,12 +262,15 @@ class _SharedSequence(Sequence):
                 self._n,
                 self._pos + L.SEQ_HEAD.size,
             )
-            return packed.copy() if dtype is None else packed.astype(dtype)
+            if dtype is None or np.dtype(dtype) == packed.dtype:
+                return packed if copy is False else packed.copy()
+            if copy is not False:
+                return packed.astype(dtype)
         if copy is False:
             raise ValueError(
                 f"numpy was asked for an array over a shared {self._kind.__name__} without a copy "
-                "(copy=False), but only a list of ints or of floats lies in the segment as numpy "
-                "reads it: pass copy=None or True."
+                "(copy=False), but only a list of ints (as int64) or of floats (as float64) lies "
+                "in the segment as numpy reads it: pass copy=None or True."
             )
         return np.array(self.copy(), dtype=dtype)
 
