@@ -19,7 +19,7 @@ import types
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shmloader.memory.limits import shm_problem  # imports nothing else of the package
+from shmloader.memory.limits import mib, shm_problem  # imports nothing else of the package
 from shmloader.system.cores import usable_cores  # (nor this)
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -448,7 +448,7 @@ def load_dataset(spec: str) -> Any:
 
 def check_dataset_memory(dataset: Any) -> Check:
     """Whether ``dataset`` holds large Python containers, which every worker copies."""
-    from shmloader.memory.containers import format_bytes, large_containers
+    from shmloader.memory.containers import large_containers
 
     found = large_containers(dataset)
     if not found:
@@ -462,7 +462,7 @@ def check_dataset_memory(dataset: Any) -> Check:
     return Check(
         "dataset memory",
         WARN,
-        f"Python containers of ~{format_bytes(held)}: "
+        f"Python containers of ~{mib(held)}: "
         + ", ".join(c.describe() for c in found)
         + "; every forked worker copies the pages it reads of them (spawned workers get them "
         "pickled, whole)",

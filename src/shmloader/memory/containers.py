@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from shmloader.memory.limits import mib
 from shmloader.memory.shared import SharedDict, SharedList, SharedTuple, share
 
 # A container is large from this estimated size: smaller ones cost little per worker.
@@ -42,7 +43,7 @@ class Container:
 
     def describe(self) -> str:
         """e.g. ``records (list of 1,000,000, ~545 MiB)``."""
-        return f"{self.path} ({self.kind} of {self.length:,}, ~{format_bytes(self.estimated_bytes)})"
+        return f"{self.path} ({self.kind} of {self.length:,}, ~{mib(self.estimated_bytes)})"
 
 
 @dataclass
@@ -166,8 +167,3 @@ def _attributes(obj: Any) -> list[tuple[str, Any]]:
         return list(vars(obj).items())
     except TypeError:  # no __dict__ (slots only)
         return []
-
-
-def format_bytes(n: int) -> str:
-    """``n`` bytes in MiB (KiB below one MiB), for messages."""
-    return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n / 1024:,.0f} KiB"

@@ -22,6 +22,7 @@ from typing import Any
 
 from shmloader.errors import CopyOnReadWarning
 from shmloader.memory import containers as _containers
+from shmloader.memory.limits import mib
 from shmloader.memory.sizing import user_stacklevel
 from shmloader.memory.usage import ProcessMemory, process_memory
 
@@ -158,9 +159,9 @@ class MemoryWatch:
         self.warned = True
         names = ", ".join(c.describe() for c in large[:5]) + (", ..." if len(large) > 5 else "")
         warnings.warn(
-            f"Worker {grown.id} (pid {grown.pid}) grew by {_containers.format_bytes(grown.growth())} "
+            f"Worker {grown.id} (pid {grown.pid}) grew by {mib(grown.growth())} "
             f"of private memory since it started, and every worker grows so: the dataset holds "
-            f"Python containers of ~{_containers.format_bytes(held)} ({names}), and each worker "
+            f"Python containers of ~{mib(held)} ({names}), and each worker "
             "copies the pages it reads (reading a Python object writes its reference count; "
             "spawned workers receive the whole dataset pickled). Pass share_dataset=True to the "
             "DataLoader to store them once in shared memory, read-only (or wrap them with "

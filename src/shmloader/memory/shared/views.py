@@ -42,7 +42,8 @@ _unpack_u64 = L.U64.unpack_from
 _unpack_i64 = L.I64.unpack_from
 _unpack_f64 = L.F64.unpack_from
 _unpack_pair = L.PAIR.unpack_from
-_unpack_span = struct.Struct("=IQ").unpack_from  # a span reference's length and offset
+# The tags view_at decodes in Python: containers (as views), and what the C reader leaves to it.
+_VIEWED_HERE = frozenset((L.RECORD, L.DICT, L.LIST, L.TUPLE, L.ARRAY, L.SCALAR, L.BIGINT))
 
 
 def value_at(store: Store, pos: int) -> Any:
@@ -55,26 +56,12 @@ def value_at(store: Store, pos: int) -> Any:
 
 def view_at(store: Store, pos: int) -> Any:
     """The value whose 16-byte reference is at ``pos``, a container as a view whatever
-    its size."""
+    its size. The C reader hands arrays, numpy scalars and big ints back here; every
+    other scalar is its to decode."""
     mm = store.mm
     tag = mm[pos]
-    if tag == L.INT:
-        return _unpack_i64(mm, pos + 8)[0]
-    if tag == L.SPAN:
-        n, off = _unpack_span(mm, pos + 4)
-        return str(mm[off : off + n], "utf-8", "surrogatepass")
-    if tag == L.STR:
-        off = _unpack_u64(mm, pos + 8)[0]
-        n = _unpack_u64(mm, off)[0]
-        return str(mm[off + 8 : off + 8 + n], "utf-8", "surrogatepass")
-    if tag == L.FLOAT:
-        return _unpack_f64(mm, pos + 8)[0]
-    if tag == L.NONE:
-        return None
-    if tag == L.TRUE:
-        return True
-    if tag == L.FALSE:
-        return False
+    if tag not in _VIEWED_HERE:
+        return value_at(store, pos)
     off = _unpack_u64(mm, pos + 8)[0]
     if tag == L.RECORD:
         return SharedDict(store, off, True)
@@ -84,17 +71,12 @@ def view_at(store: Store, pos: int) -> Any:
         return SharedList(store, off)
     if tag == L.TUPLE:
         return SharedTuple(store, off)
-    if tag == L.BYTES:
-        n = _unpack_u64(mm, off)[0]
-        return mm[off + 8 : off + 8 + n]
     if tag == L.ARRAY:
         return _array(store, off)
     if tag == L.SCALAR:
         return _array(store, off)[()]
-    if tag == L.BIGINT:
-        n = _unpack_u64(mm, off)[0]
-        return int.from_bytes(mm[off + 8 : off + 8 + n], "little", signed=True)
-    raise ValueError(f"a shared structure holds an unknown tag {tag} at byte {pos}: its segment is corrupt.")
+    n = _unpack_u64(mm, off)[0]  # L.BIGINT
+    return int.from_bytes(mm[off + 8 : off + 8 + n], "little", signed=True)
 
 
 def _array(store: Store, off: int) -> np.ndarray:
@@ -548,13 +530,17 @@ class SharedDict(Mapping):
 def _key_table(store: Store, table: int) -> tuple[dict[Any, int], tuple[Any, ...], int]:
     """The key table at ``table`` decoded, kept in ``store.tables``: an index (key ->
     entry number: a dict's own lookup, so equal keys of other types find their entry as
-    in a dict), the keys in order, and their count."""
-    n = _unpack_u64(store.mm, table)[0]
-    keys = []
-    for entry in range(n):
-        key = value_at(store, table + 8 + L.REF_SIZE * entry)
-        keys.append(key.copy() if isinstance(key, SharedTuple) else key)
-    found = store.tables[table] = ({key: entry for entry, key in enumerate(keys)}, tuple(keys), n)
+    in a dict), the keys in order, and their count. The keys are decoded once per process
+    for both readers: the C reader's cache (``store.record_keys``) holds the same tuple."""
+    keys = store.record_keys.get(table)
+    if keys is None:
+        n = _unpack_u64(store.mm, table)[0]
+        found_keys = []
+        for entry in range(n):
+            key = value_at(store, table + 8 + L.REF_SIZE * entry)
+            found_keys.append(key.copy() if isinstance(key, SharedTuple) else key)
+        keys = store.record_keys[table] = tuple(found_keys)
+    found = store.tables[table] = ({key: entry for entry, key in enumerate(keys)}, keys, len(keys))
     return found
 
 
