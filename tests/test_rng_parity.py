@@ -99,17 +99,28 @@ WORKERS = [
 ]
 
 
-@pytest.mark.parametrize("kw", WORKERS)
-@pytest.mark.parametrize("generator_seed", [None, 7], ids=["manual_seed", "generator"])
+# Under spawn, with torch.manual_seed only: a generator changes where the base seed comes
+# from in this process, not what the spawned workers are sent (each spawned worker imports
+# torch: ~20 s of the suite per case on two cores).
+DRAW_CASES = [
+    pytest.param(kw.values[0], seed, id=f"{name}-{kw.id}")
+    for name, seed in [("manual_seed", None), ("generator", 7)]
+    for kw in WORKERS
+    if seed is None or kw.id != "2workers-spawn"
+]
+
+
+@pytest.mark.parametrize("kw, generator_seed", DRAW_CASES)
 def test_order_and_every_draw_in_workers_are_torchs(kw, generator_seed):
-    """Same torch.manual_seed (or the same generator seed): the batches of three epochs,
-    per sample the draws of the process that loaded it, and the program's draws after
-    the epochs are torch's."""
+    """Same torch.manual_seed (or the same generator seed): the batches of three epochs
+    (two under spawn, whose every epoch starts fresh workers), per sample the draws of the
+    process that loaded it, and the program's draws after the epochs are torch's."""
     kwargs = dict(batch_size=3, shuffle=True, **kw)
-    expected = _run(TorchLoader, Draws(), generator_seed=generator_seed, **kwargs)
-    got = _run(DataLoader, Draws(), generator_seed=generator_seed, **kwargs)
+    epochs = 2 if kw.get("multiprocessing_context") == "spawn" else 3
+    expected = _run(TorchLoader, Draws(), epochs, generator_seed=generator_seed, **kwargs)
+    got = _run(DataLoader, Draws(), epochs, generator_seed=generator_seed, **kwargs)
     for epoch, (mine, theirs) in enumerate(zip(got, expected)):
-        assert mine == theirs, f"epoch {epoch}" if epoch < 3 else "the program's draws after the epochs"
+        assert mine == theirs, f"epoch {epoch}" if epoch < epochs else "the program's draws after the epochs"
 
 
 @pytest.mark.parametrize("kw", WORKERS[:3])
@@ -324,11 +335,23 @@ def test_a_resume_under_the_global_rng_replays_its_epoch(kw):
 # --- torch's test_dataloader.py::test_shuffler_iterdatapipe, with shmloader's loader ---------
 
 
-@pytest.mark.parametrize("buffer_size", [5, 33])
-@pytest.mark.parametrize(
-    "num_workers, persistent, context",
-    [(0, False, None), (1, True, "fork"), (1, False, "fork"), (2, True, "fork"), (2, False, "spawn")],
-)
+# Under spawn with one buffer size: the buffer's size changes nothing a spawned worker is
+# sent (and each spawned worker imports torch: ~20 s of the suite per case on two cores).
+DATAPIPE_CASES = [
+    (buffer_size, *loader)
+    for buffer_size in (5, 33)
+    for loader in [
+        (0, False, None),
+        (1, True, "fork"),
+        (1, False, "fork"),
+        (2, True, "fork"),
+        (2, False, "spawn"),
+    ]
+    if loader[2] != "spawn" or buffer_size == 33
+]
+
+
+@pytest.mark.parametrize("buffer_size, num_workers, persistent, context", DATAPIPE_CASES)
 def test_a_datapipe_shuffle_follows_the_global_seed_each_epoch(buffer_size, num_workers, persistent, context):
     """torch's own test (its loader draws the DataPipe graph's shared seed at every
     iter(), so torch.manual_seed before an epoch repeats it), including its teardown
