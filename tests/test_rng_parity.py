@@ -106,7 +106,7 @@ DRAW_CASES = [
     pytest.param(kw.values[0], seed, id=f"{name}-{kw.id}")
     for name, seed in [("manual_seed", None), ("generator", 7)]
     for kw in WORKERS
-    if seed is None or kw.id != "2workers-spawn"
+    if seed is None or kw.values[0].get("multiprocessing_context") != "spawn"
 ]
 
 
