@@ -2,6 +2,7 @@
 persistent workers): batches/s, the consumer's CPU per batch, and where it goes.
 
     python benchmarks/consumer_profile.py                 # 20,000 batches, 5 runs: figures
+    python benchmarks/consumer_profile.py --workers 8     # with 8 workers
     python benchmarks/consumer_profile.py --steps         # and the per-step breakdown
     python benchmarks/consumer_profile.py --cprofile      # and cProfile's top functions
 
@@ -24,6 +25,7 @@ from shmloader import DataLoader
 from shmloader.batch.handout import Handout
 from shmloader.bench.datasets import ScalarDataset
 from shmloader.epoch.collector import Collector
+from shmloader.epoch.courier import Courier
 from shmloader.epoch.inflight import InFlight
 from shmloader.epoch.multiprocess import MultiProcessIter
 from shmloader.workers.pool import WorkerPool
@@ -32,7 +34,7 @@ from shmloader.workers.pool import WorkerPool
 STEPS = [
     ("next()", MultiProcessIter, "__next__", 0),
     ("dispatch (tasks out)", InFlight, "fill", 1),
-    ("wake-up writes", WorkerPool, "wake", 2),
+    ("wake-ups (futex or socket)", Courier, "wake_sleepers", 2),
     ("wait for results", Collector, "wait", 1),
     ("poll (blocked)", WorkerPool, "wait", 2),
     ("take queued results", Collector, "_collect", 1),
@@ -100,9 +102,9 @@ def _timer_cost_ns() -> float:
     return max(0.0, (wrapped - plain) / n)
 
 
-def one_run(batches: int, steps: bool, profile: bool) -> dict[str, Any]:
+def one_run(batches: int, steps: bool, profile: bool, workers: int = 2) -> dict[str, Any]:
     """One loader, one warm-up epoch, one measured epoch of ``batches`` batches."""
-    loader = DataLoader(ScalarDataset(batches), batch_size=1, num_workers=2, persistent_workers=True)
+    loader = DataLoader(ScalarDataset(batches), batch_size=1, num_workers=workers, persistent_workers=True)
     for _ in loader:
         pass
     timers = _Timers() if steps else None
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", action="store_true", help="time the consumer's steps")
     parser.add_argument("--cprofile", action="store_true", help="cProfile the last run")
     args = parser.parse_args(argv)
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for k in range(args.runs):
         profile = args.cprofile and k == args.runs - 1
-        r = one_run(args.batches, args.steps, profile)
+        r = one_run(args.batches, args.steps, profile, args.workers)
         runs.append(r)
         print(
             f"run {k + 1}: {r['batches_s']:.0f} batches/s, consumer CPU {r['cpu_us']:.1f} us/batch"

@@ -494,6 +494,8 @@ def test_persistent_workers_load_nothing_of_an_epoch_before_its_iter_as_torch(me
         pass
     else:  # the oracle
         assert _epochs_seen(lambda: torch.utils.data.DataLoader(ds, **kw), epoch) == want
+    if method == "spawn":
+        return  # (the opt-in's mechanics do not depend on the start method: fork shows them)
     ahead = DataLoader(ds, seed=1, prefetch_next_epoch=True, **kw)
     assert ahead.prefetch_next_epoch is True
     _epochs_seen(lambda: ahead, epoch)

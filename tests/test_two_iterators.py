@@ -108,7 +108,7 @@ def test_two_iterators_with_growing_batches_under(method):
 
 
 @settings(
-    max_examples=30,
+    max_examples=20,
     deadline=None,
     derandomize=True,
     database=None,
