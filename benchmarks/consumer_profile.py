@@ -1,5 +1,6 @@
 """The consumer's per-batch cost on W4's shape (one int64 sample a batch, batch_size 1, 2
-persistent workers): batches/s, the consumer's CPU per batch, and where it goes.
+persistent workers): batches/s, the consumer's and the workers' CPU per batch, and where
+the consumer's goes.
 
     python benchmarks/consumer_profile.py                 # 20,000 batches, 5 runs: figures
     python benchmarks/consumer_profile.py --workers 8     # with 8 workers
@@ -20,6 +21,8 @@ import pstats
 import statistics
 import time
 from typing import Any
+
+import psutil
 
 from shmloader import DataLoader
 from shmloader.batch.handout import Handout
@@ -102,6 +105,18 @@ def _timer_cost_ns() -> float:
     return max(0.0, (wrapped - plain) / n)
 
 
+def _workers_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of each child process (the workers), by pid."""
+    out = {}
+    for child in psutil.Process().children():
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        out[child.pid] = times.user + times.system
+    return out
+
+
 def one_run(batches: int, steps: bool, profile: bool, workers: int = 2) -> dict[str, Any]:
     """One loader, one warm-up epoch, one measured epoch of ``batches`` batches."""
     loader = DataLoader(ScalarDataset(batches), batch_size=1, num_workers=workers, persistent_workers=True)
@@ -113,6 +128,7 @@ def one_run(batches: int, steps: bool, profile: bool, workers: int = 2) -> dict[
             timers.wrap(owner, name, label)
     prof = cProfile.Profile() if profile else None
     n = 0
+    workers_before = _workers_cpu()
     t0, c0 = time.perf_counter(), time.process_time()
     if prof is not None:
         prof.enable()
@@ -123,10 +139,17 @@ def one_run(batches: int, steps: bool, profile: bool, workers: int = 2) -> dict[
     if prof is not None:
         prof.disable()
     t1, c1 = time.perf_counter(), time.process_time()
+    workers_after = _workers_cpu()
     if timers is not None:
         timers.restore()
     loader.shutdown()
-    out: dict[str, Any] = {"batches_s": n / (t1 - t0), "cpu_us": (c1 - c0) / n * 1e6, "n": n}
+    workers_s = sum(cpu - workers_before.get(pid, 0.0) for pid, cpu in workers_after.items())
+    out: dict[str, Any] = {
+        "batches_s": n / (t1 - t0),
+        "cpu_us": (c1 - c0) / n * 1e6,
+        "workers_cpu_us": workers_s / n * 1e6,
+        "n": n,
+    }
     if timers is not None:
         out["spent"], out["calls"], out["loop_ns"] = timers.spent, timers.calls, loop_ns
     if prof is not None:
@@ -175,13 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         r = one_run(args.batches, args.steps, profile, args.workers)
         runs.append(r)
         print(
-            f"run {k + 1}: {r['batches_s']:.0f} batches/s, consumer CPU {r['cpu_us']:.1f} us/batch"
-            + (" (profiled)" if profile else "")
+            f"run {k + 1}: {r['batches_s']:.0f} batches/s, consumer CPU {r['cpu_us']:.1f} us/batch, "
+            f"workers' CPU {r['workers_cpu_us']:.1f} us/batch" + (" (profiled)" if profile else "")
         )
     plain = [r for r in runs if "profile" not in r]
     if plain:
         print(_summary("batches/s", [r["batches_s"] for r in plain], "/s"))
         print(_summary("consumer CPU", [r["cpu_us"] for r in plain], "us/batch"))
+        print(_summary("workers' CPU", [r["workers_cpu_us"] for r in plain], "us/batch"))
     if args.steps and plain:
         _print_steps(plain, cost)
     if args.cprofile:

@@ -42,6 +42,43 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(len(os.sched_getaffinity(0)), MAX_TEST_PROCESSES))
 
 
+# CI runs the suite twice, without torch and with it (.ci/run). A test whose workers start
+# by spawn or forkserver spends most of its time starting fresh interpreters, and where it
+# passed without torch, running it again with torch tests nothing new: its consumer's
+# torch output is its fork case's, and what torch changes in a fresh worker is the
+# torch-only tests' (they skip without torch, so they are never left out). The first run
+# lists the tests that passed in PASSED_LOG_ENV's file; the second leaves out those of
+# them whose id names spawn or forkserver, given that file in SKIP_SPAWNED_PASSED_ENV.
+PASSED_LOG_ENV = "SHMLOADER_TESTS_PASSED_LOG"
+SKIP_SPAWNED_PASSED_ENV = "SHMLOADER_TESTS_SKIP_SPAWNED_PASSED"
+_FRESH_INTERPRETER = re.compile(r"\[(.*[^a-z])?(spawn|forkserver)([^a-z].*)?\]$")
+
+
+def pytest_runtest_logreport(report):
+    """Adds a passed test's id to PASSED_LOG_ENV's file (under pytest-xdist the process
+    that ran it and the one it reports to may both write it: a set is read back)."""
+    path = os.environ.get(PASSED_LOG_ENV)
+    if path and report.when == "call" and report.passed:
+        with open(path, "a") as log:
+            log.write(report.nodeid + "\n")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leaves out the spawn and forkserver tests that SKIP_SPAWNED_PASSED_ENV's file says
+    passed in CI's run without torch (see above)."""
+    path = os.environ.get(SKIP_SPAWNED_PASSED_ENV)
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as log:
+        passed = set(log.read().split("\n"))
+    kept, left = [], []
+    for item in items:
+        (left if item.nodeid in passed and _FRESH_INTERPRETER.search(item.nodeid) else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
 @pytest.fixture(params=START_METHODS)
 def method(request):
     """The start method of the test's workers: every such test runs under each of them."""

@@ -222,6 +222,22 @@ class Child:
     def why(self) -> str:
         return f"rc={self.rc}\nstdout:\n{self.out[-3000:]}\nstderr:\n{self.err[-3000:]}"
 
+    def worked(self) -> bool:
+        """The child ran its epoch to the end, every batch equal to the dataset's (False:
+        it raised, and ``data["error"]`` says what; anything else fails the test)."""
+        d = self.data
+        assert self.rc == 0 and d, self.why()
+        if d["error"] is None:
+            assert d["batches"] == d["expected_batches"], d
+            assert d["mismatches"] == [], d
+            return True
+        return False
+
+    def assert_inside(self, cg: MemoryCgroup) -> None:
+        """The child ran its loader inside ``cg`` (its /proc/self/cgroup names it)."""
+        assert cg.path is not None
+        assert any(line.endswith("/" + cg.path.name) for line in self.data.get("cgroups", [])), self.why()
+
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)

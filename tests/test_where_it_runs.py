@@ -38,6 +38,10 @@ from .environments import (
 )
 from .faultcases import alive, read_line, wait_gone
 
+# The loaders run in child interpreters that never import torch (the one case that
+# compares with torch's DataLoader is tests/test_where_torch_works.py).
+pytestmark = pytest.mark.torch_free
+
 ALL_METHODS = ["fork", "spawn", "forkserver"]
 MiB = 2**20
 SHM_SIZE = 64 * MiB
@@ -47,17 +51,6 @@ def _need(prefix: list[str]) -> None:
     why = refuses(prefix)
     if why:
         pytest.skip(why)
-
-
-def _worked(child: Child) -> bool:
-    """The child ran its epoch to the end, every batch equal to the dataset's."""
-    d = child.data
-    assert child.rc == 0 and d, child.why()
-    if d["error"] is None:
-        assert d["batches"] == d["expected_batches"], d
-        assert d["mismatches"] == [], d
-        return True
-    return False
 
 
 def _memfd_default(child: Child) -> bool:
@@ -94,7 +87,7 @@ def test_docker_default_shm(dtype):
     _need(SMALL_SHM)
     child = run_child({"dtype": dtype, "backend": "auto"}, prefix=SMALL_SHM, timeout=30)
     assert child.data.get("shm", {}).get("size") == SHM_SIZE, child.why()
-    assert _worked(child), f"the default settings fail where torch works: {child.data['error']}"
+    assert child.worked(), f"the default settings fail where torch works: {child.data['error']}"
 
 
 @pytest.mark.timeout(60)
@@ -106,7 +99,7 @@ def test_docker_default_shm_posix(dtype):
     _need(SMALL_SHM)
     child = run_child({"dtype": dtype, "backend": "posix"}, prefix=SMALL_SHM, timeout=30)
     d = child.data
-    if _worked(child):
+    if child.worked():
         total = _ring_total(d.get("ring_end"))
         if total is not None:
             assert total <= SHM_SIZE, d
@@ -134,7 +127,7 @@ def test_no_dev_shm(method):
     _need(NO_SHM)
     child = run_child({"method": method, "backend": "auto"}, prefix=NO_SHM, timeout=30)
     assert "FileNotFoundError" in child.data.get("shm", {}).get("error", ""), child.why()
-    if _worked(child):
+    if child.worked():
         return
     err = child.data["error"]
     assert not _memfd_default(child), f"the memfd backend needs no /dev/shm: {err}"
@@ -150,7 +143,7 @@ def test_posix_without_a_writable_dev_shm(where, prefix):
     construction or with the first batch that names /dev/shm and what to do."""
     _need(prefix)
     child = run_child({"backend": "posix"}, prefix=prefix, timeout=30)
-    assert not _worked(child), f"/dev/shm is {where}: how did a POSIX ring work? {child.data}"
+    assert not child.worked(), f"/dev/shm is {where}: how did a POSIX ring work? {child.data}"
     _assert_names_dev_shm_remedy(child.data["error"])
     if where == "read-only":  # the cause, not a size: 64 MiB free says nothing here
         assert "read-only" in child.data["error"]["msg"], child.data["error"]
@@ -163,7 +156,7 @@ def test_readonly_dev_shm():
     _need(READONLY_SHM)
     child = run_child({"backend": "auto"}, prefix=READONLY_SHM, timeout=30)
     assert child.data.get("shm", {}).get("readonly") is True, child.why()
-    if _worked(child):
+    if child.worked():
         return
     err = child.data["error"]
     assert not _memfd_default(child), f"the memfd backend needs no /dev/shm: {err}"
@@ -189,7 +182,7 @@ def test_ulimit_n_64(method):
     one descriptor, however many batches), or the error names ulimit -n."""
     child = run_child({"method": method, "nofile": 64, "backend": "auto"}, timeout=30)
     assert child.data.get("nofile") == 64, child.why()
-    if not _worked(child):
+    if not child.worked():
         assert "ulimit -n" in child.data["error"]["msg"], child.data["error"]
 
 
@@ -211,7 +204,7 @@ def test_pdeathsig_refused(method):
     _need_seccomp()
     child = run_child({"method": method, "seccomp": "pdeathsig"}, timeout=30)
     assert child.data.get("seccomp") == "pdeathsig", child.why()
-    assert _worked(child), child.data["error"]
+    assert child.worked(), child.data["error"]
     assert child.data["warnings"] == [], child.data["warnings"]
 
 
@@ -282,7 +275,7 @@ def test_memfd_create_refused():
     _need_seccomp()
     child = run_child({"seccomp": "memfd", "backend": "auto"}, timeout=30)
     assert child.data.get("seccomp") == "memfd", child.why()
-    assert _worked(child), child.data["error"]
+    assert child.worked(), child.data["error"]
 
 
 @pytest.mark.timeout(60)
@@ -294,7 +287,7 @@ def test_sched_setscheduler_refused(method):
     _need_seccomp()
     child = run_child({"method": method, "seccomp": "sched"}, timeout=30)
     assert child.data.get("seccomp") == "sched", child.why()
-    assert _worked(child), child.data["error"]
+    assert child.worked(), child.data["error"]
     assert child.data["warnings"] == [], child.data["warnings"]
 
 
@@ -320,14 +313,14 @@ def test_cgroup_memory_limit(method, limit):
     with MemoryCgroup(limit) as cg:
         child = run_child({"method": method, "dtype": "float32", "backend": "auto"}, cgroup=cg, timeout=40)
         kills = cg.oom_kills()
-        _assert_inside(child, cg)
+        child.assert_inside(cg)
     assert child.rc != -signal.SIGKILL and kills == 0, (
         f"the OOM killer struck ({kills} kills in the cgroup v{cg.version}): {child.why()}"
     )
     d = child.data
     if limit >= 480 * MiB:
-        assert _worked(child), f"the margin leaves room for a 4-slot ring here: {d.get('error')}"
-    if _worked(child):
+        assert child.worked(), f"the margin leaves room for a 4-slot ring here: {d.get('error')}"
+    if child.worked():
         total = _ring_total(d.get("ring_end"))
         if total is not None:
             assert total < limit, d
@@ -337,12 +330,6 @@ def test_cgroup_memory_limit(method, limit):
     _is_loader_memory_error(err)
     assert _names_size(err["msg"], limit), f"the error must name the limit: {err['msg']}"
     assert "cgroup" in err["msg"] or "memory.max" in err["msg"] or "limit_in_bytes" in err["msg"], err
-
-
-def _assert_inside(child: Child, cg: MemoryCgroup) -> None:
-    """The child ran its loader inside ``cg`` (its /proc/self/cgroup names it)."""
-    assert cg.path is not None
-    assert any(line.endswith("/" + cg.path.name) for line in child.data.get("cgroups", [])), child.why()
 
 
 @pytest.mark.timeout(60)
@@ -356,39 +343,10 @@ def test_worker_oom_killed_in_a_cgroup_names_the_limit():
     with MemoryCgroup(320 * MiB) as cg:
         child = run_child({"hog_at": 3 * BATCH, "hog_mb": 400}, cgroup=cg, timeout=40)
         kills = cg.oom_kills()
-        _assert_inside(child, cg)
+        child.assert_inside(cg)
     assert child.rc == 0 and kills >= 1, child.why()
     err = child.data["error"]
     assert err is not None and "WorkerDiedError" in err["mro"], child.why()
     msg = err["msg"]
     assert "SIGKILL" in msg and "memory limit" in msg and _names_size(msg, 320 * MiB), msg
     assert "OOM kill" in msg, msg
-
-
-TORCH_FITS_LIMIT = 512 * 2**20  # torch 2.13's DataLoader (fork) completes here: measured, and rechecked below
-
-
-@pytest.mark.timeout(90)
-def test_cgroup_where_torch_works():
-    """Where torch's DataLoader completes the epoch (38 MB batches, 2 fork workers) inside
-    a memory cgroup, shmloader's default settings complete it too (a smaller ring, one
-    warning), never OOM-killed. torch runs first in the same cgroup limit; where it fails
-    too, there is nothing to compare and the test skips."""
-    why = MemoryCgroup.refused()
-    if why:
-        pytest.skip(why)
-    pytest.importorskip("torch")
-    with MemoryCgroup(TORCH_FITS_LIMIT) as cg:
-        torch_run = run_child({"loader": "torch", "dtype": "float32"}, cgroup=cg, timeout=40)
-        torch_kills = cg.oom_kills()
-    if torch_kills or not torch_run.data or torch_run.data["error"] is not None:
-        pytest.skip(f"torch's DataLoader itself fails under a {TORCH_FITS_LIMIT >> 20} MiB limit here")
-    with MemoryCgroup(TORCH_FITS_LIMIT) as cg:
-        child = run_child({"dtype": "float32", "backend": "auto"}, cgroup=cg, timeout=40)
-        kills = cg.oom_kills()
-        _assert_inside(child, cg)
-    assert child.rc != -signal.SIGKILL and kills == 0, child.why()
-    assert _worked(child), (
-        f"torch completes the epoch under this limit, shmloader refuses: {child.data['error']}"
-    )
-    assert len(child.data["warnings"]) <= 1, child.data["warnings"]
