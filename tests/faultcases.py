@@ -353,50 +353,58 @@ def _loader(ds: Any, method: str, **kw: Any) -> DataLoader:
 
 
 def case_death(method: str, tmp: str) -> dict[str, Any]:
-    """Worker SIGKILL / segfault / os._exit(3), map and iterable, persistent on and off."""
+    """Worker SIGKILL / segfault / os._exit(3), map and iterable, persistent on and off:
+    under fork every pairing of the dataset's kind and persistence; under the other start
+    methods two (map without persistent workers, iterable with them), each with the three
+    deaths: how the consumer handles a death does not depend on how its workers started
+    (how the death reaches it does: the three deaths run under each), and each of their
+    workers costs a fresh interpreter."""
     out = []
-    for kind in ("map", "iter"):
-        for persistent in (False, True):
-            for mode in ("sigkill", "segv", "exit3"):
-                stamp = os.path.join(tmp, f"stamp-{kind}-{persistent}-{mode}")
-                arm = os.path.join(tmp, f"arm-{kind}-{persistent}-{mode}") if persistent else None
-                cls = Arange if kind == "map" else Stream
-                ds = cls(n=40, sleep=0.005, crash_at=13, crash=mode, stamp=stamp, arm=arm)
-                dl = _loader(ds, method, persistent_workers=persistent)
-                full_epochs = 0
-                if persistent:
-                    full_epochs = sum(1 for _ in dl) and 1
-                    open(arm, "w").close()  # type: ignore[arg-type]
-                it = iter(dl)
-                pids = worker_pids(it)
-                err, n, t_err = None, 0, 0.0
-                try:
-                    for _ in it:
-                        n += 1
-                except Exception as exc:
-                    t_err = time.monotonic()
-                    err = exc
-                still_running = [p for p in pids if alive(p)]
-                with open(stamp) as f:
-                    wid, wpid, t_crash = f.read().split()
-                out.append(
-                    {
-                        "kind": kind,
-                        "persistent": persistent,
-                        "mode": mode,
-                        "full_epochs_before": full_epochs,
-                        "batches": n,
-                        "error": describe(err),
-                        "crashed_worker": int(wid),
-                        "crashed_pid": int(wpid),
-                        "latency_s": t_err - float(t_crash),
-                        "pids": pids,
-                        "running_after_error": still_running,
-                    }
-                )
-                del it
-                dl.shutdown()
-                del dl
+    if method == "fork":
+        pairings = [(kind, persistent) for kind in ("map", "iter") for persistent in (False, True)]
+    else:
+        pairings = [("map", False), ("iter", True)]
+    for kind, persistent in pairings:
+        for mode in ("sigkill", "segv", "exit3"):
+            stamp = os.path.join(tmp, f"stamp-{kind}-{persistent}-{mode}")
+            arm = os.path.join(tmp, f"arm-{kind}-{persistent}-{mode}") if persistent else None
+            cls = Arange if kind == "map" else Stream
+            ds = cls(n=40, sleep=0.005, crash_at=13, crash=mode, stamp=stamp, arm=arm)
+            dl = _loader(ds, method, persistent_workers=persistent)
+            full_epochs = 0
+            if persistent:
+                full_epochs = sum(1 for _ in dl) and 1
+                open(arm, "w").close()  # type: ignore[arg-type]
+            it = iter(dl)
+            pids = worker_pids(it)
+            err, n, t_err = None, 0, 0.0
+            try:
+                for _ in it:
+                    n += 1
+            except Exception as exc:
+                t_err = time.monotonic()
+                err = exc
+            still_running = [p for p in pids if alive(p)]
+            with open(stamp) as f:
+                wid, wpid, t_crash = f.read().split()
+            out.append(
+                {
+                    "kind": kind,
+                    "persistent": persistent,
+                    "mode": mode,
+                    "full_epochs_before": full_epochs,
+                    "batches": n,
+                    "error": describe(err),
+                    "crashed_worker": int(wid),
+                    "crashed_pid": int(wpid),
+                    "latency_s": t_err - float(t_crash),
+                    "pids": pids,
+                    "running_after_error": still_running,
+                }
+            )
+            del it
+            dl.shutdown()
+            del dl
     return {"cases": out}
 
 
