@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from shmloader import CopyOnReadWarning, DataLoader
-from shmloader.memory import containers
+from shmloader.memory import containers, watch
 from shmloader.memory.shared import SharedDict, SharedList
 from shmloader.memory.usage import process_memory
-from shmloader.memory.watch import WARN_MIN_GROWTH
+from shmloader.memory.watch import CHECK_WORKERS, WARN_MIN_GROWTH, MemoryWatch
 
 
 def record(i: int) -> dict:
@@ -201,6 +201,42 @@ def test_the_warning_is_shown_under_default_filters():
 
 
 # --- stats()["memory"] and share_dataset's batches --------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_scheduled_check_reads_the_workers_read_longest_ago_and_stats_reads_the_stale(monkeypatch):
+    """Five real processes as workers: each scheduled check reads CHECK_WORKERS of them,
+    those read longest ago (a read costs 10-20 ms a worker: all of them at once held the
+    consumer), so every one is read in turn; stats()' report reads those whose reading
+    is over a second old, and reports every worker."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(5)]
+    try:
+        pids = [p.pid for p in procs]
+        read: list[int] = []
+
+        def counted(pid):
+            read.append(pid)
+            return process_memory(pid)
+
+        monkeypatch.setattr(watch, "process_memory", counted)
+        now = [10.0]
+        mw = MemoryWatch(dataset=lambda: None, clock=lambda: now[0])
+        for wid, pid in enumerate(pids):
+            mw.started(wid, pid)
+        assert CHECK_WORKERS == 2
+        for t in (10.0, 10.5, 11.0):
+            mw.check(t)
+        assert read == [pids[0], pids[1], pids[2], pids[3], pids[4], pids[0]]
+        read.clear()
+        now[0] = 11.5  # pids[1] was read 1.5 s ago; pids[2], pids[3] 1 s ago
+        report = mw.report()
+        assert [pid for pid in read if pid in pids] == [pids[1]]  # (and this process's own)
+        assert [w["pid"] for w in report["workers"]] == pids
+        assert all(w["uss"] > 0 for w in report["workers"])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 @pytest.mark.timeout(120)

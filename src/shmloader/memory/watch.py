@@ -1,9 +1,13 @@
 """Watching a loader's workers' memory: ``stats()["memory"]`` and the copy-on-read warning.
 
-A :class:`MemoryWatch` lives as long as its loader. It reads each worker's memory on a
+A :class:`MemoryWatch` lives as long as its loader. It reads its workers' memory on a
 schedule that thins out (0.5 s after the first worker starts, then 1 s, 2 s, ... later,
 then every 16 s), at an epoch's end when half the current interval has passed since the
 last reading, and when ``stats()`` asks, so a batch costs one comparison of two floats.
+A scheduled reading takes the :data:`CHECK_WORKERS` workers read longest ago, not all of
+them: a read costs the consumer 10-20 ms a worker (the kernel's walk of its page tables,
+then the text), which with 8 workers held every batch for a sixth of a second, and the
+workers of one loader read one dataset alike (``stats()`` reads them all).
 A worker's growth is its private memory: a process starts with none of its own (a forked
 one shares all of its parent's pages, a spawned one is an empty interpreter), so nothing
 is read when a worker starts (a read costs milliseconds per GB the process maps). When a
@@ -31,15 +35,17 @@ MAX_INTERVAL_S = 16.0
 WARN_MIN_GROWTH = 64 << 20  # below this a worker's growth is its own work, not copies
 WARN_SHARE = 0.25  # of the large containers' size, grown in one worker
 REPORT_MAX_AGE_S = 1.0  # stats() reuses readings this recent
+CHECK_WORKERS = 2  # workers read at one scheduled check: those read longest ago
 
 
 class _Worker:
-    __slots__ = ("id", "last", "pid")
+    __slots__ = ("id", "last", "pid", "read_at")
 
     def __init__(self, wid: int, pid: int) -> None:
         self.id = wid
         self.pid = pid
         self.last: ProcessMemory | None = None  # not read yet
+        self.read_at = -math.inf
 
     def growth(self) -> int:
         return self.last.private if self.last is not None else 0
@@ -85,9 +91,10 @@ class MemoryWatch:
     # --- reading -----------------------------------------------------------------------------
 
     def check(self, now: float) -> None:
-        """Read every worker's memory, schedule the next check and warn when a worker's
-        private memory grew as copy-on-read makes it grow (once per loader)."""
-        self._read(now)
+        """Read the memory of the CHECK_WORKERS workers read longest ago, schedule the next
+        check and warn when a worker's private memory grew as copy-on-read makes it grow
+        (once per loader)."""
+        self._read(now, sorted(self._workers.values(), key=lambda w: w.read_at)[:CHECK_WORKERS])
         self._interval = min(self._interval * 2, MAX_INTERVAL_S)
         self.due = now + self._interval if self._workers else math.inf
         if not self.warned:
@@ -100,10 +107,11 @@ class MemoryWatch:
         if self._workers and now - self._read_at >= max(FIRST_CHECK_S, self._interval / 2):
             self.check(now)
 
-    def _read(self, now: float) -> None:
+    def _read(self, now: float, workers: list[_Worker]) -> None:
         self._read_at = now
-        for w in list(self._workers.values()):
+        for w in workers:
             reading = process_memory(w.pid)
+            w.read_at = now
             if reading is not None:
                 w.last = reading
                 self.peak_uss = max(self.peak_uss, reading.uss)
@@ -122,8 +130,9 @@ class MemoryWatch:
         than a second are taken again (one /proc read per process: milliseconds each),
         younger ones are reused."""
         now = self._clock()
-        if now - self._read_at > REPORT_MAX_AGE_S:
-            self._read(now)
+        stale = [w for w in self._workers.values() if now - w.read_at > REPORT_MAX_AGE_S]
+        if stale:
+            self._read(now, stale)
         workers = []
         for w in sorted(self._workers.values(), key=lambda w: w.id):
             last = w.last.as_dict() if w.last is not None else {"uss": 0, "pss": 0, "rss": 0, "private": 0}
