@@ -22,11 +22,10 @@ import statistics
 import time
 from typing import Any
 
-import psutil
-
 from shmloader import DataLoader
 from shmloader.batch.handout import Handout
 from shmloader.bench.datasets import ScalarDataset
+from shmloader.bench.machine import children_cpu_s
 from shmloader.epoch.collector import Collector
 from shmloader.epoch.courier import Courier
 from shmloader.epoch.inflight import InFlight
@@ -105,18 +104,6 @@ def _timer_cost_ns() -> float:
     return max(0.0, (wrapped - plain) / n)
 
 
-def _workers_cpu() -> dict[int, float]:
-    """CPU seconds (user + system) of each child process (the workers), by pid."""
-    out = {}
-    for child in psutil.Process().children():
-        try:
-            times = child.cpu_times()
-        except psutil.Error:
-            continue
-        out[child.pid] = times.user + times.system
-    return out
-
-
 def one_run(batches: int, steps: bool, profile: bool, workers: int = 2) -> dict[str, Any]:
     """One loader, one warm-up epoch, one measured epoch of ``batches`` batches."""
     loader = DataLoader(ScalarDataset(batches), batch_size=1, num_workers=workers, persistent_workers=True)
@@ -128,7 +115,7 @@ def one_run(batches: int, steps: bool, profile: bool, workers: int = 2) -> dict[
             timers.wrap(owner, name, label)
     prof = cProfile.Profile() if profile else None
     n = 0
-    workers_before = _workers_cpu()
+    workers_before = children_cpu_s()
     t0, c0 = time.perf_counter(), time.process_time()
     if prof is not None:
         prof.enable()
@@ -139,11 +126,10 @@ def one_run(batches: int, steps: bool, profile: bool, workers: int = 2) -> dict[
     if prof is not None:
         prof.disable()
     t1, c1 = time.perf_counter(), time.process_time()
-    workers_after = _workers_cpu()
+    workers_s = children_cpu_s() - workers_before
     if timers is not None:
         timers.restore()
     loader.shutdown()
-    workers_s = sum(cpu - workers_before.get(pid, 0.0) for pid, cpu in workers_after.items())
     out: dict[str, Any] = {
         "batches_s": n / (t1 - t0),
         "cpu_us": (c1 - c0) / n * 1e6,

@@ -19,24 +19,11 @@ import statistics
 import time
 from typing import Any
 
-import psutil
-
 from shmloader import DataLoader
+from shmloader.bench.machine import children_cpu_s
 from shmloader.bench.workloads import WORKLOADS
 
 WARMUP_BATCHES = {"W1": 20, "W4": 2000}
-
-
-def _workers_cpu() -> float:
-    """CPU seconds (user + system) of this process's children (the workers), together."""
-    total = 0.0
-    for child in psutil.Process().children():
-        try:
-            times = child.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
 
 
 def measure(workload: str, workers: int, seconds: float) -> dict[str, float]:
@@ -50,7 +37,7 @@ def measure(workload: str, workers: int, seconds: float) -> dict[str, float]:
         for _ in range(WARMUP_BATCHES.get(workload, 20)):
             next(it)
         n = 0
-        w0 = _workers_cpu()
+        w0 = children_cpu_s()
         t0, c0 = time.perf_counter(), time.process_time()
         end = t0 + seconds
         while True:
@@ -59,7 +46,7 @@ def measure(workload: str, workers: int, seconds: float) -> dict[str, float]:
             if n % 16 == 0 and time.perf_counter() >= end:
                 break
         t1, c1 = time.perf_counter(), time.process_time()
-        w1 = _workers_cpu()
+        w1 = children_cpu_s()
     finally:
         del it
         loader.shutdown()

@@ -42,7 +42,7 @@ import numpy as np
 
 from shmloader.bench.jpegreport import OURS as _OURS
 from shmloader.bench.jpegreport import w6_table
-from shmloader.bench.machine import load1
+from shmloader.bench.machine import children_cpu_s, load1
 from shmloader.bench.peers import close_loader, close_peers, summarize, time_peers
 from shmloader.bench.progress import Progress
 from shmloader.bench.results import ConfigResult, Row
@@ -122,34 +122,17 @@ class ConventionalFolder:
         return np.array(img), label
 
 
-def _children_cpu_s() -> float:
-    """CPU seconds used so far by this process's live children (the loaders' workers;
-    idle ones add nothing); nan without psutil."""
-    try:
-        import psutil
-    except ImportError:
-        return math.nan
-    total = 0.0
-    for child in psutil.Process().children(recursive=True):
-        try:
-            t = child.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
-
-
 def _epoch(loader: Iterable[Any]) -> tuple[int, int, float, float, float]:
     """Images, batches, wall seconds, consumer CPU seconds and all CPU seconds (consumer
     and workers) of one epoch. The CPU figures depend far less than images/s on what
     else the machine runs."""
     images = batches = 0
-    w0, c0, t0 = _children_cpu_s(), time.process_time(), time.perf_counter()
+    w0, c0, t0 = children_cpu_s(), time.process_time(), time.perf_counter()
     for _, labels in loader:
         images += len(labels)
         batches += 1
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return images, batches, wall, cpu, cpu + _children_cpu_s() - w0
+    return images, batches, wall, cpu, cpu + children_cpu_s() - w0
 
 
 def _reaped_cpu_s() -> float:

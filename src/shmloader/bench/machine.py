@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import platform
@@ -33,6 +34,23 @@ def load1() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
+
+
+def children_cpu_s() -> float:
+    """CPU seconds used so far by this process's live children (the loaders' workers;
+    idle ones add nothing); nan without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return math.nan
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def _git_commit() -> str | None:
