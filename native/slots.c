@@ -231,11 +231,12 @@ uint64_t sl_q_frames(uint64_t *ctl) {
 }
 
 /* Appends the record [5 + words, kind, slot, seq, stamp, payload[0..words)]. Returns 0 when
- * it does not fit now (nothing written), 1 when it was published (and, with `wake`, a
- * consumer asleep on the futex was woken), 2 when it was published and the consumer was
- * asleep: with `wake`, on its socket: the word is cleared and the caller owes it a
- * wake-up byte now; without `wake` (either way of sleeping), the word stays set and the
- * caller wakes it later (sl_q_take_sleeper). */
+ * it does not fit now (nothing written), 1 when it was published and the consumer was
+ * awake, 2 when it was published and the consumer was asleep: with `wake`, on its socket:
+ * the word is cleared and the caller owes it a wake-up byte now; without `wake` (either
+ * way of sleeping), the word stays set and the caller wakes it later
+ * (sl_q_take_sleeper); 3 (only with `wake`) when it was published and the consumer,
+ * asleep on the futex, was woken here. */
 int sl_q_push(uint64_t *ctl, int64_t *data, size_t cap, int64_t kind, int64_t slot, int64_t seq,
               int64_t stamp, const char *payload, size_t words, int wake) {
     size_t n = 5 + words;
@@ -256,7 +257,8 @@ int sl_q_push(uint64_t *ctl, int64_t *data, size_t cap, int64_t kind, int64_t sl
         return 1;
     if (!wake)
         return 2;
-    return sl_q_clear(ctl) == SL_Q_SOCKET ? 2 : 1;
+    uint32_t was = sl_q_clear(ctl);
+    return was == SL_Q_SOCKET ? 2 : was == SL_Q_FUTEX ? 3 : 1;
 }
 
 /* For a producer that deferred a wake-up (sl_q_push without `wake`): clears the consumer's

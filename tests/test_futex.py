@@ -147,9 +147,9 @@ def test_the_sleeping_word_says_how_to_wake_and_a_futex_sleeper_is_woken_with_no
     consumer.ring_tasks()
     assert consumer.push_task(1, 0, 2, b"") == 2, "a socket sleeper's word stays for the frame"
     worker.disarm_tasks()
-    # Results: a worker's result wakes a futex sleeper itself (1), a socket sleeper is owed (2).
+    # Results: a worker's result wakes a futex sleeper itself (3), a socket sleeper is owed (2).
     assert consumer.arm_results(SLEEP_FUTEX)
-    assert worker.push_result(11, 1, 5, 0, 1, 2, 3) == 1
+    assert worker.push_result(11, 1, 5, 0, 1, 2, 3) == 3
     assert consumer.sleep_results(5_000_000_000, 0)
     assert consumer.arm_results(SLEEP_SOCKET) is False, "a result is queued"
     assert consumer.take_results() == [(11, 1, 5, 0, 1, 2, 3)]
@@ -367,9 +367,10 @@ def test_idle_workers_behind_a_slow_step_use_almost_no_cpu():
 
 def test_a_worker_woken_late_leaves_sched_batch_and_tries_it_again_later():
     """The policy tuner (in a forked child: the policy is the calling thread's): a round
-    of late wake-ups puts it back under the normal policy, prompt ones keep SCHED_BATCH,
-    RETRY_S later it tries SCHED_BATCH again; made under another policy (a worker_init_fn
-    chose it) it changes nothing."""
+    of late wake-ups puts it back under the normal policy when the consumer waited for a
+    quarter of the round's results (not when it waited for fewer: the lateness cost it
+    nothing), prompt ones keep SCHED_BATCH, RETRY_S later it tries SCHED_BATCH again; made
+    under another policy (a worker_init_fn chose it) it changes nothing."""
     from shmloader.system.process import batch_policy_in_force, use_batch_policy, use_normal_policy
     from shmloader.workers import policy
 
@@ -381,7 +382,13 @@ def test_a_worker_woken_late_leaves_sched_batch_and_tries_it_again_later():
             tuner.woke(50_000)  # prompt: stays
         if not (batch_policy_in_force() and tuner.batch):
             return 2
-        for _ in range(policy.ROUND):
+        for i in range(policy.ROUND):
+            tuner.published(consumer_waited=i % 8 == 0)  # the consumer had batches in hand
+            tuner.woke(5_000_000)  # late, behind sibling workers: it cost nothing
+        if not (batch_policy_in_force() and tuner.batch):
+            return 8
+        for i in range(policy.ROUND):
+            tuner.published(consumer_waited=i % 4 == 0)  # it waited for a quarter of them
             tuner.woke(5_000_000)  # 5 ms late: a busy machine
         if batch_policy_in_force() or tuner.batch:
             return 3

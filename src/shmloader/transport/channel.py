@@ -265,9 +265,9 @@ class Channel:
         self, kind: int, slot: int, seq: int, stamp: int, fetch: int, collate: int, idle: int
     ) -> int:
         """Publish a result and the worker's clocks (ns: fetch, collate, idle), stamped with
-        the frames the worker sent before it; 0: no room, send it by frame; 1: published
-        (a consumer asleep on the futex woken here); 2: published and the consumer sleeps
-        on its socket: write it a wake-up."""
+        the frames the worker sent before it; 0: no room, send it by frame; 1: published,
+        the consumer awake; 2: published and the consumer sleeps on its socket: write it a
+        wake-up; 3: published and the consumer, asleep on the futex, woken here."""
         return lib.sl_q_push3(
             self._result_ctl, self._result_data, RESULT_WORDS, kind, slot, seq, stamp, fetch, collate, idle
         )

@@ -414,9 +414,11 @@ class _Worker:
             wire.RES_READY, slot, seq, self.frames_sent, self.fetch_ns, collate_ns, self.idle_ns
         )
         if queued:
-            if queued == 2:  # the consumer sleeps
+            if queued == 2:  # the consumer sleeps on its socket
                 self.frames_sent += 1
                 wire.send_frame(self.fd, _RESULT_WAKE)
+            if self.policy is not None:
+                self.policy.published(queued != 1)
             return
         self.frames_sent += 1  # (no room in the queue)
         wire.send_frame(self.fd, wire.ready_frame(slot, seq, self.fetch_ns, collate_ns, self.idle_ns))
