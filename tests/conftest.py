@@ -113,6 +113,30 @@ def method(request):
     return request.param
 
 
+class _QuietMachine:
+    """Stands in for :class:`shmloader.system.cpuload.OthersLoad`: no other process keeps
+    the CPUs busy, from the first wait on. Tests of the yielding paths use it (the
+    other pytest process running beside them would often close those paths);
+    tests/test_cpuload.py measures the real thing."""
+
+    busy = False
+
+    def due(self, now_ns: int) -> bool:
+        return True
+
+    def measure(self, now_ns: int, worker_pids: object) -> bool:
+        return False
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """The loaders made in the test find the machine quiet: their sides yield before they
+    sleep (transport/yielding.py)."""
+    from shmloader.epoch import collector
+
+    monkeypatch.setattr(collector, "OthersLoad", _QuietMachine)
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 

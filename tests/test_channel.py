@@ -250,13 +250,17 @@ def _workers_cpu_over_slow_steps(steps: int) -> float:
     return spent
 
 
-def test_idle_workers_stop_yielding_the_cpu_when_the_loop_is_slow(monkeypatch):
-    """Out of tasks, a worker yields its CPU, looking for a task, before it sleeps (the
-    consumer then owes it no wake-up); a loop whose steps last milliseconds must not pay
-    that on every batch: each long sleep halves the window, down to none. Side by side
-    with workers that never yield (forked: they see the patched window): 600 steps
-    yielding 200 us each would cost the two workers ~120 ms more."""
-    monkeypatch.setattr(slots, "HAS_FUTEX", False)  # the yielding path (forked workers see it)
+@pytest.mark.parametrize("futex", [True, False])
+def test_idle_workers_stop_yielding_the_cpu_when_the_loop_is_slow(monkeypatch, quiet_machine, futex):
+    """Out of tasks, a worker of a quiet machine yields its CPU, looking for a task,
+    before it sleeps (on its futex, or its socket where there is none: the consumer then
+    owes it no wake-up); a loop whose steps last milliseconds must not pay that on every
+    batch: each long sleep halves the window, down to none. Side by side with workers
+    that never yield (forked: they see the patched window): 600 steps yielding 200 us each
+    would cost the two workers ~120 ms more."""
+    if futex and not slots.HAS_FUTEX:
+        pytest.skip("no futex in this build")
+    monkeypatch.setattr(slots, "HAS_FUTEX", futex)  # (forked workers see it)
     adaptive = _workers_cpu_over_slow_steps(600)
     monkeypatch.setattr(worker_module, "SPIN_MAX_NS", 0)
     never = _workers_cpu_over_slow_steps(600)
@@ -267,11 +271,12 @@ def test_idle_workers_stop_yielding_the_cpu_when_the_loop_is_slow(monkeypatch):
 
 
 @pytest.mark.parametrize("futex", [True, False])
-def test_a_task_by_frame_ends_a_workers_wait_at_once(monkeypatch, futex):
+def test_a_task_by_frame_ends_a_workers_wait_at_once(monkeypatch, quiet_machine, futex):
     """A worker waiting for a task also looks at its socket: a task that comes by frame
     (keys that are not ints) is taken at once, not when the wait's window ends. Asleep on
     its futex, the frame's ring wakes it (with a 5 s window, forked workers see it);
-    yielding (no futex), it polls its socket between yields (a 50 ms window). 100
+    yielding (no futex, a quiet machine), it polls its socket between yields (a 50 ms
+    window). 100
     one-key batches would take over 1 s if each worker waited its window out; a yield
     that hands the CPU to a busy machine's other processes costs about a time slice (~1
     ms) a batch."""

@@ -4,12 +4,14 @@ process sentinels, and what a worker's exit or silence means.
 A result comes back through the worker's result queue in shared memory; the socket carries
 the rare messages (errors, shard states, stats, batches in one-off segments) and the
 wake-up a worker writes when the consumer sleeps there. Waiting for one worker's result
-(the batch due, in order; or the only worker), the consumer first sleeps on that worker's
-result queue (a futex, :data:`~shmloader.system.slots.HAS_FUTEX`): the worker's result
-wakes it with no byte written and no time slice lost, however busy the machine; past
-:data:`~shmloader.transport.channel.SLEEP_WINDOW_NS` it blocks on the sockets and
-sentinels. Without a futex it yields its CPU before it blocks, for a window that adapts
-to the waits seen (:func:`~shmloader.transport.channel.next_yield_window`). A worker that exits is
+(the batch due, in order; or the only worker), the consumer of a quiet machine first
+yields its CPU for a window that adapts to the waits seen (transport/yielding.py; the
+consumer measures the machine's load, system/cpuload.py, and tells its workers, which
+yield the same way). Then it sleeps on that worker's result queue (a futex,
+:data:`~shmloader.system.slots.HAS_FUTEX`): the worker's result wakes it with no byte
+written and no time slice lost, however busy the machine; past
+:data:`~shmloader.transport.channel.SLEEP_WINDOW_NS`, or where there is no futex, it
+blocks on the sockets and sentinels. A worker that exits is
 replaced or its death raised at once (:class:`~shmloader.epoch.restarts.Restarts`); no
 result within ``timeout`` replaces the worker that owes the batch waited for, or raises.
 """
@@ -29,15 +31,15 @@ from shmloader.epoch.rings import RingKeeper
 from shmloader.errors import LoaderTimeoutError, WorkerDiedError
 from shmloader.memory.ring import attach_fd
 from shmloader.system import slots as _slots
+from shmloader.system.cpuload import OthersLoad
 from shmloader.system.process import yield_cpu
 from shmloader.transport import wire
 from shmloader.transport.channel import (
     RESULT_SPIN_NS,
     SLEEP_FUTEX,
     SLEEP_WINDOW_NS,
-    YIELD_MAX_NS,
-    next_yield_window,
 )
+from shmloader.transport.yielding import YieldWindow
 from shmloader.tuning.timing import Timing
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 
@@ -71,8 +73,8 @@ class Collector:
         self._timeout = timeout
         self._in_order = in_order
         self._futex = _slots.HAS_FUTEX  # sleep on a result queue's futex before blocking
-        # How long to yield the CPU before blocking where there is no futex, adapted.
-        self._spin_ns = 0 if self._futex else YIELD_MAX_NS
+        self._load = OthersLoad()  # whether other processes keep the CPUs busy
+        self._yielding = YieldWindow(allowed=not self._load.busy)  # how long to yield before sleeping
         self._retired: set[WorkerHandle] = set()  # worker_init_fn failed: their exit is expected
 
     # --- the next result -------------------------------------------------------------------
@@ -104,18 +106,20 @@ class Collector:
         timeout = self._timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
         due = self._inflight.due() if self._in_order else None
-        spin = self._spin_ns
-        if self._futex:
-            if self._sleep_for(due.worker if due is not None else None, deadline):
-                return
-        elif spin and self._yield_for(spin):
+        now = time.perf_counter_ns()
+        if self._load.due(now):
+            self._measure_load(now)
+        window = self._yielding.window()
+        if window and self._yield_for(window):
             return
-        blocked = time.perf_counter_ns()
+        slept = time.perf_counter_ns()
+        if self._futex and self._sleep_for(due.worker if due is not None else None, deadline):
+            self._yielding.slept(time.perf_counter_ns() - slept)
+            return
         events = self._pool.wait(due.worker if due is not None else None, deadline)
-        if not self._futex:
-            # Yield next time as long as it would have caught this result (a data-bound
-            # loop, whose waits last milliseconds, soon blocks at once again).
-            self._spin_ns = next_yield_window(spin, time.perf_counter_ns() - blocked)
+        # Yield next time as long as it would have caught this result (a data-bound loop,
+        # whose waits last milliseconds, soon sleeps at once again).
+        self._yielding.slept(time.perf_counter_ns() - slept)
         if events is None:
             self._deadline_passed(due, timeout)
             return
@@ -174,8 +178,8 @@ class Collector:
     def _yield_for(self, window_ns: int) -> bool:
         """Give this CPU to whatever else is runnable on it (often the worker loading the
         batch due), looking for results between yields, for up to ``window_ns``; True when
-        a result came. Cheaper than blocking when the result is that close: no wake-up for
-        the worker to write, no sleep and wake of this process."""
+        a result came. Cheaper than sleeping when the result is that close: no wake-up for
+        the worker to make, no sleep and wake of this process."""
         clock = time.perf_counter_ns
         end = clock() + window_ns
         while True:
@@ -184,6 +188,15 @@ class Collector:
                 return True
             if clock() >= end:
                 return False
+
+    def _measure_load(self, now_ns: int) -> None:
+        """Measure whether other processes keep the CPUs busy, and allow yielding (this
+        process's and its workers') only while they do not."""
+        workers = self._pool.workers
+        allowed = not self._load.measure(now_ns, [w.proc.pid for w in workers])
+        self._yielding.allowed = allowed
+        for worker in workers:
+            worker.channel.allow_yielding(allowed)
 
     # --- reading -----------------------------------------------------------------------------
 

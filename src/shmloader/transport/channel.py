@@ -52,6 +52,10 @@ RECORD_WORDS = 5  # n, kind, slot, seq, stamp; then the payload
 MAX_TASK_PAYLOAD = TASK_WORDS // 4 * 8
 _CTL_BYTES = 3 * 64  # head, tail, sleeping flag: a cache line each
 _HEAD_WORD, _TAIL_WORD = 0, 8  # their uint64 words (native/slots.c: SL_Q_HEAD, SL_Q_TAIL)
+# In the task queue's third line, after native/slots.c's words (SL_Q_SLEEPING to
+# SL_Q_FRAMES): 1 while the consumer allows the worker to yield before it sleeps
+# (transport/yielding.py), 0 (as made) otherwise. Only Python reads and writes it.
+_YIELD_WORD = 19
 _TASK_CTL = 0
 _RESULT_CTL = _CTL_BYTES
 _TASK_DATA = 2 * _CTL_BYTES
@@ -78,25 +82,6 @@ SLEEP_WINDOW_NS = 20_000_000
 # CPU the consumer needs to send it.
 RESULT_SPIN_NS = 5_000
 TASK_SPIN_NS = 0
-
-# Where there is no futex, before either side sleeps on its socket it yields its CPU,
-# looking at its queue between yields, for up to a window (collector.Collector._yield_for,
-# worker._Worker.yield_for_work): the other side's next record is often that close, and a
-# side asleep costs the other a wake-up write. The window adapts to the sleeps that follow
-# (next_yield_window). (A yield beside other runnable processes gives the CPU away for a
-# whole time slice: the futex sleep above replaces it where it can.)
-YIELD_MAX_NS = 200_000
-YIELD_MIN_NS = 2_000
-
-
-def next_yield_window(window_ns: int, slept_ns: int, maximum_ns: int = YIELD_MAX_NS) -> int:
-    """The window to yield for before the next sleep, after a sleep of ``slept_ns``: the
-    whole ``maximum_ns`` again when yielding that long would have caught what woke it,
-    else half of ``window_ns``, none below YIELD_MIN_NS (a loop whose waits last
-    milliseconds soon sleeps at once: no CPU spent yielding)."""
-    if slept_ns <= maximum_ns:
-        return maximum_ns
-    return window_ns // 2 if window_ns >= YIELD_MIN_NS else 0
 
 
 class Channel:
@@ -271,6 +256,15 @@ class Channel:
         return lib.sl_q_push3(
             self._result_ctl, self._result_data, RESULT_WORDS, kind, slot, seq, stamp, fetch, collate, idle
         )
+
+    def allow_yielding(self, allowed: bool) -> None:
+        """Consumer: let the worker yield its CPU before it sleeps (the machine is
+        quiet), or not (:mod:`shmloader.transport.yielding`)."""
+        self._task_ctl[_YIELD_WORD] = 1 if allowed else 0
+
+    def yielding_allowed(self) -> bool:
+        """Worker (or consumer): whether the consumer allows the worker to yield."""
+        return self._task_ctl[_YIELD_WORD] == 1
 
     def woken_at(self) -> int:
         """When (``time.monotonic_ns()``) the consumer last woke this worker from its

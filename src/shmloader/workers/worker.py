@@ -34,10 +34,9 @@ from shmloader.transport.channel import (
     SLEEP_FUTEX,
     SLEEP_WINDOW_NS,
     TASK_SPIN_NS,
-    YIELD_MAX_NS,
     Channel,
-    next_yield_window,
 )
+from shmloader.transport.yielding import YIELD_MAX_NS, YieldWindow
 from shmloader.workers import seeding
 from shmloader.workers.failures import WorkerFailure
 from shmloader.workers.policy import PolicyTuner
@@ -48,8 +47,8 @@ _VIEW_CACHE_SIZE = 1024  # entries of the placement, skeleton and view caches (r
 # (memfd, reserve, map, the memory budget's reads, the descriptor's passing, and a mapping
 # in the consumer) costs far more than pickling and unpickling this many bytes.
 PICKLED_MAX_BYTES = 64 * 1024
-# Out of tasks, a worker without a futex yields its CPU for up to this long before it
-# sleeps (see _Worker.yield_for_work and channel.next_yield_window).
+# Out of tasks, a worker yields its CPU for up to this long before it sleeps (see
+# _Worker.yield_for_work and transport/yielding.py).
 SPIN_MAX_NS = YIELD_MAX_NS
 
 
@@ -182,11 +181,11 @@ class _Worker:
         self.collate_from: int | None = None  # when the current batch's collation began
         self.channel: Channel | None = None  # the task and result queues (the first frame)
         self.frames_sent = 0  # frames sent to the consumer: the stamp of each queued result
-        # Out of tasks: sleep on the task queue's futex first (sleep_for_work), else
-        # yield for up to spin_ns before sleeping on the socket (yield_for_work).
+        # Out of tasks: yield for the window (yield_for_work), then sleep on the task
+        # queue's futex (sleep_for_work), then on the socket.
         self.futex = _slots.HAS_FUTEX
         self.policy: PolicyTuner | None = None  # made in run()
-        self.spin_ns = 0 if self.futex else SPIN_MAX_NS
+        self.yielding = YieldWindow(SPIN_MAX_NS)  # allowed by the consumer (the channel says)
         self.socket_poller = select.poll()  # (has a frame come?)
         self.socket_poller.register(self.fd, select.POLLIN)
 
@@ -263,18 +262,20 @@ class _Worker:
                     slept = self.read_frames(frames)
                 finally:
                     channel.disarm_tasks()
-                if not self.futex:
-                    # Yield next time while it would have caught this task (a loop whose
-                    # steps last milliseconds soon sleeps at once again).
-                    self.spin_ns = next_yield_window(self.spin_ns, slept, SPIN_MAX_NS)
+                # Yield next time while it would have caught this task (a loop whose steps
+                # last milliseconds soon sleeps at once again).
+                self.yielding.slept(slept)
 
     def wait_for_work(self, channel: Channel, tasks: deque, frames: deque[bytes]) -> bool:
-        """Out of tasks, before sleeping on the socket: sleep on the futex where there is
-        one (:meth:`sleep_for_work`), else yield the CPU for the adapted window
-        (:meth:`yield_for_work`); True when a task or a frame came."""
-        if self.futex:
-            return self.sleep_for_work(channel, tasks, frames)
-        return bool(self.spin_ns) and self.yield_for_work(channel.take_tasks, tasks, frames)
+        """Out of tasks, before sleeping on the socket: yield the CPU for the window
+        (:meth:`yield_for_work`), then sleep on the futex where there is one
+        (:meth:`sleep_for_work`); True when a task or a frame came."""
+        yielding = self.yielding
+        yielding.allowed = channel.yielding_allowed()
+        window = yielding.window()
+        if window and self.yield_for_work(channel.take_tasks, tasks, frames, window):
+            return True
+        return self.futex and self.sleep_for_work(channel, tasks, frames)
 
     def sleep_for_work(self, channel: Channel, tasks: deque, frames: deque[bytes]) -> bool:
         """Out of tasks: sleep on the task queue's futex until the consumer queues a task
@@ -299,22 +300,26 @@ class _Worker:
         # (With tasks, frames wait: the stamps read them when a task needs them, and the
         # queue's end does.)
         framed = not got and bool(readable(0))
-        self.idle_ns += clock() - start
+        slept = clock() - start
+        self.idle_ns += slept
         if framed:
             self.read_frames(frames)  # (its bytes are there: no wait)
+        if got or framed:
+            self.yielding.slept(slept)  # (else the socket's sleep that follows adapts it)
         tasks.extend(got)
         return bool(got) or framed
 
-    def yield_for_work(self, take: Callable[[], list], tasks: deque, frames: deque[bytes]) -> bool:
+    def yield_for_work(
+        self, take: Callable[[], list], tasks: deque, frames: deque[bytes], window_ns: int
+    ) -> bool:
         """Out of tasks: give this CPU to whatever else is runnable on it (the other
         worker, the consumer), looking for tasks (into ``tasks``) and frames (read into
-        ``frames``: a task too large for the queue, a new ring, an epoch)
-        between yields, for up to ``spin_ns`` ns; True when either came. The consumer's
-        next task is often that close (a small batch): a worker that fell asleep costs
-        the consumer a wake-up write, as much CPU as the rest of a small batch's path."""
+        ``frames``: a task too large for the queue, a new ring, an epoch) between yields,
+        for up to ``window_ns``; True when either came. The consumer's next task is often
+        that close (a small batch): a worker asleep costs the consumer a wake-up."""
         clock = time.perf_counter_ns
         start = clock()
-        end = start + self.spin_ns
+        end = start + window_ns
         readable = self.socket_poller.poll
         while True:
             yield_cpu()
