@@ -13,8 +13,8 @@ rounds alternate the trees' order (ABBA...) and run every workload. One measurem
 workload gives:
 
 - steady: batches/s of a persistent loader (fork, 2 workers), its warm-up batches
-  excluded, counted for ``--seconds``; and the consumer's CPU a batch over that time
-  (the process's CPU time: the workers are other processes);
+  excluded, counted for ``--seconds``; and the CPU a batch over that time of the
+  consumer (the process's CPU time) and of its workers (its children's, psutil);
 - cold: a fresh loader (not persistent) from its construction to its ``--cold-batches``-th
   batch (worker start-up counted, shutdown not), as batches/s.
 
@@ -154,6 +154,7 @@ def measure(workload: str, seconds: float, workers: int) -> dict[str, float]:
         for _ in range(warmup):
             next(it)
         n = 0
+        w0 = _children_cpu_s()
         t0, c0 = time.perf_counter(), time.process_time()
         end = t0 + seconds
         while True:
@@ -162,6 +163,7 @@ def measure(workload: str, seconds: float, workers: int) -> dict[str, float]:
             if n % 16 == 0 and time.perf_counter() >= end:
                 break
         t1, c1 = time.perf_counter(), time.process_time()
+        w1 = _children_cpu_s()
     finally:
         del it
         loader.shutdown()
@@ -176,7 +178,21 @@ def measure(workload: str, seconds: float, workers: int) -> dict[str, float]:
         "steady": n / (t1 - t0),
         "cold": cold_batches / (t3 - t2),
         "consumer_us": (c1 - c0) / n * 1e6,
+        "workers_us": (w1 - w0) / n * 1e6,
     }
+
+
+def _children_cpu_s() -> float:
+    """The CPU seconds (user and system) of this process's live children: its workers."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children():
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def measure_w6(DataLoader: Any, workers: int) -> dict[str, float]:

@@ -15,7 +15,7 @@ import pytest
 from shmloader import DataLoader
 from shmloader.epoch import collector as collector_module
 from shmloader.system import cpuload
-from shmloader.system.cpuload import OthersLoad, cpu_seconds, process_seconds
+from shmloader.system.cpuload import PROC_STAT, OthersLoad, cpu_seconds, others_runnable, process_seconds
 from shmloader.transport.channel import Channel
 from shmloader.transport.yielding import YIELD_MAX_NS, YieldWindow
 
@@ -63,8 +63,8 @@ def _verdict(tmp_path, busy_ticks: int, idle_ticks: int) -> bool:
     gained ``busy_ticks`` and ``idle_ticks`` (this process's own CPU is subtracted)."""
     stat = tmp_path / "stat"
     _stat_file(stat, dict.fromkeys(CPUS, 1000), dict.fromkeys(CPUS, 1000))
-    load = OthersLoad(str(stat))
-    assert load.busy, "busy (nothing yields) until the first verdict"
+    load = OthersLoad(str(stat), str(tmp_path / "no-loadavg"))
+    assert load.busy, "busy (nothing yields) until the first verdict, with no instant look"
     assert load.due(0)
     load.measure(0, [])
     assert not load.due(cpuload.FIRST_INTERVAL_NS - 1) and load.due(cpuload.FIRST_INTERVAL_NS)
@@ -88,9 +88,21 @@ def test_the_verdict_is_busy_only_when_others_use_the_cpus_and_none_is_idle(tmp_
 
 
 def test_without_proc_stat_the_machine_counts_as_quiet(tmp_path):
-    load = OthersLoad(str(tmp_path / "missing"))
+    load = OthersLoad(str(tmp_path / "missing"), str(tmp_path / "missing-too"))
     assert not load.busy
     assert load.measure(0, []) is False
+
+
+def test_before_the_first_verdict_one_look_at_the_runnable_tasks_decides(tmp_path):
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.50 0.40 0.30 1/85 1234\n")  # only the reader runs
+    assert others_runnable(2, str(loadavg)) is False
+    assert not OthersLoad(PROC_STAT, str(loadavg)).busy
+    loadavg.write_text("2.50 2.40 2.30 3/85 1234\n")  # the reader and two others
+    assert others_runnable(2, str(loadavg)) is True
+    assert others_runnable(8, str(loadavg)) is False, "idle CPUs left"
+    assert OthersLoad(PROC_STAT, str(loadavg)).busy is (len(CPUS) <= 3)
+    assert others_runnable(2, str(tmp_path / "missing")) is None
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc/stat (Linux)")
@@ -120,7 +132,7 @@ def test_the_loaders_own_processes_are_not_others(tmp_path):
     worker = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.1)
-        ours, theirs = OthersLoad(str(stat)), OthersLoad(str(stat))
+        ours, theirs = OthersLoad(str(stat)), OthersLoad(str(stat))  # (their first verdicts: not asked)
         began = time.perf_counter_ns()
         cpu = process_seconds(worker.pid)
         ours.measure(began, [worker.pid])

@@ -239,6 +239,28 @@ def test_a_scheduled_check_reads_the_workers_read_longest_ago_and_stats_reads_th
             p.wait()
 
 
+def test_an_epoch_end_reads_the_workers_once_they_ran_half_a_second(monkeypatch):
+    """A short epoch of workers just started (a fresh loader's, a small validation pass)
+    ends without reading /proc: a read costs milliseconds a worker, more than such an
+    epoch; later ends read when half the interval passed since the last reading."""
+    read: list[int] = []
+    monkeypatch.setattr(watch, "process_memory", lambda pid: read.append(pid))
+    now = [10.0]
+    mw = MemoryWatch(dataset=lambda: None, clock=lambda: now[0])
+    mw.started(0, os.getpid())
+    mw.epoch_ended(10.3)
+    assert read == []
+    mw.epoch_ended(10.5)
+    assert read == [os.getpid()]
+    mw.epoch_ended(10.7)  # read 0.2 s ago
+    assert read == [os.getpid()]
+    mw.stopped(os.getpid())  # workers not persistent: the next epoch's start anew
+    now[0] = 20.0
+    mw.started(0, os.getpid())
+    mw.epoch_ended(20.2)
+    assert read == [os.getpid()]
+
+
 @pytest.mark.timeout(120)
 def test_stats_memory_reports_running_workers():
     dl = DataLoader(Metadata(20_000), batch_size=256, num_workers=2, persistent_workers=True)

@@ -3,7 +3,9 @@
 A :class:`MemoryWatch` lives as long as its loader. It reads its workers' memory on a
 schedule that thins out (0.5 s after the first worker starts, then 1 s, 2 s, ... later,
 then every 16 s), at an epoch's end when half the current interval has passed since the
-last reading, and when ``stats()`` asks, so a batch costs one comparison of two floats.
+last reading and the workers have run 0.5 s (a fresh loader's short epoch, a small
+validation pass, would otherwise pay a read of its workers at every end), and when
+``stats()`` asks, so a batch costs one comparison of two floats.
 A scheduled reading takes the :data:`CHECK_WORKERS` workers read longest ago, not all of
 them: a read costs the consumer 10-20 ms a worker (the kernel's walk of its page tables,
 then the text), which with 8 workers held every batch for a sixth of a second, and the
@@ -62,6 +64,7 @@ class MemoryWatch:
         self._workers: dict[int, _Worker] = {}  # by pid
         self._interval = FIRST_CHECK_S
         self._read_at = -math.inf
+        self._started_at = math.inf  # when the first of the running workers started
         self._parent: ProcessMemory | None = None  # this process's memory, read by report()
         self._parent_at = -math.inf
         self.due = math.inf  # when check() should run next: none before a worker starts
@@ -80,7 +83,8 @@ class MemoryWatch:
         self._workers[pid] = _Worker(wid, pid)
         if self.due == math.inf:
             self._interval = FIRST_CHECK_S
-            self.due = self._clock() + self._interval
+            self._started_at = self._clock()
+            self.due = self._started_at + self._interval
 
     def stopped(self, pid: int) -> None:
         """Process ``pid`` is no longer a worker of the loader (stopped or replaced)."""
@@ -102,9 +106,14 @@ class MemoryWatch:
 
     def epoch_ended(self, now: float) -> None:
         """An epoch ended (where copy-on-read has done the most): check now unless the
-        last reading is recent (under half the current interval, and 0.5 s), so short
-        epochs do not read /proc at each end."""
-        if self._workers and now - self._read_at >= max(FIRST_CHECK_S, self._interval / 2):
+        last reading is recent (under half the current interval, and 0.5 s) or the
+        workers started under FIRST_CHECK_S ago, so short epochs do not read /proc at
+        each end."""
+        if (
+            self._workers
+            and now - self._started_at >= FIRST_CHECK_S
+            and now - self._read_at >= max(FIRST_CHECK_S, self._interval / 2)
+        ):
             self.check(now)
 
     def _read(self, now: float, workers: list[_Worker]) -> None:

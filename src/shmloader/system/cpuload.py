@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from shmloader.system.cores import affinity_cpus
 
 PROC_STAT = "/proc/stat"
+PROC_LOADAVG = "/proc/loadavg"
 INTERVAL_NS = 500_000_000  # how often the load is measured (the ticks below are 10 ms)
 FIRST_INTERVAL_NS = 250_000_000  # the first verdict, sooner
 # Busy: others used at least this many CPUs' worth of time while fewer than IDLE_CORES
@@ -70,22 +71,38 @@ def process_seconds(pid: int) -> float:
         return 0.0
 
 
+def others_runnable(cpus: int, path: str = PROC_LOADAVG) -> bool | None:
+    """Whether, at this instant, other tasks are runnable and together with this one fill
+    ``cpus`` CPUs (``path``'s count of runnable tasks, this one included); None where it
+    cannot be read. One look, for the verdict before the first measure: a CPU-bound
+    process is always runnable, so this seldom misses one."""
+    try:
+        with open(path) as f:
+            running = int(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return running - 1 >= 1 and running >= cpus
+
+
 class OthersLoad:
     """Measures, every INTERVAL_NS at most, whether processes other than the loader's
     keep this process's CPUs busy (:meth:`measure`); :attr:`busy` holds the verdict.
 
-    Until the first verdict the machine counts as busy where ``/proc/stat`` can be read
-    (nothing yields: the safe side), and as quiet where it cannot (other systems: the
-    adapted yield window alone, as before any measure)."""
+    Until the first verdict (FIRST_INTERVAL_NS after the first sample) the machine counts
+    as busy when other tasks are runnable now and fill the CPUs (:func:`others_runnable`),
+    or when that cannot be read but ``/proc/stat`` can (the safe side: nothing yields);
+    where neither can be read (other systems) it counts as quiet, and the adapted yield
+    window alone decides."""
 
     __slots__ = ("_cpus", "_last", "_next_ns", "_path", "busy")
 
-    def __init__(self, path: str = PROC_STAT) -> None:
+    def __init__(self, path: str = PROC_STAT, loadavg: str = PROC_LOADAVG) -> None:
         self._path = path
         self._cpus = affinity_cpus()
         self._last: tuple[int, float, float, float] | None = None  # ns, busy s, idle s, ours s
         self._next_ns = 0
-        self.busy = os.path.exists(path)
+        instant = others_runnable(len(self._cpus) or os.cpu_count() or 1, loadavg)
+        self.busy = os.path.exists(path) if instant is None else instant
 
     def due(self, now_ns: int) -> bool:
         """Whether a measure is due at ``now_ns`` (``time.perf_counter_ns``)."""
