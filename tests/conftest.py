@@ -125,7 +125,13 @@ class _QuietMachine:
         return True
 
     def measure(self, now_ns: int, worker_pids: object) -> bool:
-        return False
+        return self.busy
+
+
+class _BusyMachine(_QuietMachine):
+    """Other processes keep the CPUs busy, from the start."""
+
+    busy = True
 
 
 @pytest.fixture
@@ -135,6 +141,14 @@ def quiet_machine(monkeypatch):
     from shmloader.epoch import collector
 
     monkeypatch.setattr(collector, "OthersLoad", _QuietMachine)
+
+
+@pytest.fixture
+def busy_machine(monkeypatch):
+    """The loaders made in the test find the machine busy: neither side yields."""
+    from shmloader.epoch import collector
+
+    monkeypatch.setattr(collector, "OthersLoad", _BusyMachine)
 
 
 def _children() -> set[int]:
