@@ -12,12 +12,15 @@ Each measurement is a fresh interpreter with ``PYTHONPATH`` set to one tree's ``
 rounds alternate the trees' order (ABBA...) and run every workload. One measurement of a
 workload gives:
 
-- steady: batches/s of a persistent loader (fork, 2 workers), its warm-up batches
-  excluded, counted for ``--seconds``; and the CPU a batch over that time of the
+- steady: batches/s of a persistent loader (``--workers``, 2 by default), its warm-up
+  batches excluded, counted for ``--seconds``; and the CPU a batch over that time of the
   consumer (the process's CPU time) and of its workers (its children's, psutil);
-- cold: a fresh loader (not persistent) from its construction to its ``--cold-batches``-th
-  batch (worker start-up counted, shutdown not), as batches/s.
+- cold: a fresh loader (not persistent) over a short dataset (the workload's cold batches
+  in WORKLOADS), from its construction to its last batch (worker start-up counted,
+  shutdown not), as batches/s.
 
+W7 here is int32 token sequences of 16..2048 tokens, bucketed by length
+(``BucketBatchSampler``, 16 buckets, batch 64) and padded per batch (``collate="pad"``).
 W6 here is a JPEG folder (simplejpeg decode, a random 224x224 crop, a random flip, batch
 64) read in whole epochs; steady is a persistent loader's epoch, cold a fresh one's.
 The report gives each tree's median per figure and the per-round ratio B/A (median and
@@ -91,6 +94,21 @@ class Scalars:
         return self.samples[i % CACHE_ITEMS]
 
 
+class Tokens:
+    """Int32 token sequences of 16..2048 tokens (seeded lengths), prefixes of a cached pool."""
+
+    def __init__(self, length: int):
+        rng = np.random.default_rng(0)
+        self.lengths = rng.integers(16, 2049, length).tolist()
+        self.pool = rng.integers(1, 32_000, (CACHE_ITEMS, 2048), dtype=np.int32)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.pool[i % CACHE_ITEMS, : self.lengths[i]]
+
+
 class Jpegs:
     """A folder of JPEGs: decode, a random 224x224 crop, a random horizontal flip."""
 
@@ -120,7 +138,25 @@ WORKLOADS: dict[str, tuple[Any, int, int, int]] = {
     "W2": (lambda n: Images(n, "float32"), 64, 10, 20),
     "W3": (Records, 256, 200, 400),
     "W4": (Scalars, 1, 2000, 2000),
+    "W7": (Tokens, 64, 200, 200),  # bucketed by length (16 buckets), padded per batch
 }
+STEADY_LENGTH = {"W7": 4000 * 64}  # samples of the steady loader (others: 10**7, never ending)
+
+
+def loader_options(workload: str, dataset: Any, batch_size: int) -> dict[str, Any]:
+    """How ``workload`` is batched: a batch size, or W7's bucketed batch sampler and padding."""
+    if workload != "W7":
+        return {"batch_size": batch_size}
+    from shmloader import BucketBatchSampler
+
+    sampler = BucketBatchSampler(dataset.lengths, batch_size, num_buckets=16, seed=0)
+    return {"batch_sampler": sampler, "collate": "pad"}
+
+
+def endless(loader: Any) -> Any:
+    """The loader's batches, epoch after epoch."""
+    while True:
+        yield from loader
 
 
 def jpeg_folder() -> list[str]:
@@ -147,9 +183,10 @@ def measure(workload: str, seconds: float, workers: int) -> dict[str, float]:
     if workload == "W6":
         return measure_w6(DataLoader, workers)
     make, batch_size, warmup, cold_batches = WORKLOADS[workload]
-    dataset = make(10**7)
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, persistent_workers=True)
-    it = iter(loader)
+    dataset = make(STEADY_LENGTH.get(workload, 10**7))
+    options = loader_options(workload, dataset, batch_size)
+    loader = DataLoader(dataset, num_workers=workers, persistent_workers=True, **options)
+    it = endless(loader)
     try:
         for _ in range(warmup):
             next(it)
@@ -168,15 +205,15 @@ def measure(workload: str, seconds: float, workers: int) -> dict[str, float]:
         del it
         loader.shutdown()
     small = make(cold_batches * batch_size)
+    options = loader_options(workload, small, batch_size)
     t2 = time.perf_counter()
-    fresh = DataLoader(small, batch_size=batch_size, num_workers=workers)
-    for _ in fresh:
-        pass
+    fresh = DataLoader(small, num_workers=workers, **options)
+    cold = sum(1 for _ in fresh)
     t3 = time.perf_counter()
     del fresh
     return {
         "steady": n / (t1 - t0),
-        "cold": cold_batches / (t3 - t2),
+        "cold": cold / (t3 - t2),
         "consumer_us": (c1 - c0) / n * 1e6,
         "workers_us": (w1 - w0) / n * 1e6,
     }
@@ -244,7 +281,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tree", action="append", required=True, help="NAME=SRC_DIR (twice: A then B)")
-    parser.add_argument("--workloads", default="W1,W2,W3,W4,W6")
+    parser.add_argument("--workloads", default="W1,W2,W3,W4,W6,W7")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--workers", type=int, default=2)
