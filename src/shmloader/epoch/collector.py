@@ -39,7 +39,7 @@ from shmloader.transport.channel import (
     SLEEP_FUTEX,
     SLEEP_WINDOW_NS,
 )
-from shmloader.transport.yielding import YieldWindow
+from shmloader.transport.yielding import RESULT_YIELD_MAX_NS, YieldWindow
 from shmloader.tuning.timing import Timing
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 
@@ -74,7 +74,7 @@ class Collector:
         self._in_order = in_order
         self._futex = _slots.HAS_FUTEX  # sleep on a result queue's futex before blocking
         self._load = OthersLoad()  # whether other processes keep the CPUs busy
-        self._yielding = YieldWindow(allowed=not self._load.busy)  # how long to yield before sleeping
+        self._yielding = YieldWindow(RESULT_YIELD_MAX_NS, not self._load.busy)  # how long to yield first
         self._retired: set[WorkerHandle] = set()  # worker_init_fn failed: their exit is expected
 
     # --- the next result -------------------------------------------------------------------
