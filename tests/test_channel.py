@@ -276,10 +276,9 @@ def test_a_task_by_frame_ends_a_workers_wait_at_once(monkeypatch, quiet_machine,
     (keys that are not ints) is taken at once, not when the wait's window ends. Asleep on
     its futex, the frame's ring wakes it (with a 5 s window, forked workers see it);
     yielding (no futex, a quiet machine), it polls its socket between yields (a 50 ms
-    window). 100
-    one-key batches would take over 1 s if each worker waited its window out; a yield
-    that hands the CPU to a busy machine's other processes costs about a time slice (~1
-    ms) a batch."""
+    window). 100 one-key batches would take over 1 s if each worker waited its window
+    out; a yield that hands the CPU to a busy machine's other processes costs about a time
+    slice (~1 ms) a batch."""
     if futex:
         if not slots.HAS_FUTEX:
             pytest.skip("no futex in this build")

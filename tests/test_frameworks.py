@@ -23,6 +23,7 @@ import sys
 from importlib.util import find_spec
 
 import numpy as np
+import psutil
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -51,7 +52,14 @@ def run_script(out, *args: str, timeout: float) -> None:
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # torchrun starts each rank in a session of its own: the group alone misses them.
+        tree = psutil.Process(proc.pid).children(recursive=True)
         os.killpg(proc.pid, signal.SIGKILL)
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
         output, _ = proc.communicate()
         pytest.fail(f"{args} did not finish in {timeout} s:\n{output.decode(errors='replace')[-4000:]}")
     assert proc.returncode == 0, f"{args} failed:\n{output.decode(errors='replace')[-6000:]}"

@@ -39,6 +39,16 @@ MODE = sys.argv[2]
 ACCUMULATE = 5  # 12 (single) or 6 (per rank, ddp) batches an epoch: ends off a multiple of it
 
 
+# torch's workers start from a fork server: a rank is multithreaded (torch's queue feeder
+# threads, gloo's), and on Python 3.11.7 and older a child forked while another thread
+# holds the interpreter's thread-state lock deadlocks before it runs any code (CPython
+# gh-112275, fixed in 3.11.8): seen here once in CI, in torch's loader (the oracle). A
+# fork server forks from a process with one thread. What this script checks (shares,
+# gradient sync, resume) does not depend on the start method. shmloader's loaders keep
+# the default fork: what users run.
+START = "forkserver"
+
+
 def shm_loader() -> shmloader.DataLoader:
     return shmloader.DataLoader(NumpySamples(), batch_size=BATCH, shuffle=True, num_workers=2, seed=0)
 
@@ -46,7 +56,12 @@ def shm_loader() -> shmloader.DataLoader:
 def torch_loader() -> torch.utils.data.DataLoader:
     g = torch.Generator().manual_seed(0)
     return torch.utils.data.DataLoader(
-        NumpySamples(), batch_size=BATCH, shuffle=True, num_workers=2, generator=g
+        NumpySamples(),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=2,
+        generator=g,
+        multiprocessing_context=START,
     )
 
 
