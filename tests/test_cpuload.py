@@ -190,26 +190,11 @@ def test_a_yield_window_is_none_while_not_allowed_and_adapts_to_the_sleeps():
     assert window.window() == 0
 
 
-class _Fixed:
-    """A stand-in for OthersLoad with a fixed verdict (the class attribute)."""
-
-    busy = True
-
-    def due(self, now_ns: int) -> bool:
-        return True
-
-    def measure(self, now_ns: int, worker_pids: object) -> bool:
-        return self.busy
-
-
-class _Quiet(_Fixed):
-    busy = False
-
-
-@pytest.mark.parametrize("stand_in", [_Fixed, _Quiet])
-def test_the_consumer_tells_every_worker_the_verdict(monkeypatch, stand_in):
-    """The consumer passes its verdict to each worker's channel as it waits, and yields
-    itself only on a quiet machine."""
+@pytest.mark.parametrize("busy", [True, False])
+def test_the_consumer_tells_every_worker_the_verdict(request, monkeypatch, busy):
+    """The consumer passes its verdict (conftest's stand-ins) to each worker's channel as
+    it waits, and yields itself only on a quiet machine."""
+    request.getfixturevalue("busy_machine" if busy else "quiet_machine")
     yields = []
     original = collector_module.Collector._yield_for
 
@@ -217,7 +202,6 @@ def test_the_consumer_tells_every_worker_the_verdict(monkeypatch, stand_in):
         yields.append(window_ns)
         return original(self, window_ns)
 
-    monkeypatch.setattr(collector_module, "OthersLoad", stand_in)
     monkeypatch.setattr(collector_module.Collector, "_yield_for", counted)
     dl = DataLoader(_Spin(64), batch_size=2, num_workers=2, persistent_workers=True, output="numpy")
     it = iter(dl)
@@ -225,8 +209,8 @@ def test_the_consumer_tells_every_worker_the_verdict(monkeypatch, stand_in):
         got = [int(v) for b in it for v in np.asarray(b)]
         assert got == list(range(64))
         flags = [w.channel.yielding_allowed() for w in it.workers]
-        assert flags == [not stand_in.busy] * 2
-        assert bool(yields) == (not stand_in.busy)
+        assert flags == [not busy] * 2
+        assert bool(yields) == (not busy)
     finally:
         del it
         dl.shutdown()

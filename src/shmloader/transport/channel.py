@@ -77,9 +77,9 @@ SLEEP_FUTEX = 2
 SLEEP_WINDOW_NS = 20_000_000
 # Before its futex wait, the consumer watches the result queue for up to this long without
 # a system call or a yield (a pause loop): a result that close costs it no sleep and the
-# worker no wake-up. A worker does not (TASK_SPIN_NS): the consumer's next task is rarely
-# that close, and a worker spinning where there are fewer cores than processes takes the
-# CPU the consumer needs to send it.
+# worker no wake-up. A worker does not (TASK_SPIN_NS): on a quiet machine it has yielded
+# for its window already (transport/yielding.py), and on a busy one a worker that spins
+# without yielding takes the CPU the consumer needs to send it its next task.
 RESULT_SPIN_NS = 5_000
 TASK_SPIN_NS = 0
 
