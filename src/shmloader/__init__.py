@@ -20,6 +20,7 @@ from shmloader.errors import (
     WorkerDiedError,
     WorkerError,
     WorkerRestartWarning,
+    WorkerStartError,
 )
 from shmloader.loader import DataLoader
 from shmloader.memory.shared import share
@@ -60,6 +61,7 @@ __all__ = [
     "WorkerError",
     "WorkerInfo",
     "WorkerRestartWarning",
+    "WorkerStartError",
     "collate",
     "default_collate_fn_map",
     "get_shard_info",

@@ -53,7 +53,14 @@ class WorkerDiedError(ShmLoaderError, RuntimeError):
     def __reduce__(self) -> tuple:
         # Pickled whole (multiprocessing, DDP launchers and torch's ExceptionWrapper ship
         # exceptions between processes); the keyword arguments would otherwise be lost.
-        return (_rebuild_worker_died, (str(self), self.worker_id, self.pid, self.exitcode))
+        return (_rebuild_worker_died, (str(self), self.worker_id, self.pid, self.exitcode, type(self)))
+
+
+class WorkerStartError(WorkerDiedError):
+    """Forked workers kept getting stuck inside their fork, before running any code of
+    their own (a lock another thread held at the fork, copied locked into the child); the
+    loader replaced them a few times, then stopped the iterator. Attributes as
+    :class:`WorkerDiedError` (``exitcode`` is None: the last one was killed)."""
 
 
 class LoaderTimeoutError(ShmLoaderError, TimeoutError, RuntimeError):
@@ -149,9 +156,13 @@ class KeyErrorMessage(str):
 
 
 def _rebuild_worker_died(
-    message: str, worker_id: int | None, pid: int | None, exitcode: int | None
+    message: str,
+    worker_id: int | None,
+    pid: int | None,
+    exitcode: int | None,
+    cls: type[WorkerDiedError] = WorkerDiedError,
 ) -> WorkerDiedError:
-    return WorkerDiedError(message, worker_id=worker_id, pid=pid, exitcode=exitcode)
+    return cls(message, worker_id=worker_id, pid=pid, exitcode=exitcode)
 
 
 # ResourceWarnings are ignored by Python's default filters; this one says why a training

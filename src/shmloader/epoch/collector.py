@@ -41,6 +41,7 @@ from shmloader.transport.channel import (
 )
 from shmloader.transport.yielding import RESULT_YIELD_MAX_NS, YieldWindow
 from shmloader.tuning.timing import Timing
+from shmloader.workers import pool as _pool
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 
 
@@ -104,7 +105,10 @@ class Collector:
         if self._courier.owes_wake_ups:
             self._courier.wake_sleepers()  # before this process blocks: it waits for their work
         timeout = self._timeout
-        deadline = time.monotonic() + timeout if timeout > 0 else None
+        timeout_at = deadline = time.monotonic() + timeout if timeout > 0 else None
+        start_by = self._pool.start_deadline()  # (None once every forked worker started)
+        if start_by is not None and (deadline is None or start_by < deadline):
+            deadline = start_by
         due = self._inflight.due() if self._in_order else None
         now = time.perf_counter_ns()
         if self._load.due(now):
@@ -121,7 +125,10 @@ class Collector:
         # whose waits last milliseconds, soon sleeps at once again).
         self._yielding.slept(time.perf_counter_ns() - slept)
         if events is None:
-            self._deadline_passed(due, timeout)
+            if start_by is not None and self._replace_stuck():
+                return
+            if timeout_at is not None and time.monotonic() >= timeout_at:
+                self._deadline_passed(due, timeout)
             return
         dead = []
         owners = self._pool.fd_owner
@@ -323,6 +330,14 @@ class Collector:
             raise self.timeout_error(timed_out)
         else:
             raise self.death_error(worker, refusal)
+
+    def _replace_stuck(self) -> bool:
+        """Replace the forked workers stuck inside their fork (pool.FORK_START_DEADLINE_S);
+        True when there was one."""
+        stuck = self._pool.stuck_at_start()
+        for worker in stuck:
+            self._restarts.replace_stuck(worker, _pool.FORK_START_DEADLINE_S)
+        return bool(stuck)
 
     def _replace_hung(self, timeout: float) -> bool:
         """No result within ``timeout`` s: replace the worker that owes the batch waited for

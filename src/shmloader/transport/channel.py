@@ -56,6 +56,10 @@ _HEAD_WORD, _TAIL_WORD = 0, 8  # their uint64 words (native/slots.c: SL_Q_HEAD, 
 # SL_Q_FRAMES): 1 while the consumer allows the worker to yield before it sleeps
 # (transport/yielding.py), 0 (as made) otherwise. Only Python reads and writes it.
 _YIELD_WORD = 19
+# Then 1 once the worker's own code runs (:meth:`Channel.mark_started`), written through
+# the channel a forked worker inherits, before any frame: a worker stuck inside its fork
+# never writes it (see workers/pool.py, FORK_START_DEADLINE_S).
+_STARTED_WORD = 20
 _TASK_CTL = 0
 _RESULT_CTL = _CTL_BYTES
 _TASK_DATA = 2 * _CTL_BYTES
@@ -261,6 +265,14 @@ class Channel:
         """Consumer: let the worker yield its CPU before it sleeps (the machine is
         quiet), or not (:mod:`shmloader.transport.yielding`)."""
         self._task_ctl[_YIELD_WORD] = 1 if allowed else 0
+
+    def mark_started(self) -> None:
+        """Worker (forked, through the channel it inherited): its own code runs."""
+        self._task_ctl[_STARTED_WORD] = 1
+
+    def has_started(self) -> bool:
+        """Consumer: whether the worker marked itself started (:meth:`mark_started`)."""
+        return self._task_ctl[_STARTED_WORD] == 1
 
     def yielding_allowed(self) -> bool:
         """Worker (or consumer): whether the consumer allows the worker to yield."""

@@ -42,6 +42,13 @@ from shmloader.transport.channel import Channel
 from shmloader.workers.failures import describe_exit, short_indices
 
 JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit before killing them
+# A forked worker whose own code has not started this long after its fork is stuck in it: a
+# lock another thread of the consumer held at the fork was copied locked into the child (a
+# fork copies one thread), and the child waits for it forever before running any Python
+# of ours (CPython gh-112275, or a library's at-fork handler). Its first line marks its
+# channel started; the consumer replaces a worker that has not (epoch.restarts). A healthy
+# fork gets there in milliseconds; the margin is for a machine swapping or overloaded.
+FORK_START_DEADLINE_S = 30.0
 KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
 _STOP_FRAME = wire.frame(wire.pack(wire.TASK_STOP))
 _WAKE_FRAME = wire.task_wake_frame()
@@ -51,7 +58,7 @@ class WorkerHandle:
     """One worker process, the consumer's end of its socket and its channel (task and
     result queues in shared memory: see channel.py; the first frame sends it)."""
 
-    __slots__ = ("channel", "conn", "fd", "frames_read", "id", "proc", "reader", "writer")
+    __slots__ = ("channel", "conn", "fd", "frames_read", "id", "proc", "reader", "start_by", "writer")
 
     def __init__(self, wid: int, proc: Any, conn: Any, channel: Channel | None = None) -> None:
         """``channel``: made beforehand (:meth:`WorkerPool.start`), else made here."""
@@ -64,6 +71,9 @@ class WorkerHandle:
         # Non-blocking from here on: no write to a worker may block the consumer's loop.
         self.writer = wire.FrameWriter(self.fd)
         self.channel = Channel.create() if channel is None else channel
+        # Forked: the time.monotonic() by which its code must have marked the channel
+        # started (FORK_START_DEADLINE_S); None once it did, or when not forked.
+        self.start_by: float | None = None
         try:
             frame = wire.channel_frame(self.channel.offset, self.channel.size)
             self.writer.send(frame, self.channel.fd)  # type: ignore[arg-type]
@@ -122,6 +132,7 @@ class WorkerPool:
         # Workers whose writer holds queued bytes: polled for POLLOUT too, and the wait
         # uses the full poller while any is.
         self.sending: set[WorkerHandle] = set()
+        self._starting: list[WorkerHandle] = []  # forked, not yet seen started
 
     # --- start --------------------------------------------------------------------------
 
@@ -182,12 +193,15 @@ class WorkerPool:
         ours, theirs = ctx.Pipe(duplex=True)
         fdguard.register(ours, ours.fileno())
         fdguard.register(theirs, theirs.fileno())
-        proc = ctx.Process(target=target, args=(config, theirs), name=f"shmloader-worker-{wid}", daemon=True)
         try:
             channel = Channel.create()
         except BaseException:
-            _discard(_Prepared(wid, proc, ours, theirs, None))
+            _discard(_Prepared(wid, None, ours, theirs, None))
             raise
+        # A forked worker gets its channel object as it is (nothing is pickled), to mark it
+        # started before anything else; other start methods are not watched that way.
+        args = (config, theirs, channel) if ctx.get_start_method() == "fork" else (config, theirs)
+        proc = ctx.Process(target=target, args=args, name=f"shmloader-worker-{wid}", daemon=True)
         return _Prepared(wid, proc, ours, theirs, channel)
 
     @staticmethod
@@ -205,7 +219,10 @@ class WorkerPool:
             _discard(prepared)
             raise
         theirs.close()
-        return WorkerHandle(wid, proc, ours, channel)
+        handle = WorkerHandle(wid, proc, ours, channel)
+        if method == "fork":
+            handle.start_by = time.monotonic() + FORK_START_DEADLINE_S
+        return handle
 
     def replace(
         self, old: WorkerHandle, ctx: Any, make_config: Callable[[int, bool], Any], target: Callable
@@ -246,6 +263,28 @@ class WorkerPool:
         self.poller.register(sentinel, select.POLLIN)
         self.focus_poller.register(sentinel, select.POLLIN)
         self.queued(handle)  # (its channel frame, if the socket did not take it at once)
+        if handle.start_by is not None:
+            self._starting.append(handle)
+
+    # --- a fork that never started ------------------------------------------------------
+
+    def start_deadline(self) -> float | None:
+        """The earliest time (``time.monotonic()``) by which a forked worker not yet seen
+        started must be (see FORK_START_DEADLINE_S); None when every worker started."""
+        starting = self._starting
+        if not starting:
+            return None
+        for worker in [w for w in starting if w.channel.has_started()]:
+            worker.start_by = None
+            starting.remove(worker)
+        return min((w.start_by for w in starting), default=None)  # type: ignore[type-var]
+
+    def stuck_at_start(self) -> list[WorkerHandle]:
+        """The forked workers past their start deadline without having started (see
+        FORK_START_DEADLINE_S): stuck inside their fork."""
+        self.start_deadline()  # (forgets the ones that started meanwhile)
+        now = time.monotonic()
+        return [w for w in self._starting if w.start_by is not None and now >= w.start_by]
 
     # --- send ---------------------------------------------------------------------------
 
@@ -379,6 +418,8 @@ class WorkerPool:
         """Stop watching ``worker`` (it exited, its messages were read)."""
         for fd in (worker.fd, worker.proc.sentinel):
             self.forget_fd(fd)
+        if worker in self._starting:
+            self._starting.remove(worker)
 
     # --- stop ---------------------------------------------------------------------------
 

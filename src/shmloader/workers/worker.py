@@ -95,8 +95,12 @@ class WorkerConfig:
             self.datapipe = fetch.is_datapipe(self.dataset)
 
 
-def worker_main(config: WorkerConfig, conn: Any) -> None:
-    """Entry point of a worker process."""
+def worker_main(config: WorkerConfig, conn: Any, inherited: Channel | None = None) -> None:
+    """Entry point of a worker process. ``inherited``: its channel, as a forked worker
+    inherits it, marked started first thing (the consumer replaces a forked worker that
+    never gets this far: see pool.FORK_START_DEADLINE_S)."""
+    if inherited is not None:
+        inherited.mark_started()
     # The consumer blocked SIGINT around start(), so a Ctrl-C to the process group that
     # lands now is pending, not delivered: ignoring it before unblocking discards it, and
     # the worker never prints a KeyboardInterrupt traceback. The consumer handles Ctrl-C.
