@@ -585,3 +585,18 @@ def test_burners_spin_and_are_reaped_however_the_block_ends():
 def test_bench_rejects_negative_busy():
     proc = _cli("bench", "--busy", "-1")
     assert proc.returncode != 0 and "--busy must be 0 or more" in proc.stderr
+
+
+def test_doctor_warns_of_forks_that_get_stuck_on_cpython_3_11_before_3_11_8(monkeypatch):
+    from shmloader import doctor
+
+    assert doctor.fork_can_get_stuck((3, 11, 7), "cpython")
+    assert doctor.fork_can_get_stuck((3, 11, 0), "cpython")
+    assert not doctor.fork_can_get_stuck((3, 11, 8), "cpython")
+    assert not doctor.fork_can_get_stuck((3, 12, 0), "cpython")
+    assert not doctor.fork_can_get_stuck((3, 11, 7), "pypy")
+    monkeypatch.setattr(doctor.multiprocessing, "get_start_method", lambda allow_none=False: "fork")
+    stuck = doctor.check_start_method(stuck_forks=True)
+    assert stuck.status == doctor.WARN and "gh-112275" in stuck.detail, stuck
+    assert "3.11.8" in stuck.remedy and "multiprocessing_context='forkserver'" in stuck.remedy
+    assert doctor.check_start_method(stuck_forks=False).status == doctor.OK

@@ -12,6 +12,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import platform
 import resource
 import signal
 import sys
@@ -289,18 +290,37 @@ def check_nofile(workers: int) -> Check:
     return Check("open files", OK, detail + note)
 
 
-def check_start_method() -> Check:
+def fork_can_get_stuck(version: tuple[int, ...] | None = None, implementation: str | None = None) -> bool:
+    """Whether this interpreter has CPython gh-112275: a forked child can wait forever,
+    before running any Python, for an interpreter lock another thread held at the fork
+    (CPython 3.11 before 3.11.8; the loader replaces such a worker, see
+    workers.pool.FORK_START_DEADLINE_S)."""
+    version = tuple(sys.version_info[:3]) if version is None else tuple(version)
+    implementation = sys.implementation.name if implementation is None else implementation
+    return implementation == "cpython" and (3, 11, 0) <= version < (3, 11, 8)
+
+
+def check_start_method(stuck_forks: bool | None = None) -> Check:
+    """The default start method, and (fork) whether this Python's forks can get stuck
+    (``stuck_forks``: as :func:`fork_can_get_stuck` says, unless given)."""
     current = multiprocessing.get_start_method(allow_none=True)
     method = current or multiprocessing.get_context().get_start_method()
     available = multiprocessing.get_all_start_methods()
     detail = f"default start method is {method!r} ({'set' if current else 'not set, the default'})"
     detail += f"; available: {', '.join(available)}"
     if method == "fork":
-        return Check(
-            "start method",
-            OK,
-            detail + ": workers start fastest and the dataset is inherited, not pickled",
-        )
+        detail += ": workers start fastest and the dataset is inherited, not pickled"
+        if fork_can_get_stuck() if stuck_forks is None else stuck_forks:
+            return Check(
+                "start method",
+                WARN,
+                detail + f"; but Python {platform.python_version()} has CPython gh-112275: a worker "
+                "forked while another thread of the process holds an interpreter lock waits "
+                "forever inside its fork (the loader kills and replaces it after 30 s)",
+                "upgrade to Python 3.11.8 or later, or pass multiprocessing_context='forkserver' "
+                "where the training process runs threads (torch, data readers, loggers)",
+            )
+        return Check("start method", OK, detail)
     remedy = (
         "datasets, collate_fn and worker_init_fn are pickled: define them at module level "
         "(no lambdas or local classes) and guard the script with if __name__ == '__main__'"
