@@ -940,12 +940,13 @@ def case_big_frames(method: str, scenario: str) -> dict[str, Any]:
     return {"got": got, "error": err, "waited_s": waited, "pids": pids, "left": wait_gone(pids, 3)}
 
 
-def case_stuck_in_fork(method: str, tmp: str, every: bool) -> dict[str, Any]:
+def case_stuck_in_fork(method: str, tmp: str, every: bool, kinds: list[str]) -> dict[str, Any]:
     """A thread of this process holds a lock while workers fork, and an at-fork handler
     takes it in the child: the child copied it locked and waits forever before any of the
     worker's code runs (as CPython gh-112275 does inside the interpreter). ``every``
-    False: only the first fork takes it (a token file); True: every fork does. The start
-    deadline is shortened to 1 s."""
+    False: only the first fork of each loader takes it (a token file); True: every fork
+    does. One loader per dataset kind of ``kinds`` ("map": Arange, "iter": Stream), one
+    after the other. The start deadline is shortened to 1 s."""
     import threading
 
     from shmloader.workers import pool
@@ -963,7 +964,6 @@ def case_stuck_in_fork(method: str, tmp: str, every: bool) -> dict[str, Any]:
     holder.start()
     held.wait()
     token = os.path.join(tmp, "token")
-    open(token, "w").close()
 
     def take_the_lock_in_the_child() -> None:
         if not every:
@@ -974,32 +974,36 @@ def case_stuck_in_fork(method: str, tmp: str, every: bool) -> dict[str, Any]:
         lock.acquire()  # held by a thread that does not exist here: never returns
 
     os.register_at_fork(after_in_child=take_the_lock_in_the_child)
-    dl = _loader(Arange(n=20), method, num_workers=2)
-    it = iter(dl)
-    first_pids = worker_pids(it)
-    batches, err = [], None
-    t0 = time.monotonic()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            batches = [b.tolist() for b in it]
-        except Exception as exc:
-            err = exc
-    elapsed = time.monotonic() - t0
-    del it
-    dl.shutdown()
-    del dl
+    out = {}
+    for kind in kinds:
+        open(token, "w").close()
+        dl = _loader(Arange(n=20) if kind == "map" else Stream(n=20), method, num_workers=2)
+        it = iter(dl)
+        first_pids = worker_pids(it)
+        batches, err = [], None
+        t0 = time.monotonic()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                batches = [b.tolist() for b in it]
+            except Exception as exc:
+                err = exc
+        elapsed = time.monotonic() - t0
+        del it
+        dl.shutdown()
+        del dl
+        out[kind] = {
+            "batches": batches,
+            "error": describe(err),
+            "warnings": [str(w.message) for w in caught],
+            "categories": [w.category.__name__ for w in caught],
+            "first_pids": first_pids,
+            "elapsed_s": elapsed,
+            "token_left": os.path.exists(token),
+        }
     release.set()
     holder.join()
-    return {
-        "batches": batches,
-        "error": describe(err),
-        "warnings": [str(w.message) for w in caught],
-        "categories": [w.category.__name__ for w in caught],
-        "first_pids": first_pids,
-        "elapsed_s": elapsed,
-        "token_left": os.path.exists(token),
-    }
+    return {"kinds": out, "pids": [p for k in out.values() for p in k["first_pids"]]}
 
 
 CASES = {name[len("case_") :]: fn for name, fn in globals().items() if name.startswith("case_")}

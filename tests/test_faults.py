@@ -412,32 +412,41 @@ def test_timeout(method):
 @pytest.mark.timeout(120)
 def test_worker_stuck_in_its_fork_is_replaced(tmp_path):
     """A forked worker stuck before running any of its code (a lock copied locked) is
-    killed and replaced after the start deadline; the epoch yields every batch, in order."""
-    child = run_case("stuck_in_fork", method="fork", tmp=str(tmp_path), every=False)
-    data = assert_clean(child, child.data.get("first_pids", []))
-    assert data["error"] is None, data["error"]
-    assert data["batches"] == [[[i] * 4, [i + 1] * 4] for i in range(0, 20, 2)]
-    assert not data["token_left"]  # (a child did take the lock)
-    stuck = [w for w in data["warnings"] if "stuck in its fork" in w]
-    assert len(stuck) == 1, data["warnings"]
-    assert "none of its code ran within 1 s" in stuck[0] and "gh-112275" in stuck[0], stuck[0]
-    assert "not counted in max_worker_restarts" in stuck[0], stuck[0]
-    assert "WorkerRestartWarning" in data["categories"]
-    assert 1.0 <= data["elapsed_s"] < 15, data["elapsed_s"]
+    killed and replaced after the start deadline; the epoch yields every batch, in order,
+    map-style and iterable (whose shard the new worker starts, as the stuck one would
+    have)."""
+    child = run_case("stuck_in_fork", method="fork", tmp=str(tmp_path), every=False, kinds=["map", "iter"])
+    data = assert_clean(child, child.data.get("pids", []))
+    expected = {
+        "map": [[[i] * 4, [i + 1] * 4] for i in range(0, 20, 2)],
+        # Stream: worker w yields w, w+2, ...; batches alternate between the workers.
+        "iter": [[[b + 4 * (k // 2) + (k % 2)] * 4 for b in (0, 2)] for k in range(10)],
+    }
+    for kind, got in data["kinds"].items():
+        assert got["error"] is None, (kind, got["error"])
+        assert got["batches"] == expected[kind], kind
+        assert not got["token_left"], kind  # (a child did take the lock)
+        stuck = [w for w in got["warnings"] if "stuck in its fork" in w]
+        assert len(stuck) == 1, (kind, got["warnings"])
+        assert "none of its code ran within 1 s" in stuck[0] and "gh-112275" in stuck[0], stuck[0]
+        assert "not counted in max_worker_restarts" in stuck[0], stuck[0]
+        assert "WorkerRestartWarning" in got["categories"], kind
+        assert 1.0 <= got["elapsed_s"] < 15, (kind, got["elapsed_s"])
 
 
 @pytest.mark.timeout(120)
 def test_workers_stuck_in_every_fork_raise(tmp_path):
     """Every fork stuck: after a few replacements the iterator stops and raises
     WorkerStartError (a WorkerDiedError) naming the remedy; nothing is left running."""
-    child = run_case("stuck_in_fork", method="fork", tmp=str(tmp_path), every=True)
-    data = assert_clean(child, child.data.get("first_pids", []))
-    err = data["error"]
+    child = run_case("stuck_in_fork", method="fork", tmp=str(tmp_path), every=True, kinds=["map"])
+    data = assert_clean(child, child.data.get("pids", []))
+    got = data["kinds"]["map"]
+    err = got["error"]
     assert err is not None and "WorkerStartError" in err["mro"] and "WorkerDiedError" in err["mro"], err
     assert "multiprocessing_context='forkserver'" in err["msg"], err["msg"]
-    assert data["batches"] == []
-    assert len([w for w in data["warnings"] if "stuck in its fork" in w]) == 3, data["warnings"]
-    assert data["elapsed_s"] < 20, data["elapsed_s"]
+    assert got["batches"] == []
+    assert len([w for w in got["warnings"] if "stuck in its fork" in w]) == 3, got["warnings"]
+    assert got["elapsed_s"] < 20, got["elapsed_s"]
 
 
 # --------------------------------------------------------------------------- 8. Ctrl-C
