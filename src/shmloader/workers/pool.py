@@ -42,6 +42,7 @@ from shmloader.transport.channel import Channel
 from shmloader.workers.failures import describe_exit, short_indices
 
 JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit before killing them
+KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
 # A forked worker whose own code has not started this long after its fork is stuck in it: a
 # lock another thread of the consumer held at the fork was copied locked into the child (a
 # fork copies one thread), and the child waits for it forever before running any Python
@@ -49,7 +50,6 @@ JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit befor
 # channel started; the consumer replaces a worker that has not (epoch.restarts). A healthy
 # fork gets there in milliseconds; the margin is for a machine swapping or overloaded.
 FORK_START_DEADLINE_S = 30.0
-KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped
 _STOP_FRAME = wire.frame(wire.pack(wire.TASK_STOP))
 _WAKE_FRAME = wire.task_wake_frame()
 
