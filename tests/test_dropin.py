@@ -281,6 +281,8 @@ def test_worker_died_error_pickles_whole():
     back = pickle.loads(pickle.dumps(err))
     assert (str(back), back.worker_id, back.pid, back.exitcode) == ("worker 0 died", 0, 12, -11)
     assert str(type(err)("text only")) == "text only"  # torch rebuilds errors from their text
+    stuck = pickle.loads(pickle.dumps(shmloader.WorkerStartError("stuck", worker_id=1, pid=13)))
+    assert type(stuck) is shmloader.WorkerStartError and (stuck.worker_id, stuck.pid) == (1, 13)
 
 
 def test_more_workers_than_cores_warns_like_torch():

@@ -431,7 +431,7 @@ def test_worker_stuck_in_its_fork_is_replaced(tmp_path):
         assert "none of its code ran within 1 s" in stuck[0] and "gh-112275" in stuck[0], stuck[0]
         assert "not counted in max_worker_restarts" in stuck[0], stuck[0]
         assert "WorkerRestartWarning" in got["categories"], kind
-        assert 1.0 <= got["elapsed_s"] < 15, (kind, got["elapsed_s"])
+        assert 0.8 <= got["elapsed_s"] < 15, (kind, got["elapsed_s"])  # (the deadline runs from the fork)
 
 
 @pytest.mark.timeout(120)
