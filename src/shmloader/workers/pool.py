@@ -72,7 +72,8 @@ class WorkerHandle:
         self.writer = wire.FrameWriter(self.fd)
         self.channel = Channel.create() if channel is None else channel
         # Forked: the time.monotonic() by which its code must have marked the channel
-        # started (FORK_START_DEADLINE_S); None once it did, or when not forked.
+        # started (FORK_START_DEADLINE_S; watched while in WorkerPool._starting); None when
+        # not forked.
         self.start_by: float | None = None
         try:
             frame = wire.channel_frame(self.channel.offset, self.channel.size)
@@ -274,9 +275,7 @@ class WorkerPool:
         starting = self._starting
         if not starting:
             return None
-        for worker in [w for w in starting if w.channel.has_started()]:
-            worker.start_by = None
-            starting.remove(worker)
+        starting[:] = [w for w in starting if not w.channel.has_started()]
         return min((w.start_by for w in starting), default=None)  # type: ignore[type-var]
 
     def stuck_at_start(self) -> list[WorkerHandle]:
@@ -284,7 +283,7 @@ class WorkerPool:
         FORK_START_DEADLINE_S): stuck inside their fork."""
         self.start_deadline()  # (forgets the ones that started meanwhile)
         now = time.monotonic()
-        return [w for w in self._starting if w.start_by is not None and now >= w.start_by]
+        return [w for w in self._starting if now >= w.start_by]  # type: ignore[operator]
 
     # --- send ---------------------------------------------------------------------------
 
