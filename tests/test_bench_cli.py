@@ -81,6 +81,7 @@ def test_bench_prints_table_and_writes_json(tmp_path):
     assert "[1/" in text  # plain progress lines when not on a terminal
     assert "Time to first batch" in text
     assert "Targets" not in text  # targets are benchmarks/run.py's
+    assert report.CONSUMER_NOTE in text  # the figures are those of a consumer reading its batches
     assert (TORCH_HINT in text) == (not torch)
     cold_table = text.split("Cold vs steady")[1].split("\n\n")[0]
     (cold_line,) = [line for line in cold_table.splitlines() if line.startswith("W4 w2")]
@@ -123,6 +124,7 @@ def test_bench_prints_table_and_writes_json(tmp_path):
     assert "targets" not in data
     assert md.read_text().startswith("# shmloader vs torch DataLoader")
     assert "Reproduce with: `shmloader bench --workloads W4" in md.read_text()
+    assert report.CONSUMER_NOTE in md.read_text()
 
 
 def test_bench_without_torch_says_once_how_to_compare(tmp_path):

@@ -209,7 +209,10 @@ def flatten(tree: Any, *, tuples_as_lists: bool = False) -> tuple[Any, list[Any]
         tag = LIST if tuples_as_lists else kind
         return (tag, tuple(walk(v) for v in node))
 
-    treedef = walk(tree)
+    try:
+        treedef = walk(tree)
+    finally:
+        walk = None  # type: ignore[assignment]  # else the recursive closure is a cycle holding the leaves
     return treedef, leaves
 
 
@@ -293,7 +296,10 @@ def leaf_paths(tree: Any) -> list[tuple]:
             for i, v in enumerate(node):
                 walk(v, (*path, i))
 
-    walk(tree, ())
+    try:
+        walk(tree, ())
+    finally:
+        walk = None  # type: ignore[assignment]  # else the recursive closure is a reference cycle
     return out
 
 

@@ -1,5 +1,6 @@
 """The copy ceiling: as many processes as workers doing nothing but ``np.copyto`` of a
-batch's bytes into a ring's worth of batch-sized buffers (the most a process can move)."""
+batch's bytes into a ring's worth of batch-sized buffers (the most a process can move),
+each batch then read as the loaders' consumers read theirs (:mod:`shmloader.bench.consume`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.batch.tree import leaves as tree_leaves
+from shmloader.bench.consume import read_every_page
 from shmloader.bench.datasets import CACHE_ITEMS
 
 
@@ -37,7 +39,8 @@ def _copy_child(
     conn: Any,
 ) -> None:
     """One copying process: rotate over ``num_slots`` batch-sized buffers (private
-    memory, or ``shared`` memory: a shmem-backed mapping like the ring's)."""
+    memory, or ``shared`` memory: a shmem-backed mapping like the ring's), reading every
+    page of each batch once it is written, as a loader's consumer does."""
     try:
         k = sources[0].shape[0]
         slots = []
@@ -54,8 +57,10 @@ def _copy_child(
         deadline = t0 + max_s
         n = 0
         while n < batches:
-            for v, s in zip(slots[n % num_slots], sources, strict=True):
+            views = slots[n % num_slots]
+            for v, s in zip(views, sources, strict=True):
                 copyto(v, s)
+            read_every_page(views)
             n += 1
             if perf() >= deadline:
                 break

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shmloader.bench.ceiling import CeilingPeer, batch_bytes_of
+from shmloader.bench.consume import read_every_page
 from shmloader.bench.datasets import ComputeDataset, w7_padding
 from shmloader.bench.machine import load1
 from shmloader.bench.memory import probe_memory
@@ -86,9 +87,9 @@ def _cold_times(
     progress: Progress,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Fresh loaders (fork, not persistent) over the first ``cold_batches`` batches of
-    ``dataset``, the peers alternating, the first round a warm-up: seconds from
-    constructing the loader to its first batch, and to the last batch of the epoch (the
-    cold figure; the workers' shutdown after it is not counted)."""
+    ``dataset``, the peers alternating, the first round a warm-up, every batch read:
+    seconds from constructing the loader to its first batch, and to the last batch of
+    the epoch (the cold figure; the workers' shutdown after it is not counted)."""
     from shmloader import DataLoader
 
     data = _Prefix(dataset, min(len(dataset), cold_batches * wl.batch_size))
@@ -113,6 +114,7 @@ def _cold_times(
             batches = len(loader)
             t_first = None
             for n, _batch in enumerate(it, 1):
+                read_every_page(_batch)
                 if t_first is None:
                     t_first = perf() - t0
                 if n == batches:

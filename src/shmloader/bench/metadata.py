@@ -21,7 +21,8 @@ and reaps it, and any process it left, also on errors and interrupts. Two kinds:
   this loader, this loader with ``share_dataset=True`` (share() runs inside that first
   ``iter()``), and the same over a dataset already shared (share() timed apart, before).
 
-Peers alternate, their order reversed every other round.
+Peers alternate, their order reversed every other round; every batch is read
+(:func:`~shmloader.bench.consume.read_every_page`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from shmloader.bench.consume import read_every_page
 from shmloader.bench.isolated import run_isolated
 from shmloader.bench.peers import close_iter, summarize
 from shmloader.bench.progress import Progress
@@ -159,6 +161,7 @@ def _epoch(spec: dict[str, Any]) -> dict[str, Any]:
     t_first = t_last = 0.0
     end: dict[int, dict[str, int]] = {}
     for n, _batch in enumerate(it, 1):
+        read_every_page(_batch)
         if n == 1:
             t_first = perf() - t0
             c0 = time.process_time()
@@ -176,7 +179,7 @@ def _epoch(spec: dict[str, Any]) -> dict[str, Any]:
     # The same loader's next epoch: a shared dataset was shared by the first.
     t0 = perf()
     for _batch in loader:
-        pass
+        read_every_page(_batch)
     _batch = None
     next_epoch_s = perf() - t0
     peak = [sampler.peak_uss[pid] for pid in sorted(end)]

@@ -1,7 +1,8 @@
 """The one harness: peers warmed up, then timed ``repeat`` times, alternating.
 
 A peer is anything with ``name``, ``warm_up()``, ``run(batches, max_s) -> (batches/s,
-consumer CPU seconds per batch, batches)`` and ``close()``: a DataLoader over fresh epochs
+consumer CPU seconds per batch, batches)`` and ``close()``, its consumer reading every
+page of every batch (:mod:`shmloader.bench.consume`): a DataLoader over fresh epochs
 (:class:`LoaderPeer`), the copy ceiling (:mod:`shmloader.bench.ceiling`), or a loader timed
 over whole epochs (W6, :mod:`shmloader.bench.jpeg`). :func:`time_peers` times them side by
 side and :func:`summarize` turns the runs into medians, spreads and paired ratios.
@@ -16,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from shmloader.bench.consume import read_every_page
 from shmloader.bench.progress import Progress
 from shmloader.bench.results import Row, median_spread
 
@@ -71,7 +73,8 @@ def close_iter(it: Any) -> None:
 
 def time_loader(loader: Any, batches: int, max_s: float, from_first: bool = True) -> tuple[float, float, int]:
     """Iterate up to ``batches`` batches or ``max_s`` seconds of a new epoch: batches/s,
-    consumer CPU seconds per batch and the batches timed.
+    consumer CPU seconds per batch and the batches timed. Every batch is read
+    (:func:`~shmloader.bench.consume.read_every_page`), as a training step reads it.
 
     ``from_first``: the clocks start once the first batch is in hand, so the figure is the
     steady state (a new epoch's reset and pipeline fill are excluded, for every loader
@@ -84,11 +87,13 @@ def time_loader(loader: Any, batches: int, max_s: float, from_first: bool = True
     _batch = None
     if from_first:
         for _batch in it:
+            read_every_page(_batch)
             break
         t0, c0 = perf(), cpu()
     deadline = t0 + max_s
     n = 0
     for _batch in it:
+        read_every_page(_batch)
         n += 1
         if n >= batches or perf() >= deadline:
             break

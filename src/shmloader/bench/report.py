@@ -56,7 +56,13 @@ _W8_SPAWN_TITLE = (
 _W8_SPAWN_HEADER = ["workload", "loader", "first batch s", "vs torch", "share() s"]
 _TORCH_COLUMNS = {"vs torch", "torch", "ratio", "cold vs torch", "steady vs torch"}
 
+CONSUMER_NOTE = (
+    "Every consumer reads every page of every batch it is given (a byte per 4 KiB page of "
+    "every leaf, shmloader.bench.consume), as a host-to-device copy would, for every peer "
+    "alike; the copy ceiling's processes read each batch they write."
+)
 _LEGEND = [
+    f"- consumer: {CONSUMER_NOTE}",
     "- shmloader / torch: the same dataset object, batch size, num_workers, prefetch_factor 2, "
     "default collate, numpy samples; persistent_workers=True and timed from the first batch of "
     "each epoch (steady state), except W1-fresh (persistent_workers=False, timed from iter(), "
@@ -326,7 +332,7 @@ def _notes(results: list[ConfigResult]) -> list[str]:
 def format_report(results: list[ConfigResult]) -> str:
     """Every table of a run, as text."""
     (_, header, rows), *tables = _sections(results)
-    parts = [text_table(header, rows)]
+    parts = [text_table(header, rows), CONSUMER_NOTE]
     notes = _notes(results)
     if notes:
         parts.append("\n".join(notes))
