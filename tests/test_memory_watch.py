@@ -345,3 +345,29 @@ def test_doctor_names_a_datasets_large_containers(tmp_path):
     assert "[OK  ] dataset memory:" in proc.stdout
     proc = _doctor_on(tmp_path, body, "userdata")
     assert proc.returncode == 2 and "--dataset takes MODULE:NAME" in proc.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [True, False])
+def test_an_epoch_end_reads_the_workers_only_when_they_live_on(monkeypatch, persistent):
+    """At an epoch's end persistent workers are read (they start the next epoch with
+    that memory); workers that stop with the epoch are not (their memory goes with them,
+    and the reads would hold the last next()). The watch's first check at once, so every
+    end is due for a reading."""
+    reads: list[int] = []
+    monkeypatch.setattr(watch, "FIRST_CHECK_S", 0.0)
+    monkeypatch.setattr(watch, "process_memory", lambda pid: reads.append(pid))
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=persistent)
+    try:
+        it = iter(loader)
+        for _ in range(4):
+            next(it)
+        before = len(reads)
+        with pytest.raises(StopIteration):
+            next(it)
+        at_end = len(reads) - before
+        del it
+    finally:
+        loader.shutdown()
+    assert before > 0  # the scheduled checks read the running workers
+    assert at_end == (CHECK_WORKERS if persistent else 0)

@@ -350,8 +350,13 @@ class MultiProcessIter:
 
     def _end_epoch(self) -> None:
         self.epoch_done = True
-        self._memory.epoch_ended(time.perf_counter())
-        if not self._persistent:
+        if self._persistent:
+            # The workers live on: their memory at an epoch's end (where copy-on-read did
+            # the most) says what the next epoch starts from. Workers that stop now are
+            # not read: their memory goes with them, the scheduled checks saw them run,
+            # and the reads (milliseconds a worker) would hold the last next().
+            self._memory.epoch_ended(time.perf_counter())
+        else:
             self.close()
 
     def reset(self, start: Callable[[Any], _state.EpochPlan], copy: bool) -> None:

@@ -2,9 +2,10 @@
 
 A :class:`MemoryWatch` lives as long as its loader. It reads its workers' memory on a
 schedule that thins out (0.5 s after the first worker starts, then 1 s, 2 s, ... later,
-then every 16 s), at an epoch's end when half the current interval has passed since the
-last reading and the workers have run 0.5 s (a fresh loader's short epoch, a small
-validation pass, would otherwise pay a read of its workers at every end), and when
+then every 16 s), at the end of an epoch of persistent workers when half the current
+interval has passed since the last reading and the workers have run 0.5 s (a fresh
+loader's short epoch, a small validation pass, would otherwise pay a read of its workers
+at every end; workers that stop with their epoch are not read at its end), and when
 ``stats()`` asks, so a batch costs one comparison of two floats.
 A scheduled reading takes the :data:`CHECK_WORKERS` workers read longest ago, not all of
 them: a read costs the consumer 10-20 ms a worker (the kernel's walk of its page tables,
