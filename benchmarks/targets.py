@@ -22,6 +22,7 @@ W4_CONSUMER_US = 15.0  # the consumer's CPU per batch (issue 15)
 COLD_TARGET = 4.0  # a fresh loader's short epoch vs torch's, W1-W4 (issue 14)
 W5_RANGE = (0.95, 1.05)  # the loader should not matter when samples cost ~1 ms
 W6_TARGETS = {"torch+conventional": 2.5, "torch+ImageFolder": 1.5}  # long runs and fresh passes (issue 17)
+W6_LIMIT_SHARE = 0.9  # a fresh pass's images/s over its decode limit (issue 44)
 W7_TARGET = 5.0
 CEILING_PCT = 50.0  # W1, W2: % of the copy ceiling
 W1_CPU_RATIO = 0.1  # consumer CPU per batch vs torch's
@@ -76,6 +77,13 @@ def evaluate(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for peer, goal in W6_TARGETS.items():
                 val = fresh["ratios"].get(f"shmloader+ImageFolder / {peer}")
                 add(f"W6 w2 fresh pass vs {peer}", val, f">= {goal:g}x", lambda v, g=goal: v >= g)
+            limit = fresh["ratios"].get("shmloader+ImageFolder / decode limit")
+            add(
+                "W6 w2 fresh pass vs decode limit",
+                limit,
+                f">= {W6_LIMIT_SHARE:g}x",
+                lambda v: v >= W6_LIMIT_SHARE,
+            )
     if ("W7", 2) in by:
         add("W7 w2 vs torch", ratio("W7"), f">= {W7_TARGET:g}x", lambda v: v >= W7_TARGET)
     for wl in ("W1", "W2"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -472,6 +473,7 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     }
     peers = [_FakeEpochs(name, r) for name, r in rates.items()]
     fresh = [_FakeEpochs(name, [r / 2 for r in rs]) for name, rs in rates.items()]  # fresh passes
+    fresh.append(_FakeEpochs(jpeg.LIMIT, [1000.0, 1500.0]))  # their decode limit
     monkeypatch.setattr(jpeg, "_peers", lambda *args: (peers, fresh))
     monkeypatch.setattr(jpeg, "ensure_images", lambda root, *args: root)
     monkeypatch.setattr(jpeg, "w6_missing", lambda torch_dl: None)
@@ -485,7 +487,11 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     timed = [ln.split("] ")[1].split(":")[0] for ln in lines if "repeat" in ln]
     names = list(rates)
     order = [(r, n) for r, ns in ((1, names), (2, names[::-1])) for n in ns]
-    assert timed == [f"W6 w2{f} repeat {r}/2 {n}" for f in ("", " fresh") for r, n in order]
+    fresh_names = [*names, jpeg.LIMIT]
+    fresh_order = [(r, n) for r, ns in ((1, fresh_names), (2, fresh_names[::-1])) for n in ns]
+    assert timed == [f"W6 w2 repeat {r}/2 {n}" for r, n in order] + [
+        f"W6 w2 fresh repeat {r}/2 {n}" for r, n in fresh_order
+    ]
     rows = {r.loader: r for r in res.rows}
     assert list(rows) == list(jpeg.PEERS)
     assert rows["shmloader+ImageFolder"].batches_per_s == pytest.approx(1500 / 64)
@@ -500,8 +506,12 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     assert w6["fresh"]["ratio_ranges"]["shmloader+ImageFolder / torch+conventional"] == pytest.approx(
         [2.5, 3.0]
     )
+    # The fresh passes over their decode limit: 750/1000 and 750/1500, paired per repeat.
+    assert w6["fresh"]["ratios"]["shmloader+ImageFolder / decode limit"] == pytest.approx((0.75 + 0.5) / 2)
+    assert w6["fresh"]["limit_cores"] == jpeg.usable_cores()
     targets = _judge([res])
     assert targets["W6 w2 shmloader+ImageFolder vs torch+conventional"]["met"] is True
+    assert targets["W6 w2 fresh pass vs decode limit"]["met"] is False  # 0.625x
     assert targets["W6 w2 fresh pass vs torch+ImageFolder"]["value"] == pytest.approx(
         (1500 / 900 + 1500 / 1000) / 2
     )
@@ -512,6 +522,7 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     assert (
         "W6 w2 in detail:\n" + res.extra["w6_table"] in text
         and "Fresh loaders" in text
+        and "decode limit: the dataset's own __getitem__" in text
         and "MISSED" not in text
     )
     assert "W6 w2  " not in text.split("Time to first")[1]
@@ -519,6 +530,32 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     assert (
         "torch+conventional / shmloader+ImageFolder" in res.extra["w6_table"]
         and "2.75x" in res.extra["w6_table"]
+    )
+
+
+def test_w6_decode_limit_is_the_datasets_getitem_on_one_thread_times_the_cores():
+    """The decode limit reads every sample through the dataset's own __getitem__ in this
+    process with torch on one thread (as in a worker), and restores torch's threads."""
+    torch = pytest.importorskip("torch")
+    seen: list[tuple[int, int]] = []
+
+    class Samples:
+        def __len__(self) -> int:
+            return 70
+
+        def __getitem__(self, i: int) -> int:
+            seen.append((i, torch.get_num_threads()))
+            time.sleep(0.001)
+            return i
+
+    before = torch.get_num_threads()
+    peer = jpeg.DecodeLimitPeer(Samples(), 64, cores=3)
+    batches_per_s, _, batches = peer.run(0, math.inf)
+    assert [i for i, _ in seen] == list(range(70)) and {t for _, t in seen} == {1}
+    assert torch.get_num_threads() == before and batches == 2
+    one_process = 70 / (70 * 0.001)  # images/s at most, sleeping 1 ms an image
+    assert peer.images_per_s[0] < 3 * one_process and batches_per_s == pytest.approx(
+        peer.images_per_s[0] / 64
     )
 
 

@@ -56,6 +56,7 @@ W6_IMAGE_SIZE = (500, 375)  # (width, height) of the synthetic JPEGs: ImageNet's
 W6_SIZE = 224
 W6_BATCH = 64
 PEERS = ("torch+conventional", "torch+ImageFolder", "shmloader+ImageFolder")
+LIMIT = "decode limit"  # a fresh pass's bound: the dataset's __getitem__, one process, times the cores
 _BASE = "torch+conventional"  # what 'vs torch' is relative to
 
 
@@ -193,6 +194,54 @@ class EpochPeer:
         close_loader(self.loader)
 
 
+class DecodeLimitPeer(EpochPeer):
+    """The decode limit of a fresh pass: the dataset's own ``__getitem__`` over all its
+    images in this process on one thread (torch's resampler single-threaded, as in a
+    worker), the rate times ``cores``: what the workers could reach if decoding were all
+    they did. Its CPU per image is the decode's own."""
+
+    def __init__(self, dataset: Any, batch_size: int, cores: int):
+        super().__init__(LIMIT, None, batch_size)
+        self.dataset = dataset
+        self.cores = cores
+
+    def _once(self) -> tuple[int, int, float, float, float]:
+        torch = _torch_or_none()
+        threads = torch.get_num_threads() if torch is not None else 0
+        if torch is not None:
+            torch.set_num_threads(1)  # as in a worker: the cores are the workers' parallelism
+        try:
+            n = len(self.dataset)
+            c0, t0 = time.process_time(), time.perf_counter()
+            for i in range(n):
+                self.dataset[i]
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        finally:
+            if torch is not None:
+                torch.set_num_threads(threads)
+        return n, -(-n // self.batch_size), wall / self.cores, cpu, cpu
+
+    def close(self) -> None:
+        """Nothing runs between passes."""
+
+
+def _torch_or_none() -> Any:
+    """torch, or None where it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class FreshPeer(EpochPeer):
     """A fresh loader per run (W6 fresh passes): ``make()`` builds a loader whose workers
     are not persistent; each run makes one, iterates its epoch and shuts it down, timed
@@ -214,7 +263,7 @@ def _peers(
     root: Path, batch_size: int, workers: int, backend: str, torch_dl: Any, fresh_count: int
 ) -> tuple[list[EpochPeer], list[EpochPeer]]:
     """The persistent peers over the whole folder, and the fresh ones over its first
-    ``fresh_count`` images."""
+    ``fresh_count`` images, with their decode limit (:class:`DecodeLimitPeer`)."""
     import torch
 
     from shmloader import DataLoader
@@ -246,7 +295,8 @@ def _peers(
     steady, fresh = makers(folder, True), makers(subset, False)
     return (
         [EpochPeer(name, steady[name](), batch_size) for name in PEERS],
-        [FreshPeer(name, fresh[name], batch_size, subset) for name in PEERS],
+        [FreshPeer(name, fresh[name], batch_size, subset) for name in PEERS]
+        + [DecodeLimitPeer(subset, batch_size, usable_cores())],
     )
 
 
@@ -274,8 +324,8 @@ def w6_missing(torch_dl: Any | None) -> str | None:
 
 def w6_steps(repeat: int) -> int:
     """Progress steps of :func:`measure_w6`: the dataset, then warm-up and timed runs of
-    the long runs and of the fresh passes."""
-    return 1 + 2 * len(PEERS) * (1 + repeat)
+    the long runs and of the fresh passes (and their decode limit)."""
+    return 1 + (2 * len(PEERS) + 1) * (1 + repeat)
 
 
 def _summary(peers: list[EpochPeer], rows: dict[str, Row]) -> dict[str, Any]:
@@ -283,6 +333,8 @@ def _summary(peers: list[EpochPeer], rows: dict[str, Row]) -> dict[str, Any]:
     min-max over the repeats)."""
     by = {p.name: p for p in peers}
     pairs = ((_OURS, _BASE), (_OURS, "torch+ImageFolder"), ("torch+ImageFolder", _BASE))
+    if LIMIT in by:
+        pairs += ((_OURS, LIMIT), ("torch+ImageFolder", LIMIT))
     ratios = {
         f"{a} / {b}": [x / y for x, y in zip(by[a].images_per_s, by[b].images_per_s, strict=True)]
         for a, b in pairs
@@ -361,7 +413,7 @@ def measure_w6(
         "cores": os.cpu_count(),
         "backend": resample,
         **_summary(peers, rows),
-        "fresh": {"images": fresh_count, **_summary(fresh, fresh_rows)},
+        "fresh": {"images": fresh_count, "limit_cores": usable_cores(), **_summary(fresh, fresh_rows)},
     }
     res.extra["w6_table"] = w6_table(res.extra["w6"])
     res.notes.append(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 OURS = "shmloader+ImageFolder"
+LIMIT = "decode limit"
 
 
 def _section(title: str, part: dict[str, Any]) -> list[str]:
@@ -25,6 +26,12 @@ def _section(title: str, part: dict[str, Any]) -> list[str]:
     lines.append("CPU per image, consumer + workers (far less sensitive to other load than images/s):")
     for peer in ("torch+conventional", "torch+ImageFolder"):
         lines.append(f"  {peer} / shmloader+ImageFolder {'':<18} {cpu[peer] / cpu[OURS]:5.2f}x")
+    if LIMIT in cpu:
+        lines.append(f"  shmloader+ImageFolder / the decode's own {'':<12} {cpu[OURS] / cpu[LIMIT]:5.2f}x")
+        lines.append(
+            f"decode limit: the dataset's own __getitem__ in this process, one thread, times "
+            f"{part['limit_cores']} cores (images/s); its CPU per image is the decode's own."
+        )
     return lines
 
 
