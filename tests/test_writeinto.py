@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from shmloader import ArraySpec, BatchLayoutError
+from shmloader.memory.ring import populate_supported
 
 from . import datasets as D
 from .conftest import START_METHODS
@@ -47,3 +48,32 @@ def test_a_bad_spec_is_a_clear_error():
     ):
         list(DataLoader(Bad(), batch_size=2))
     assert ArraySpec([2, 3], "f4") == ArraySpec((2, 3), np.float32)
+
+
+class _SamplesOnly:
+    """The same samples as D.WriteInto, through __getitem__ only (no write-into protocol)."""
+
+    def __init__(self, n: int):
+        self.inner = D.WriteInto(n)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int):
+        return self.inner[i]
+
+
+@pytest.mark.skipif(not populate_supported(), reason="sparse rings (MADV_POPULATE_WRITE, Linux 5.14+)")
+def test_the_first_batches_go_straight_into_a_ring_sized_from_the_spec():
+    """A write-into dataset declares its batch's bytes: the ring is made before the
+    workers start, sized as a first batch would size it, and their first batches land
+    in it (no one-off segment each, as a dataset of plain samples still takes)."""
+    stats = {}
+    for name, ds in (("write-into", D.WriteInto(24)), ("samples", _SamplesOnly(24))):
+        dl = DataLoader(ds, batch_size=4, num_workers=2)
+        labels = [b["label"].tolist() for b in dl]
+        assert labels == [list(range(i, i + 4)) for i in range(0, 24, 4)]
+        stats[name] = dl.stats()
+    assert stats["write-into"]["batches_copied"] == 0 and stats["samples"]["batches_copied"] == 2
+    assert stats["write-into"]["rings_created"] == stats["samples"]["rings_created"] == 1
+    assert stats["write-into"]["slot_bytes"] == stats["samples"]["slot_bytes"]

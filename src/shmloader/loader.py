@@ -399,10 +399,10 @@ class DataLoader(Generic[T_co]):
     def stats(self) -> dict[str, Any]:
         """Counters of this loader, as plain data: ``batches`` handed out, of which
         ``batches_copied`` did not come as views of the ring (each worker's first batch,
-        which sizes the ring, and batches that outgrew their slot: views of a one-off
-        segment each; ``copy=True``; main-process loading; not a batch whose small leaves
-        alone are copies), ``rings_created`` (the first ring, then one per growth or
-        shrink), ``worker_restarts`` (dead or hung workers replaced
+        which sizes the ring unless a write-into dataset declared it, and batches that
+        outgrew their slot: views of a one-off segment each; ``copy=True``; main-process
+        loading; not a batch whose small leaves alone are copies), ``rings_created`` (the
+        first ring, then one per growth or shrink), ``worker_restarts`` (dead or hung workers replaced
         under ``max_worker_restarts``), ``epochs_ahead`` (``prefetch_next_epoch``: epochs whose
         first batches loaded while the last one's were consumed) and
         ``batches_ahead_dropped`` (so loaded, and not used: ``set_epoch`` or a changed

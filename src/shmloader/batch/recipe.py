@@ -37,6 +37,7 @@ from shmloader.batch.collate import (
     gather,
     plan,
 )
+from shmloader.batch.placement import Placements
 from shmloader.batch.tree import tree_map
 from shmloader.errors import StrayStopIteration
 from shmloader.interop.pinning import numpy_only_error
@@ -76,6 +77,7 @@ class Recipe:
         self.iterable = iterable
         self.auto_collation = auto_collation
         self.want = (batch_size or 1) if auto_collation else 1  # samples per batch (iterable)
+        self.batch_size = batch_size if auto_collation else None  # None: a batch_sampler's sizes
         self.drop_last = drop_last and auto_collation
         # torch's own default_collate (batches) or default_convert (batch_size=None),
         # passed explicitly (e.g. a framework rebuilding the loader from its collate_fn
@@ -92,6 +94,16 @@ class Recipe:
         self.spec = writeinto.spec_for(
             dataset, iterable=iterable, auto_collation=auto_collation, collate_fn=collate_fn
         )
+
+    def slot_bytes_ahead(self) -> int:
+        """The slot bytes a full batch takes, where they are known before any batch is
+        made (the write-into protocol declares every array's shape and dtype, and the
+        batch size is fixed); else 0. The same placement a worker makes of that batch."""
+        if self.spec is None or not self.batch_size:
+            return 0
+        treedef, specs = self.spec
+        placed = Placements(1).of(treedef, writeinto.plan_leaves(treedef, specs, self.batch_size))
+        return placed.content.total if placed.content is not None else 0
 
     # --- samples ------------------------------------------------------------------------
 

@@ -190,6 +190,7 @@ class MultiProcessIter:
         if self._share_dataset:
             self._memory.share_dataset()  # before the first fork: workers map the shared copy
         try:
+            self._rings.make_first(self._crew.spec.recipe.slot_bytes_ahead())
             self._crew.start(self._inflight.num_workers, plan, started=self._inflight.fill)
         except BaseException:
             self.close()

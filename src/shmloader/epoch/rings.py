@@ -3,7 +3,10 @@ when a batch came outside the ring, and the workers (running or about to start) 
 learn of a new one.
 
 The first batch of each worker comes outside any ring (a one-off segment, or pickled) and
-sizes the ring; a batch that outgrew its slot asks for a ring of larger slots (unless the
+sizes the ring, unless the batch's bytes were known before any batch (a write-into
+dataset's ``sample_spec``) and a ring is cheap to make: then the first ring is made
+before the workers start (:meth:`RingKeeper.make_first`). A batch that outgrew its slot
+asks for a ring of larger slots (unless the
 user fixed ``slot_bytes``). Reserving a ring of big slots takes tens of ms, so such a ring
 is made on a thread (:class:`~shmloader.memory.ringmaker.RingMaker`) while the batches
 already here are handed out; a small one is made in line. A new ring goes to every
@@ -54,6 +57,15 @@ class RingKeeper:
         smaller = self._leases.new_epoch()
         if smaller is not None and workers_running:
             self.adopt(smaller)
+
+    def make_first(self, batch_bytes: int) -> None:
+        """Where there is no ring yet, a batch's slot bytes are known before any batch
+        (``batch_bytes``; 0: not known) and a ring costs little to make (sparse: each
+        slot reserved by its first writer), make the first ring now, before the workers
+        start: their first batches go straight into it instead of one-off segments of
+        their own (fresh pages never reused, mapped and unmapped again, then a ring)."""
+        if self.ring is None and batch_bytes > 0 and self._leases.rings_are_cheap():
+            self.adopt(self._leases.ring_for_batch(batch_bytes, None))
 
     def for_new_worker(self) -> Ring | None:
         """The ring a worker starting now writes into. Where another iterator of the loader

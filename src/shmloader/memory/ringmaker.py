@@ -1,8 +1,10 @@
 """The first ring of a loader, made in the background while the first batches go out.
 
 A loader's first ring is sized from its first batch, which a worker delivers outside the
-ring (in a segment of its own). Reserving the ring (``posix_fallocate`` of every slot,
-the kernel allocating every page: long for a big ring) would otherwise happen in the
+ring (in a segment of its own), unless the dataset declared its batch's bytes and rings
+are sparse (the ring is then made before the workers start: epoch.rings). Reserving the
+ring (``posix_fallocate`` of every slot, the kernel allocating every page: long for a big
+ring) would otherwise happen in the
 consumer between two batches, with the workers idle. A :class:`RingMaker` starts it on a thread as
 soon as that first batch arrives (``posix_fallocate`` releases the GIL), while the
 consumer hands out the first batches; the consumer takes the ring when it has nothing
