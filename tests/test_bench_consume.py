@@ -131,6 +131,7 @@ def test_what_it_returns_depends_on_what_it_read():
     assert read_every_page(np.float32(1.0)) == 1
     assert read_every_page(np.ones((), np.int64)) == 1
     assert read_every_page(b"\x01" * (2 * PAGE)) == 3
+    assert read_every_page(np.array([None, "a", 3], dtype=object)) == 3
 
 
 def test_the_reader_keeps_no_reference_to_what_it_read():

@@ -31,8 +31,8 @@ def read_every_page(batch: Any) -> int:
 
     ``batch`` is any batch tree (tuples, lists, dicts, namedtuples such as ``Padded``,
     the nodes :mod:`shmloader.batch.tree` walks); its leaves may be numpy arrays, CPU
-    torch tensors, ``bytes``/``bytearray``/``memoryview`` (read as arrays), or Python
-    scalars and strings (counted: there is no page of theirs to read). A strided leaf
+    torch tensors, ``bytes`` or ``memoryview`` (read as arrays), or Python scalars and
+    strings (counted: there is no page of theirs to read). A strided leaf
     is read element-wise along its last axis, so only the pages its elements lie on
     are touched.
     """
@@ -82,6 +82,8 @@ def _read_array(a: np.ndarray) -> int:
     Returns how many of the values read are nonzero (``count_nonzero`` reads each)."""
     if a.size == 0:
         return 0
+    if a.dtype.hasobject:
+        return int(a.size)  # references to Python objects: no batch memory of its own to read
     if a.flags.c_contiguous or a.flags.f_contiguous:
         rows = a.reshape(-1, order="A").view(np.uint8)
     elif a.strides[-1] == a.itemsize:
