@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from shmloader import doctor
-from shmloader.bench import ceiling, datasets, jpeg, progress, report, results, workloads
+from shmloader.bench import ceiling, datasets, decodelimit, jpeg, progress, report, results, workloads
 from shmloader.bench.cli import TORCH_HINT
 
 _DEADLINE_S = 90
@@ -473,7 +473,7 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     }
     peers = [_FakeEpochs(name, r) for name, r in rates.items()]
     fresh = [_FakeEpochs(name, [r / 2 for r in rs]) for name, rs in rates.items()]  # fresh passes
-    fresh.append(_FakeEpochs(jpeg.LIMIT, [1000.0, 1500.0]))  # their decode limit
+    fresh.append(_FakeEpochs(decodelimit.LIMIT, [1000.0, 1500.0]))  # their decode limit
     monkeypatch.setattr(jpeg, "_peers", lambda *args: (peers, fresh))
     monkeypatch.setattr(jpeg, "ensure_images", lambda root, *args: root)
     monkeypatch.setattr(jpeg, "w6_missing", lambda torch_dl: None)
@@ -487,7 +487,7 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     timed = [ln.split("] ")[1].split(":")[0] for ln in lines if "repeat" in ln]
     names = list(rates)
     order = [(r, n) for r, ns in ((1, names), (2, names[::-1])) for n in ns]
-    fresh_names = [*names, jpeg.LIMIT]
+    fresh_names = [*names, decodelimit.LIMIT]
     fresh_order = [(r, n) for r, ns in ((1, fresh_names), (2, fresh_names[::-1])) for n in ns]
     assert timed == [f"W6 w2 repeat {r}/2 {n}" for r, n in order] + [
         f"W6 w2 fresh repeat {r}/2 {n}" for r, n in fresh_order
@@ -508,7 +508,7 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     )
     # The fresh passes over their decode limit: 750/1000 and 750/1500, paired per repeat.
     assert w6["fresh"]["ratios"]["shmloader+ImageFolder / decode limit"] == pytest.approx((0.75 + 0.5) / 2)
-    assert w6["fresh"]["limit_cores"] == jpeg.usable_cores()
+    assert w6["fresh"]["limit_cores"] == decodelimit.usable_cores()
     targets = _judge([res])
     assert targets["W6 w2 shmloader+ImageFolder vs torch+conventional"]["met"] is True
     assert targets["W6 w2 fresh pass vs decode limit"]["met"] is False  # 0.625x
@@ -549,7 +549,7 @@ def test_w6_decode_limit_is_the_datasets_getitem_on_one_thread_times_the_cores()
             return i
 
     before = torch.get_num_threads()
-    peer = jpeg.DecodeLimitPeer(Samples(), 64, cores=3)
+    peer = decodelimit.DecodeLimitPeer(Samples(), 64, cores=3)
     batches_per_s, _, batches = peer.run(0, math.inf)
     assert [i for i, _ in seen] == list(range(70)) and {t for _, t in seen} == {1}
     assert torch.get_num_threads() == before and batches == 2

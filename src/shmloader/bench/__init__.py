@@ -23,6 +23,8 @@ The modules, one concept each:
 - :mod:`~shmloader.bench.workloads`: workloads, variants, configurations, loader options;
 - :mod:`~shmloader.bench.peers`: the one harness (peers warmed up, timed alternating) and
   the DataLoader peer; :mod:`~shmloader.bench.ceiling`: the copy-ceiling peer;
+  :mod:`~shmloader.bench.consume`: what every peer's consumer does with a batch (reads
+  every page of it); :mod:`~shmloader.bench.decodelimit`: W6's decode limit;
 - :mod:`~shmloader.bench.measure`: one configuration of W1-W5, W7 (steady, cold, memory);
   :mod:`~shmloader.bench.jpeg`: W6, the JPEG folder, on the same harness;
   :mod:`~shmloader.bench.metadata`: W8, a million metadata records, workers' memory and

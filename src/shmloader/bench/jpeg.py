@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.bench.consume import read_every_page
+from shmloader.bench.decodelimit import LIMIT, DecodeLimitPeer, usable_cores
 from shmloader.bench.jpegreport import OURS as _OURS
 from shmloader.bench.jpegreport import w6_table
 from shmloader.bench.machine import children_cpu_s, load1
@@ -56,7 +57,6 @@ W6_IMAGE_SIZE = (500, 375)  # (width, height) of the synthetic JPEGs: ImageNet's
 W6_SIZE = 224
 W6_BATCH = 64
 PEERS = ("torch+conventional", "torch+ImageFolder", "shmloader+ImageFolder")
-LIMIT = "decode limit"  # a fresh pass's bound: the dataset's __getitem__, one process, times the cores
 _BASE = "torch+conventional"  # what 'vs torch' is relative to
 
 
@@ -192,54 +192,6 @@ class EpochPeer:
     def close(self) -> None:
         """Stop the loader's workers."""
         close_loader(self.loader)
-
-
-class DecodeLimitPeer(EpochPeer):
-    """The decode limit of a fresh pass: the dataset's own ``__getitem__`` over all its
-    images in this process on one thread (torch's resampler single-threaded, as in a
-    worker), the rate times ``cores``: what the workers could reach if decoding were all
-    they did. Its CPU per image is the decode's own."""
-
-    def __init__(self, dataset: Any, batch_size: int, cores: int):
-        super().__init__(LIMIT, None, batch_size)
-        self.dataset = dataset
-        self.cores = cores
-
-    def _once(self) -> tuple[int, int, float, float, float]:
-        torch = _torch_or_none()
-        threads = torch.get_num_threads() if torch is not None else 0
-        if torch is not None:
-            torch.set_num_threads(1)  # as in a worker: the cores are the workers' parallelism
-        try:
-            n = len(self.dataset)
-            c0, t0 = time.process_time(), time.perf_counter()
-            for i in range(n):
-                self.dataset[i]
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        finally:
-            if torch is not None:
-                torch.set_num_threads(threads)
-        return n, -(-n // self.batch_size), wall / self.cores, cpu, cpu
-
-    def close(self) -> None:
-        """Nothing runs between passes."""
-
-
-def _torch_or_none() -> Any:
-    """torch, or None where it is not installed."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity), else the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class FreshPeer(EpochPeer):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from shmloader.bench.decodelimit import LIMIT
+
 OURS = "shmloader+ImageFolder"
-LIMIT = "decode limit"
 
 
 def _section(title: str, part: dict[str, Any]) -> list[str]:

@@ -1,0 +1,79 @@
+"""The decode limit of an image pipeline: what loader workers could reach if decoding
+were all they did. The dataset's own ``__getitem__`` over its samples in this process, on
+one thread (torch's resampler single-threaded, as in a worker), its images/s times the
+usable cores. W6 times it beside its fresh passes (:mod:`shmloader.bench.jpeg`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+LIMIT = "decode limit"  # the peer's name in W6's tables and ratios
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _torch_or_none() -> Any:
+    """torch, or None where it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+class DecodeLimitPeer:
+    """A peer of the one harness (:func:`shmloader.bench.peers.time_peers`) that reads
+    every sample of ``dataset`` through its ``__getitem__`` in this process, one thread:
+    ``run`` gives the rate times ``cores`` (in batches of ``batch_size``), and keeps
+    images/s and the CPU per image (the decode's own) for W6's table, as W6's epoch
+    peers do."""
+
+    def __init__(self, dataset: Any, batch_size: int, cores: int):
+        self.name = LIMIT
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.cores = cores
+        self.images_per_s: list[float] = []
+        self.all_cpu_ms_per_image: list[float] = []
+
+    def _pass(self) -> tuple[int, float, float]:
+        """Images, wall seconds and CPU seconds of one pass over the dataset."""
+        torch = _torch_or_none()
+        threads = torch.get_num_threads() if torch is not None else 0
+        if torch is not None:
+            torch.set_num_threads(1)  # as in a worker: the cores are the workers' parallelism
+        try:
+            n = len(self.dataset)
+            c0, t0 = time.process_time(), time.perf_counter()
+            for i in range(n):
+                self.dataset[i]
+            return n, time.perf_counter() - t0, time.process_time() - c0
+        finally:
+            if torch is not None:
+                torch.set_num_threads(threads)
+
+    def warm_up(self) -> None:
+        """One untimed pass (page cache, imports, scratch buffers)."""
+        self._pass()
+
+    def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
+        """One timed pass (the bounds are ignored, as for W6's epochs): batches/s at the
+        limit (images/s times the cores, over the batch size), CPU seconds per batch,
+        batches."""
+        n, wall, cpu = self._pass()
+        rate = n / wall * self.cores
+        self.images_per_s.append(rate)
+        self.all_cpu_ms_per_image.append(cpu / n * 1e3)
+        batches_done = -(-n // self.batch_size)
+        return rate / self.batch_size, cpu / batches_done, batches_done
+
+    def close(self) -> None:
+        """Nothing runs between passes."""
