@@ -194,6 +194,7 @@ class DataLoader(Generic[T_co]):
         max_worker_restarts: int = 0,
         prefetch_next_epoch: bool = False,
         share_dataset: bool = False,
+        images: str = "auto",
     ) -> None:
         config = LoaderConfig(
             dataset=dataset,
@@ -228,6 +229,7 @@ class DataLoader(Generic[T_co]):
             max_worker_restarts=max_worker_restarts,
             prefetch_next_epoch=prefetch_next_epoch,
             share_dataset=share_dataset,
+            images=images,
         ).checked()
         self._config = config
         self._set_public_attributes(config)
@@ -268,6 +270,7 @@ class DataLoader(Generic[T_co]):
         self.persistent_workers = config.persistent_workers
         self.prefetch_next_epoch = config.prefetch_next_epoch
         self.share_dataset = config.share_dataset
+        self.images = config.images
         self.in_order = config.in_order
         self.max_worker_restarts = config.max_worker_restarts
         self.collate_fn = config.collate_fn
@@ -429,6 +432,7 @@ class DataLoader(Generic[T_co]):
         dataset = dict(out["dataset"])
         if self.num_workers == 0 and callable(getattr(self.dataset, "shmloader_stats", None)):
             dataset = dict(self.dataset.shmloader_stats())  # loaded in this process: its own counters
+        out["images"] = runtime.images.report(dataset)  # (takes its counters out of dataset's)
         out["dataset"] = dataset
         ring = runtime.leases.current
         out["num_slots"] = ring.num_slots if ring is not None else 0

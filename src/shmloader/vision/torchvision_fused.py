@@ -1,0 +1,235 @@
+"""A torchvision ImageFolder's samples written straight into the batch, as torchvision makes them.
+
+:class:`FusedFolder` implements the write-into protocol (``sample_spec`` /
+``write_sample``, :mod:`shmloader.batch.writeinto`) for a torchvision ``ImageFolder`` or
+``DatasetFolder`` whose pipeline :func:`~shmloader.vision.torchvision_plan.recognize`
+accepted. Per sample, for a JPEG that Pillow opens as RGB or grayscale:
+
+1. the file is read and its header parsed by Pillow (``Image.open`` decodes nothing);
+2. when the first op is ``RandomResizedCrop``, its box is drawn by the op's own code on
+   that header-only image (the same torch RNG calls, in the same order, as in
+   ``dataset[index]``), only that box is decoded (libjpeg-turbo, Pillow's own library
+   and settings: :mod:`shmloader.vision.region`), and the op's own ``resized_crop``
+   runs on it; otherwise Pillow decodes the image whole, as ``pil_loader`` does;
+3. the other geometric ops run as they are (torchvision's code on the PIL image);
+4. the tensor ops (``ToTensor``, ``Normalize``...) are one table look-up per channel and
+   level, written into the sample's row: the table is their own output on the 256 levels.
+
+Every other file (PNG, GIF, CMYK JPEG, ...) is decided before any random draw and goes
+through ``dataset[index]`` itself, its tensor copied into the row: the batch is exact
+either way. ``fast`` (``images="fast"``): the box is decoded at 1/2, 1/4 or 1/8 scale where
+it is that many times the output, with libjpeg-turbo's fast IDCT, and resampled by
+torch's antialiased bilinear kernel (:mod:`shmloader.vision.resample`): the same crops and
+flips, pixels within a small tolerance of torchvision's (docs/vision.md), for the
+pipelines ``RandomResizedCrop`` (bilinear) then at most ``RandomHorizontalFlip``.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from shmloader.batch.writeinto import ArraySpec
+from shmloader.vision import region
+from shmloader.vision.resample import int_box, resample_into
+from shmloader.vision.torchvision_plan import FusedPlan
+
+__all__ = ["FusedFolder"]
+
+_JPEG_END = b"\xff\xd9"
+
+
+class FusedFolder:
+    """Writes sample ``index`` of a torchvision folder dataset into a batch row, equal to
+    ``default_collate([dataset[index], ...])``'s row (see the module docstring).
+
+    ``dataset``: the user's dataset (read at each sample: ``samples``, ``transform``);
+    ``plan``: its :class:`~shmloader.vision.torchvision_plan.FusedPlan`; ``fast``: the
+    ``images="fast"`` approximations. Counts ``fused`` and ``fell_back`` samples in this
+    process (:meth:`shmloader_stats`)."""
+
+    def __init__(self, dataset: Any, plan: FusedPlan, fast: bool = False) -> None:
+        self.dataset = dataset
+        self.plan = plan
+        self.fused = 0
+        self.fell_back = 0
+        self._scratch = np.empty(1 << 20, np.uint8)  # the region decoder's, reused
+        self._resized = np.empty((plan.shape[1], plan.shape[2], 3), np.uint8)  # the fast path's
+        self._ops = _api_functions(plan.api)
+        head = plan.head
+        self._crop_first = bool(head) and type(head[0]).__name__ == "RandomResizedCrop"
+        self._fast = fast and self._crop_first and _fast_ready(plan, self._ops)
+
+    def sample_spec(self) -> tuple[ArraySpec, ArraySpec]:
+        """The image (C, H, W) of the plan's dtype and the int64 target."""
+        return ArraySpec(self.plan.shape, self.plan.dtype), ArraySpec((), np.int64)
+
+    def write_sample(self, index: int, out: tuple[np.ndarray, np.ndarray]) -> None:
+        """Write sample ``index`` (image and target) into ``out``, its row of the batch."""
+        image_row, target_row = out
+        path, target = self.dataset.samples[index]
+        with open(path, "rb") as f:
+            data = f.read()
+        img = _jpeg_header(data)
+        if img is None:  # decided before any random draw: torchvision's code, as written
+            sample, target = self.dataset[index]
+            np.copyto(image_row, sample.numpy(force=False))
+            self.fell_back += 1
+        else:
+            self._tensor_ops(self._image(data, img), image_row)
+            self.fused += 1
+        target_row[...] = target
+
+    def shmloader_stats(self) -> dict[str, int]:
+        """This process's counts, under the names the loader sums over its workers."""
+        return {"images_fused": self.fused, "images_fell_back": self.fell_back}
+
+    # --- one image -------------------------------------------------------------------------
+
+    def _image(self, data: bytes, img: Any) -> np.ndarray:
+        """The (H, W, 3) uint8 levels after the geometric ops."""
+        head = self.plan.head
+        if self._crop_first:
+            op = head[0]
+            top, left, h, w = self._ops.crop_params(op, img)
+            if self._fast:
+                return self._fast_crop(data, img, op, (left, top, w, h))
+            pil = self._ops.resized_crop(self._crop(data, img, left, top, w, h), op, h, w)
+            rest = head[1:]
+        else:
+            pil = img.convert("RGB") if img.mode != "RGB" else _loaded(img)
+            rest = head
+        for op in rest:
+            pil = op(pil)
+        return np.asarray(pil)
+
+    def _crop(self, data: bytes, img: Any, left: int, top: int, w: int, h: int) -> Any:
+        """``pil_loader``'s image cropped to the box, decoding only the box where the
+        region decoder applies (the same pixels: its library is Pillow's)."""
+        from PIL import Image
+
+        decoder = region.decoder()
+        width, height = img.size
+        got = None
+        if decoder is not None and data.endswith(_JPEG_END):
+            bounds = (max(left - 1, 0), top, min(left + w + 1, width), top + h)
+            got = decoder.decode(data, 1, bounds, False, False, self._scratch, (left, left + w))
+        if got is not None:
+            pixels, x0, _, full_w, full_h, self._scratch = got
+            if (x0, pixels.shape[1], full_w, full_h) == (left, w, width, height):
+                return Image.frombuffer("RGB", (w, h), pixels, "raw", "RGB", 0, 1)
+        whole = img.convert("RGB") if img.mode != "RGB" else _loaded(img)
+        return whole.crop((left, top, left + w, top + h))
+
+    def _fast_crop(self, data: bytes, img: Any, op: Any, box: tuple[int, int, int, int]) -> np.ndarray:
+        """``images="fast"``: the box decoded at a reduced DCT scale where it is at least
+        that many times the output, resampled by torch into the plan's size, mirrored
+        when the flip after it draws so."""
+        left, top, w, h = box
+        oh, ow = self.plan.shape[1:]
+        factor = 1
+        while factor < 8 and w >= 2 * factor * ow and h >= 2 * factor * oh:
+            factor *= 2
+        width, height = img.size
+        sw, sh = -(-width // factor), -(-height // factor)
+        sbox = (left * sw / width, top * sh / height, (left + w) * sw / width, (top + h) * sh / height)
+        kx0, ky0, kx1, ky1 = int_box(sbox, sw, sh)
+        decoder = region.decoder()
+        got = None
+        if decoder is not None and data.endswith(_JPEG_END):
+            bounds = (max(kx0 - 1, 0), ky0, min(kx1 + 1, sw), ky1)
+            got = decoder.decode(data, factor, bounds, True, False, self._scratch, (kx0, kx1))
+        if got is not None and (got[1], got[0].shape[1]) == (kx0, kx1 - kx0):
+            pixels, self._scratch = got[0], got[5]
+            local = (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0]))
+        else:  # not region-decodable: whole, at full scale
+            pixels = np.asarray(img.convert("RGB") if img.mode != "RGB" else _loaded(img))
+            local = (float(left), float(top), float(left + w), float(top + h))
+        flip = self._ops.flip_drawn(self.plan.head[1]) if len(self.plan.head) > 1 else False
+        resample_into(pixels, local, self._resized, False, flip, "torch")
+        return self._resized
+
+    def _tensor_ops(self, pixels: np.ndarray, row: np.ndarray) -> None:
+        """The tensor ops' values of (H, W, 3) uint8 ``pixels``, written into the (3, H, W) row."""
+        table = self.plan.table
+        if table is None:
+            np.copyto(row, pixels.transpose(2, 0, 1))
+            return
+        for c in range(3):
+            np.take(table[c], pixels[:, :, c], out=row[c])
+
+
+def _jpeg_header(data: bytes) -> Any:
+    """The header-only Pillow image of a JPEG that decodes exactly by region or whole
+    (Pillow's JPEG, mode RGB or L), else None."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    try:
+        img = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError, ValueError):
+        return None  # torchvision's own code raises its error
+    if img.format != "JPEG" or img.mode not in ("RGB", "L"):
+        return None
+    return img
+
+
+def _loaded(img: Any) -> Any:
+    img.load()
+    return img
+
+
+def _fast_ready(plan: FusedPlan, ops: Any) -> bool:
+    """Whether ``images="fast"`` applies: RandomResizedCrop (bilinear), then at most a
+    horizontal flip."""
+    head = plan.head
+    names = [type(op).__name__ for op in head]
+    if names not in (["RandomResizedCrop"], ["RandomResizedCrop", "RandomHorizontalFlip"]):
+        return False
+    return ops.bilinear(head[0])
+
+
+class _Functions:
+    """The torchvision functions of one API (v1 or v2) the fused path calls."""
+
+    def __init__(self, api: str) -> None:
+        from torchvision.transforms import InterpolationMode
+
+        self.api = api
+        self._bilinear = InterpolationMode.BILINEAR
+        if api == "v1":
+            from torchvision.transforms import functional
+
+            self._resized_crop = functional.resized_crop
+        else:
+            from torchvision.transforms.v2 import functional
+
+            self._resized_crop = functional.resized_crop
+
+    def crop_params(self, op: Any, img: Any) -> tuple[int, int, int, int]:
+        """``RandomResizedCrop``'s (top, left, height, width), drawn by its own code."""
+        if self.api == "v1":
+            top, left, h, w = op.get_params(img, op.scale, op.ratio)
+            return int(top), int(left), int(h), int(w)
+        params = op.make_params([img])
+        return int(params["top"]), int(params["left"]), int(params["height"]), int(params["width"])
+
+    def resized_crop(self, cropped: Any, op: Any, h: int, w: int) -> Any:
+        """The op's own ``resized_crop`` of the already-cropped image."""
+        return self._resized_crop(cropped, 0, 0, h, w, op.size, op.interpolation, antialias=op.antialias)
+
+    def flip_drawn(self, op: Any) -> bool:
+        """``RandomHorizontalFlip``'s draw, as its own code draws it (flip when below p)."""
+        import torch
+
+        return bool(torch.rand(1) < op.p)
+
+    def bilinear(self, op: Any) -> bool:
+        return op.interpolation in (self._bilinear, self._bilinear.value, 2)
+
+
+def _api_functions(api: str) -> _Functions:
+    return _Functions(api)
