@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.batch.writeinto import ArraySpec
-from shmloader.vision import region
+from shmloader.vision import pil_resample, region
 from shmloader.vision.resample import int_box, resample_into
 from shmloader.vision.torchvision_plan import FusedPlan
 
@@ -61,6 +61,12 @@ class FusedFolder:
         head = plan.head
         self._crop_first = bool(head) and type(head[0]).__name__ == "RandomResizedCrop"
         self._fast = fast and self._crop_first and _fast_ready(plan, self._ops)
+        # Pillow's bilinear resize reproduced in C where it applies and matches the
+        # installed Pillow (pil_resample.resampler); the tensor ops' table as float32 for it.
+        checked = pil_resample.resampler()
+        self._resampler = checked if _exact_ready(plan, self._ops) else None
+        float32 = plan.table is not None and plan.table.dtype == np.float32
+        self._levels = checked if float32 else None
 
     def sample_spec(self) -> tuple[ArraySpec, ArraySpec]:
         """The image (C, H, W) of the plan's dtype and the int64 target."""
@@ -78,7 +84,8 @@ class FusedFolder:
             np.copyto(image_row, sample.numpy(force=False))
             self.fell_back += 1
         else:
-            self._tensor_ops(self._image(data, img), image_row)
+            pixels, flip = self._image(data, img)
+            self._tensor_ops(pixels, image_row, flip)
             self.fused += 1
         target_row[...] = target
 
@@ -88,42 +95,66 @@ class FusedFolder:
 
     # --- one image -------------------------------------------------------------------------
 
-    def _image(self, data: bytes, img: Any) -> np.ndarray:
-        """The (H, W, 3) uint8 levels after the geometric ops."""
+    def _image(self, data: bytes, img: Any) -> tuple[np.ndarray, bool]:
+        """The (H, W, 3) uint8 levels after the geometric ops, and whether they still
+        need mirroring (a flip drawn, not yet applied)."""
         head = self.plan.head
         if self._crop_first:
             op = head[0]
             top, left, h, w = self._ops.crop_params(op, img)
             if self._fast:
                 return self._fast_crop(data, img, op, (left, top, w, h))
-            pil = self._ops.resized_crop(self._crop(data, img, left, top, w, h), op, h, w)
+            if self._resampler is not None:
+                region = self._region(data, img, left, top, w, h)
+                if region is not None:
+                    self._resampler.resize(region, self._resized)
+                    flip = self._ops.flip_drawn(head[1]) if len(head) > 1 else False
+                    return self._resized, flip
+                pil = self._ops.resized_crop(self._whole(img).crop((left, top, left + w, top + h)), op, h, w)
+            else:
+                pil = self._ops.resized_crop(self._crop(data, img, left, top, w, h), op, h, w)
             rest = head[1:]
         else:
-            pil = img.convert("RGB") if img.mode != "RGB" else _loaded(img)
+            pil = self._whole(img)
             rest = head
         for op in rest:
             pil = op(pil)
-        return np.asarray(pil)
+        return np.asarray(pil), False
+
+    @staticmethod
+    def _whole(img: Any) -> Any:
+        """``pil_loader``'s image: decoded by Pillow, in RGB."""
+        return img.convert("RGB") if img.mode != "RGB" else _loaded(img)
+
+    def _region(self, data: bytes, img: Any, left: int, top: int, w: int, h: int) -> np.ndarray | None:
+        """The box's pixels (h, w, 3), decoded by region (Pillow's library and settings:
+        the same pixels as its decode); None where the region decoder does not apply."""
+        decoder = region.decoder()
+        if decoder is None or not data.endswith(_JPEG_END):
+            return None
+        width, height = img.size
+        bounds = (max(left - 1, 0), top, min(left + w + 1, width), top + h)
+        got = decoder.decode(data, 1, bounds, False, False, self._scratch, (left, left + w))
+        if got is None:
+            return None
+        pixels, x0, _, full_w, full_h, self._scratch = got
+        if (x0, pixels.shape[1], full_w, full_h) != (left, w, width, height):
+            return None
+        return pixels
 
     def _crop(self, data: bytes, img: Any, left: int, top: int, w: int, h: int) -> Any:
         """``pil_loader``'s image cropped to the box, decoding only the box where the
-        region decoder applies (the same pixels: its library is Pillow's)."""
+        region decoder applies."""
         from PIL import Image
 
-        decoder = region.decoder()
-        width, height = img.size
-        got = None
-        if decoder is not None and data.endswith(_JPEG_END):
-            bounds = (max(left - 1, 0), top, min(left + w + 1, width), top + h)
-            got = decoder.decode(data, 1, bounds, False, False, self._scratch, (left, left + w))
-        if got is not None:
-            pixels, x0, _, full_w, full_h, self._scratch = got
-            if (x0, pixels.shape[1], full_w, full_h) == (left, w, width, height):
-                return Image.frombuffer("RGB", (w, h), pixels, "raw", "RGB", 0, 1)
-        whole = img.convert("RGB") if img.mode != "RGB" else _loaded(img)
-        return whole.crop((left, top, left + w, top + h))
+        pixels = self._region(data, img, left, top, w, h)
+        if pixels is not None:
+            return Image.frombuffer("RGB", (w, h), pixels, "raw", "RGB", 0, 1)
+        return self._whole(img).crop((left, top, left + w, top + h))
 
-    def _fast_crop(self, data: bytes, img: Any, op: Any, box: tuple[int, int, int, int]) -> np.ndarray:
+    def _fast_crop(
+        self, data: bytes, img: Any, op: Any, box: tuple[int, int, int, int]
+    ) -> tuple[np.ndarray, bool]:
         """``images="fast"``: the box decoded at a reduced DCT scale where it is at least
         that many times the output, resampled by torch into the plan's size, mirrored
         when the flip after it draws so."""
@@ -145,20 +176,31 @@ class FusedFolder:
             pixels, self._scratch = got[0], got[5]
             local = (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0]))
         else:  # not region-decodable: whole, at full scale
-            pixels = np.asarray(img.convert("RGB") if img.mode != "RGB" else _loaded(img))
+            pixels = np.asarray(self._whole(img))
             local = (float(left), float(top), float(left + w), float(top + h))
         flip = self._ops.flip_drawn(self.plan.head[1]) if len(self.plan.head) > 1 else False
         resample_into(pixels, local, self._resized, False, flip, "torch")
-        return self._resized
+        return self._resized, False
 
-    def _tensor_ops(self, pixels: np.ndarray, row: np.ndarray) -> None:
-        """The tensor ops' values of (H, W, 3) uint8 ``pixels``, written into the (3, H, W) row."""
+    def _tensor_ops(self, pixels: np.ndarray, row: np.ndarray, flip: bool) -> None:
+        """The tensor ops' values of (H, W, 3) uint8 ``pixels`` (mirrored when ``flip``),
+        written into the (3, H, W) row."""
         table = self.plan.table
+        if (
+            self._levels is not None
+            and table is not None
+            and pixels.flags.c_contiguous
+            and row.flags.c_contiguous
+        ):
+            self._levels.levels(pixels, table, row, flip)
+            return
+        if flip:
+            pixels = pixels[:, ::-1]
         if table is None:
             np.copyto(row, pixels.transpose(2, 0, 1))
-            return
-        for c in range(3):
-            np.take(table[c], pixels[:, :, c], out=row[c])
+        else:
+            for c in range(3):
+                np.take(table[c], pixels[:, :, c], out=row[c])
 
 
 def _jpeg_header(data: bytes) -> Any:
@@ -190,6 +232,12 @@ def _fast_ready(plan: FusedPlan, ops: Any) -> bool:
     if names not in (["RandomResizedCrop"], ["RandomResizedCrop", "RandomHorizontalFlip"]):
         return False
     return ops.bilinear(head[0])
+
+
+def _exact_ready(plan: FusedPlan, ops: Any) -> bool:
+    """Whether the C resampler can stand in for Pillow's: RandomResizedCrop (bilinear)
+    first, then at most a horizontal flip (drawn here as its own code draws it)."""
+    return _fast_ready(plan, ops)
 
 
 class _Functions:
