@@ -229,3 +229,17 @@ def test_without_torchvision_nothing_changes():
         "assert 'torchvision' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_doctor_says_the_same(varied, tmp_path, monkeypatch):
+    from shmloader import doctor
+
+    good = doctor.check_dataset_images(folder_dataset(varied, pipeline("v2", "train")))
+    assert good.status == doctor.OK and "runs it fused" in good.detail
+    # CMYK, PNG and GIF files: 12 of the 27
+    assert "12 of the first 27 files go through torchvision's code" in good.detail
+    jitter = T.Compose([T.RandomResizedCrop(224), T.ColorJitter(0.4), T.ToTensor()])
+    bad = doctor.check_dataset_images(folder_dataset(varied, jitter))
+    assert bad.status == doctor.WARN and "ColorJitter" in bad.detail
+    other = doctor.check_dataset_images(list(range(3)))
+    assert other.status == doctor.OK and "does not apply" in other.detail

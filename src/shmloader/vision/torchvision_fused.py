@@ -36,7 +36,7 @@ from shmloader.vision import pil_resample, region
 from shmloader.vision.resample import int_box, resample_into
 from shmloader.vision.torchvision_plan import FusedPlan
 
-__all__ = ["FusedFolder"]
+__all__ = ["FusedFolder", "fallback_count"]
 
 _JPEG_END = b"\xff\xd9"
 
@@ -203,6 +203,19 @@ class FusedFolder:
                 np.take(table[c], pixels[:, :, c], out=row[c])
 
 
+def fallback_count(dataset: Any, limit: int = 500) -> tuple[int, int]:
+    """``(files read, files that would go through torchvision's code)`` over the first
+    ``limit`` samples of a torchvision folder dataset: every file but a JPEG that Pillow
+    opens as RGB or grayscale (read from disk: the headers only)."""
+    samples = list(getattr(dataset, "samples", ()))[:limit]
+    fell_back = 0
+    for path, _ in samples:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)  # the markers before the image data, for Pillow's header parse
+        fell_back += _jpeg_header(head) is None
+    return len(samples), fell_back
+
+
 def _jpeg_header(data: bytes) -> Any:
     """The header-only Pillow image of a JPEG that decodes exactly by region or whole
     (Pillow's JPEG, mode RGB or L), else None."""
@@ -212,7 +225,7 @@ def _jpeg_header(data: bytes) -> Any:
         return None
     try:
         img = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, OSError, ValueError):
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         return None  # torchvision's own code raises its error
     if img.format != "JPEG" or img.mode not in ("RGB", "L"):
         return None
