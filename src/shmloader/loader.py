@@ -80,6 +80,14 @@ class DataLoader(Generic[T_co]):
     instance of ``torch.utils.data.DataLoader`` and its samplers of torch's samplers (see
     :mod:`shmloader.interop.torchcompat`), so training frameworks treat it as one.
 
+    ``images``: ``"auto"`` (default) runs a torchvision ``ImageFolder``/``DatasetFolder``
+    whose transform is a recognized ``Compose`` fused in the workers (region JPEG decoding,
+    Pillow's resize reproduced, the tensor ops written into the batch), with torch's
+    batches bit for bit, random draws included; ``"fast"`` also decodes JPEGs at reduced
+    scale and resamples with torch (close to torchvision's pixels, not equal);
+    ``"python"`` never fuses. ``stats()["images"]`` says whether it runs fused and why not
+    (docs/vision.md).
+
     Training (docs/training.md): ``pin_memory=True`` page-locks the ring once (CUDA only);
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` give exact resume.
 
