@@ -418,8 +418,10 @@ class DataLoader(Generic[T_co]):
         first batches loaded while the last one's were consumed) and
         ``batches_ahead_dropped`` (so loaded, and not used: ``set_epoch`` or a changed
         dataset gave the epoch another plan), the current ring's ``num_slots`` and ``slot_bytes``,
-        ``pinned_shm_bytes``, ``dataset``: the sum over all workers of the dataset's
-        ``shmloader_stats()`` counters, when it has that method (e.g.
+        ``pinned_shm_bytes``, ``images``: ``images=``'s ``mode``, whether the fused
+        torchvision path is ``active``, the ``reason`` when not, the ``fused`` and
+        ``fell_back`` sample counts and ``fallback_share``, ``dataset``: the sum over all
+        workers of the dataset's ``shmloader_stats()`` counters, when it has that method (e.g.
         ``shmloader.vision.ImageFolder`` counts files skipped under ``on_error="skip"``;
         a method named ``stats`` is the dataset's own, never called), and ``time``: where the time went
         over the loader's life (see :mod:`shmloader.tuning.timing`): ``start_s`` (the first ``next()``
