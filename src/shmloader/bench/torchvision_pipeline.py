@@ -41,15 +41,12 @@ _BASE = "torch"
 
 def w9_missing(torch_dl: Any | None) -> str | None:
     """Why W9 cannot run here, or None."""
-    import importlib.util
-
-    if torch_dl is None or importlib.util.find_spec("torch") is None:
-        return "torch not installed"
-    if importlib.util.find_spec("torchvision") is None:
-        return "torchvision not installed"
-    if importlib.util.find_spec("PIL") is None:
-        return "Pillow not installed"
-    return None
+    for module, name in (("torch", "torch"), ("torchvision", "torchvision"), ("PIL", "Pillow")):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{name} not installed"
+    return None if torch_dl is not None else "torch not installed"
 
 
 def w9_steps(repeat: int) -> int:
