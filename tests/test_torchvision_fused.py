@@ -243,3 +243,30 @@ def test_doctor_says_the_same(varied, tmp_path, monkeypatch):
     assert bad.status == doctor.WARN and "ColorJitter" in bad.detail
     other = doctor.check_dataset_images(list(range(3)))
     assert other.status == doctor.OK and "does not apply" in other.detail
+
+
+def test_transform_changed_between_epochs(varied):
+    """A transform swapped on the dataset (train, then eval) is what the next epoch runs."""
+    dataset = folder_dataset(varied, pipeline("v1", "train"))
+    results = []
+    for loader_cls in (torch.utils.data.DataLoader, DataLoader):
+        dataset.transform = pipeline("v1", "train")
+        torch.manual_seed(5)
+        loader = loader_cls(dataset, batch_size=5, shuffle=True, num_workers=0)
+        first = [x.clone() for x, _ in loader]
+        dataset.transform = pipeline("v1", "eval")
+        second = [x.clone() for x, _ in loader]
+        results.append((first, second))
+    for ref, got in zip(results[0], results[1]):
+        assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    images = loader.stats()["images"]
+    assert images["active"] and images["fused"] == 30 and images["fell_back"] == 24
+
+
+def test_spawned_workers(varied):
+    dataset = folder_dataset(varied, pipeline("v2", "train"))
+    kw = {"multiprocessing_context": "spawn"}
+    _, ref, _ = epochs(torch.utils.data.DataLoader, dataset, 2, **kw)
+    loader, got, _ = epochs(DataLoader, dataset, 2, **kw)
+    assert_identical(ref, got)
+    assert loader.stats()["images"]["fused"] == 15

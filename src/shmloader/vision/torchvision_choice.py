@@ -37,14 +37,23 @@ class ImagesChoice:
         self.mode = mode
         self._dataset = dataset
         self._plan, self._reason = recognize(dataset, mode)
-        self._writer: Any = None  # made once; this process's (num_workers=0) counts live in it
+        self._writer: Any = None  # this process's (num_workers=0) counts live in it
+        self._earlier = [0, 0]  # fused, fell back: counts of writers replaced since
         self.active = False
 
     def writer(self, *, iterable: bool, auto_collation: bool, user_collate: bool) -> Any:
         """The fused writer for the next epoch's recipe, or None (the dataset runs as written);
         records why not for :meth:`report`."""
         self.active = False
-        if self._plan is None:
+        # The dataset may have changed since the loader was made (a transform set for
+        # another phase): recognized again for each recipe, so a stale plan never runs.
+        plan, self._reason = recognize(self._dataset, self.mode)
+        writer = self._writer
+        if writer is not None and (plan is None or not plan.same_as(writer.plan)):
+            self._earlier = [self._earlier[0] + writer.fused, self._earlier[1] + writer.fell_back]
+            self._writer = None
+        self._plan = plan
+        if plan is None:
             return None
         if iterable or not auto_collation:
             self._reason = "samples are not batched (batch_size=None): each goes through the dataset"
@@ -55,7 +64,7 @@ class ImagesChoice:
         if self._writer is None:
             from shmloader.vision.torchvision_fused import FusedFolder
 
-            self._writer = FusedFolder(self._dataset, self._plan, fast=self.mode == "fast")
+            self._writer = FusedFolder(self._dataset, plan, fast=self.mode == "fast")
         self.active = True
         self._reason = None
         return self._writer
@@ -64,8 +73,8 @@ class ImagesChoice:
         """``stats()["images"]``: ``mode``, ``active``, ``reason`` (None when active),
         ``fused`` and ``fell_back`` sample counts (this process's and the workers',
         popped from ``dataset_counts``) and ``fallback_share``."""
-        fused = int(dataset_counts.pop(COUNTERS[0], 0))
-        fell_back = int(dataset_counts.pop(COUNTERS[1], 0))
+        fused = int(dataset_counts.pop(COUNTERS[0], 0)) + self._earlier[0]
+        fell_back = int(dataset_counts.pop(COUNTERS[1], 0)) + self._earlier[1]
         if self._writer is not None:
             fused += self._writer.fused
             fell_back += self._writer.fell_back

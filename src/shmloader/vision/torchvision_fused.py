@@ -53,8 +53,22 @@ class FusedFolder:
     def __init__(self, dataset: Any, plan: FusedPlan, fast: bool = False) -> None:
         self.dataset = dataset
         self.plan = plan
+        self.fast = fast
         self.fused = 0
         self.fell_back = 0
+        self._prepare()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # (spawned workers: the C helpers and buffers are made again there)
+        return {k: getattr(self, k) for k in ("dataset", "plan", "fast", "fused", "fell_back")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Buffers, the API's functions and the C helpers of this process."""
+        plan, fast = self.plan, self.fast
         self._scratch = np.empty(1 << 20, np.uint8)  # the region decoder's, reused
         self._resized = np.empty((plan.shape[1], plan.shape[2], 3), np.uint8)  # the fast path's
         self._ops = _api_functions(plan.api)

@@ -53,6 +53,18 @@ class FusedPlan:
     dtype: np.dtype
     table: np.ndarray | None
 
+    def same_as(self, other: FusedPlan) -> bool:
+        """Whether ``other`` runs the same ops (the same objects) to the same output."""
+        same_table = (self.table is None and other.table is None) or (
+            self.table is not None and other.table is not None and np.array_equal(self.table, other.table)
+        )
+        return (
+            (self.api, self.shape, self.dtype) == (other.api, other.shape, other.dtype)
+            and len(self.head) == len(other.head)
+            and all(a is b for a, b in zip(self.head, other.head))
+            and same_table
+        )
+
 
 def recognize(dataset: Any, mode: str) -> tuple[FusedPlan | None, str | None]:
     """``(plan, None)`` when ``dataset`` can run fused under ``images=mode``, else
