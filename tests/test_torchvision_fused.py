@@ -270,3 +270,15 @@ def test_spawned_workers(varied):
     loader, got, _ = epochs(DataLoader, dataset, 2, **kw)
     assert_identical(ref, got)
     assert loader.stats()["images"]["fused"] == 15
+
+
+def _init_sees_the_dataset(worker_id):
+    info = torch.utils.data.get_worker_info()
+    assert type(info.dataset) is datasets.ImageFolder, type(info.dataset)
+
+
+def test_workers_see_the_users_dataset(varied):
+    dataset = folder_dataset(varied, pipeline("v1", "train"))
+    loader = DataLoader(dataset, batch_size=9, num_workers=2, worker_init_fn=_init_sees_the_dataset)
+    assert sum(len(y) for _, y in loader) == 27
+    assert loader.stats()["images"]["active"]
