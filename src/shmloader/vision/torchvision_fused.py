@@ -71,14 +71,15 @@ class FusedFolder:
         plan, fast = self.plan, self.fast
         self._scratch = np.empty(1 << 20, np.uint8)  # the region decoder's, reused
         self._resized = np.empty((plan.shape[1], plan.shape[2], 3), np.uint8)  # the fast path's
-        self._ops = _api_functions(plan.api)
+        self._ops = _Functions(plan.api)
         head = plan.head
         self._crop_first = bool(head) and type(head[0]).__name__ == "RandomResizedCrop"
-        self._fast = fast and self._crop_first and _fast_ready(plan, self._ops)
+        crop_then_flip = _crop_then_flip(plan, self._ops)
+        self._fast = fast and crop_then_flip
         # Pillow's bilinear resize reproduced in C where it applies and matches the
         # installed Pillow (pil_resample.resampler); the tensor ops' table as float32 for it.
         checked = pil_resample.resampler()
-        self._resampler = checked if _exact_ready(plan, self._ops) else None
+        self._resampler = checked if crop_then_flip else None
         float32 = plan.table is not None and plan.table.dtype == np.float32
         self._levels = checked if float32 else None
 
@@ -251,20 +252,15 @@ def _loaded(img: Any) -> Any:
     return img
 
 
-def _fast_ready(plan: FusedPlan, ops: Any) -> bool:
-    """Whether ``images="fast"`` applies: RandomResizedCrop (bilinear), then at most a
-    horizontal flip."""
+def _crop_then_flip(plan: FusedPlan, ops: Any) -> bool:
+    """Whether the pipeline is RandomResizedCrop (bilinear) then at most a horizontal
+    flip: what ``images="fast"`` and the C resize (the flip drawn as its own code draws
+    it) apply to."""
     head = plan.head
     names = [type(op).__name__ for op in head]
     if names not in (["RandomResizedCrop"], ["RandomResizedCrop", "RandomHorizontalFlip"]):
         return False
     return ops.bilinear(head[0])
-
-
-def _exact_ready(plan: FusedPlan, ops: Any) -> bool:
-    """Whether the C resampler can stand in for Pillow's: RandomResizedCrop (bilinear)
-    first, then at most a horizontal flip (drawn here as its own code draws it)."""
-    return _fast_ready(plan, ops)
 
 
 class _Functions:
@@ -304,7 +300,3 @@ class _Functions:
 
     def bilinear(self, op: Any) -> bool:
         return op.interpolation in (self._bilinear, self._bilinear.value, 2)
-
-
-def _api_functions(api: str) -> _Functions:
-    return _Functions(api)
