@@ -171,8 +171,8 @@ class FusedFolder:
         self, data: bytes, img: Any, op: Any, box: tuple[int, int, int, int]
     ) -> tuple[np.ndarray, bool]:
         """``images="fast"``: the box decoded at a reduced DCT scale where it is at least
-        that many times the output, resampled by torch into the plan's size, mirrored
-        when the flip after it draws so."""
+        that many times the output, resampled by torch into the plan's size; and the flip
+        drawn after it."""
         left, top, w, h = box
         oh, ow = self.plan.shape[1:]
         factor = 1
@@ -194,8 +194,8 @@ class FusedFolder:
             pixels = np.asarray(self._whole(img))
             local = (float(left), float(top), float(left + w), float(top + h))
         flip = self._ops.flip_drawn(self.plan.head[1]) if len(self.plan.head) > 1 else False
-        resample_into(pixels, local, self._resized, False, flip, "torch")
-        return self._resized, False
+        resample_into(pixels, local, self._resized, False, False, "torch")
+        return self._resized, flip  # (mirrored as the tensor ops' table is written)
 
     def _tensor_ops(self, pixels: np.ndarray, row: np.ndarray, flip: bool) -> None:
         """The tensor ops' values of (H, W, 3) uint8 ``pixels`` (mirrored when ``flip``),
