@@ -180,8 +180,10 @@ def test_subclass_and_target_transform_run_as_written(varied):
 )
 def test_reasons(varied, ops, needle):
     loader = DataLoader(folder_dataset(varied, T.Compose(ops)), batch_size=5)
-    images = loader.stats()["images"]
+    images = loader.stats()["images"]  # said before the first epoch
     assert not images["active"] and needle in images["reason"], images["reason"]
+    fused = DataLoader(folder_dataset(varied, pipeline("v1", "eval")), batch_size=5).stats()["images"]
+    assert fused["active"] and fused["reason"] is None and fused["fused"] == 0
 
 
 def test_python_and_collate_fn_never_fuse(varied):

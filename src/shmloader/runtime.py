@@ -93,6 +93,11 @@ class LoaderRuntime:
         self.memory = MemoryWatch(lambda: config.dataset, time.perf_counter)
         # images=: whether a torchvision folder pipeline runs fused (recognized once, here).
         self.images = ImagesChoice(config.images, config.dataset)
+        self.images.writer(  # decided now too, so that stats() says it before the first epoch
+            iterable=config.iterable,
+            auto_collation=config.auto_collation,
+            user_collate=fetch.user_collate_fn(config.collate_fn, config.auto_collation),
+        )
 
     def _loader(self) -> Any:
         loader = self._owner()

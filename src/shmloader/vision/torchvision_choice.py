@@ -1,8 +1,8 @@
 """What ``DataLoader(images=...)`` decided for one loader, and its ``stats()["images"]``.
 
-:class:`ImagesChoice` recognizes the dataset once, when the loader is made
-(:func:`~shmloader.vision.torchvision_plan.recognize`), and at each epoch's recipe says
-whether the fused writer runs: only for batches the default collate would make (a map-style
+:class:`ImagesChoice` recognizes the dataset when the loader is made and again for each
+epoch's recipe (:func:`~shmloader.vision.torchvision_plan.recognize`), and says whether
+the fused writer runs: only for batches the default collate would make (a map-style
 dataset, ``batch_size`` or ``batch_sampler`` given, no ``collate_fn`` of the user's). Its
 report combines the decision with the fused and fell-back sample counts, which workers
 send with the dataset counters (``shmloader_stats``) and this process's writer keeps itself.
@@ -36,7 +36,8 @@ class ImagesChoice:
         check_mode(mode)
         self.mode = mode
         self._dataset = dataset
-        self._plan, self._reason = recognize(dataset, mode)
+        self._plan: Any = None
+        self._reason: str | None = "no epoch has started yet"
         self._writer: Any = None  # this process's (num_workers=0) counts live in it
         self._earlier = [0, 0]  # fused, fell back: counts of writers replaced since
         self.active = False
