@@ -90,9 +90,13 @@ def ffibuilder() -> FFI:
         raise RuntimeError(f"cannot build shmloader._jpeg: {headers}; install {PACKAGES}")
     ffi = FFI()
     ffi.cdef((_HERE / "jpeg_region.h").read_text())
+    ffi.cdef((_HERE / "pil_bilinear.h").read_text())
     ffi.set_source(
         "shmloader._jpeg",
-        (_HERE / "jpeg_region.c").read_text(),
+        (_HERE / "jpeg_region.c").read_text() + (_HERE / "pil_bilinear.h").read_text(),
+        # (Pillow's bilinear resize, reproduced: torchvision_fused's resampler.)
+        # setuptools takes only paths relative to setup.py's folder (the build's cwd).
+        sources=[os.path.relpath(_HERE / "pil_bilinear.c")],
         include_dirs=list(headers.include_dirs),
         extra_compile_args=["-O2", "-std=gnu11"],
         py_limited_api=True,

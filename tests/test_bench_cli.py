@@ -165,7 +165,7 @@ def test_bench_without_torch_says_once_how_to_compare(tmp_path):
 
 
 def test_bench_rejects_unknown_workload():
-    proc = _cli("bench", "--workloads", "W9")
+    proc = _cli("bench", "--workloads", "W99")
     assert proc.returncode == 2 and "unknown workload" in proc.stderr
     proc = _cli("bench", "--cold-batches", "0")
     assert proc.returncode == 2 and "--cold-batches must be positive" in proc.stderr

@@ -120,4 +120,4 @@ def test_w8_only_when_named():
     assert parser.parse_args(["--workloads", "w8"]).workloads == ["W8"]
     assert parser.parse_args([]).w8_records == metadata.W8_RECORDS
     with pytest.raises(SystemExit):
-        parser.parse_args(["--workloads", "W9"])
+        parser.parse_args(["--workloads", "W99"])

@@ -24,6 +24,7 @@ from shmloader.sampling import draws as _draws
 from shmloader.sampling.sampler import LoaderBatchSampler, RandomSampler, SequentialSampler
 from shmloader.system.segment import resolve_backend
 from shmloader.tuning import autotune
+from shmloader.vision.torchvision_choice import check_mode as _check_images
 
 OUTPUTS = ("auto", "numpy", "torch")
 
@@ -72,6 +73,7 @@ class LoaderConfig:
     max_worker_restarts: int = 0
     prefetch_next_epoch: bool = False
     share_dataset: bool = False
+    images: str = "auto"
     # Filled in by checked():
     iterable: bool = False  # an iterable-style dataset
     tuner: autotune.Settings | None = None  # num_workers or prefetch_factor was "auto"
@@ -90,6 +92,7 @@ class LoaderConfig:
         _check_lifetimes(self, num_workers)
         _check_memory(self)
         _check_share_dataset(self)
+        _check_images(self.images)
         output = _resolved_output(self)
         dataset, shuffle, batch_size, drop_last = _checked_sampling(self, iterable)
         context = mp_context(self.multiprocessing_context, num_workers)

@@ -491,6 +491,38 @@ def check_dataset_memory(dataset: Any) -> Check:
     )
 
 
+def check_dataset_images(dataset: Any) -> Check:
+    """Whether ``DataLoader(dataset, images="auto")`` runs a torchvision folder pipeline
+    fused, why not, and the share of its first files that would go through torchvision's
+    code (:mod:`shmloader.vision.torchvision_plan`)."""
+    from shmloader.vision.torchvision_plan import recognize
+
+    name = "images (fused torchvision pipeline)"
+    plan, reason = recognize(dataset, "auto")
+    if plan is None:
+        if reason is not None and ("not a torchvision" in reason or "not exactly" in reason):
+            return Check(name, OK, f"does not apply: {reason}")
+        return Check(
+            name,
+            WARN,
+            f"images='auto' leaves it as written (torchvision's speed): {reason}",
+            "keep the transform to the ops docs/vision.md lists (Resize, CenterCrop, RandomResizedCrop, "
+            "RandomHorizontalFlip, then ToTensor/PILToTensor/ToImage, ToDtype, Normalize) to run it fused",
+        )
+    from shmloader.vision.pil_resample import resampler
+    from shmloader.vision.torchvision_fused import fallback_count
+
+    read, fell_back = fallback_count(dataset)
+    share = f"{fell_back} of the first {read} files" if read else "no files"
+    native = "Pillow's resize reproduced in C" if resampler() is not None else "Pillow's own resize"
+    return Check(
+        name,
+        OK,
+        f"images='auto' runs it fused ({plan.api} transforms, {native}, output {plan.shape} "
+        f"{plan.dtype}); {share} go through torchvision's code (not RGB/grayscale JPEGs)",
+    )
+
+
 def run_checks(workers: int, batch_bytes: int, backend: str = "auto") -> list[Check]:
     """Every check, in the order they are printed (``backend``: the loader's shm_backend)."""
     checks = [check_native()]
@@ -558,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dataset",
         metavar="MODULE:NAME",
-        help="also check a dataset's memory: the object NAME in MODULE (importable from the "
+        help="also check a dataset's memory and whether images='auto' runs its torchvision "
+        "pipeline fused: the object NAME in MODULE (importable from the "
         "current directory; called with no arguments if it is a class or function), e.g. "
         "train:make_dataset",
     )
@@ -581,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ImportError, AttributeError) as exc:
             parser.error(f"--dataset {args.dataset}: {exc}")
         checks.append(check_dataset_memory(dataset))
+        checks.append(check_dataset_images(dataset))
     if args.json:
         payload: dict[str, Any] = {
             "workers": workers,

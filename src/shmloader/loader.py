@@ -80,6 +80,14 @@ class DataLoader(Generic[T_co]):
     instance of ``torch.utils.data.DataLoader`` and its samplers of torch's samplers (see
     :mod:`shmloader.interop.torchcompat`), so training frameworks treat it as one.
 
+    ``images``: ``"auto"`` (default) runs a torchvision ``ImageFolder``/``DatasetFolder``
+    whose transform is a recognized ``Compose`` fused in the workers (region JPEG decoding,
+    Pillow's resize reproduced, the tensor ops written into the batch), with torch's
+    batches bit for bit, random draws included; ``"fast"`` also decodes JPEGs at reduced
+    scale and resamples with torch (close to torchvision's pixels, not equal);
+    ``"python"`` never fuses. ``stats()["images"]`` says whether it runs fused and why not
+    (docs/vision.md).
+
     Training (docs/training.md): ``pin_memory=True`` page-locks the ring once (CUDA only);
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` give exact resume.
 
@@ -194,6 +202,7 @@ class DataLoader(Generic[T_co]):
         max_worker_restarts: int = 0,
         prefetch_next_epoch: bool = False,
         share_dataset: bool = False,
+        images: str = "auto",
     ) -> None:
         config = LoaderConfig(
             dataset=dataset,
@@ -228,6 +237,7 @@ class DataLoader(Generic[T_co]):
             max_worker_restarts=max_worker_restarts,
             prefetch_next_epoch=prefetch_next_epoch,
             share_dataset=share_dataset,
+            images=images,
         ).checked()
         self._config = config
         self._set_public_attributes(config)
@@ -268,6 +278,7 @@ class DataLoader(Generic[T_co]):
         self.persistent_workers = config.persistent_workers
         self.prefetch_next_epoch = config.prefetch_next_epoch
         self.share_dataset = config.share_dataset
+        self.images = config.images
         self.in_order = config.in_order
         self.max_worker_restarts = config.max_worker_restarts
         self.collate_fn = config.collate_fn
@@ -407,8 +418,10 @@ class DataLoader(Generic[T_co]):
         first batches loaded while the last one's were consumed) and
         ``batches_ahead_dropped`` (so loaded, and not used: ``set_epoch`` or a changed
         dataset gave the epoch another plan), the current ring's ``num_slots`` and ``slot_bytes``,
-        ``pinned_shm_bytes``, ``dataset``: the sum over all workers of the dataset's
-        ``shmloader_stats()`` counters, when it has that method (e.g.
+        ``pinned_shm_bytes``, ``images``: ``images=``'s ``mode``, whether the fused
+        torchvision path is ``active``, the ``reason`` when not, the ``fused`` and
+        ``fell_back`` sample counts and ``fallback_share``, ``dataset``: the sum over all
+        workers of the dataset's ``shmloader_stats()`` counters, when it has that method (e.g.
         ``shmloader.vision.ImageFolder`` counts files skipped under ``on_error="skip"``;
         a method named ``stats`` is the dataset's own, never called), and ``time``: where the time went
         over the loader's life (see :mod:`shmloader.tuning.timing`): ``start_s`` (the first ``next()``
@@ -429,6 +442,7 @@ class DataLoader(Generic[T_co]):
         dataset = dict(out["dataset"])
         if self.num_workers == 0 and callable(getattr(self.dataset, "shmloader_stats", None)):
             dataset = dict(self.dataset.shmloader_stats())  # loaded in this process: its own counters
+        out["images"] = runtime.images.report(dataset)  # (takes its counters out of dataset's)
         out["dataset"] = dataset
         ring = runtime.leases.current
         out["num_slots"] = ring.num_slots if ring is not None else 0

@@ -27,6 +27,7 @@ from shmloader.sampling import distributed as _dist
 from shmloader.sampling import draws as _draws
 from shmloader.tuning import autotune
 from shmloader.tuning.timing import Timing
+from shmloader.vision.torchvision_choice import ImagesChoice
 
 
 def new_stats() -> dict[str, Any]:
@@ -90,6 +91,13 @@ class LoaderRuntime:
         )
         self.iterable_len: int | None = None
         self.memory = MemoryWatch(lambda: config.dataset, time.perf_counter)
+        # images=: whether a torchvision folder pipeline runs fused (recognized once, here).
+        self.images = ImagesChoice(config.images, config.dataset)
+        self.images.writer(  # decided now too, so that stats() says it before the first epoch
+            iterable=config.iterable,
+            auto_collation=config.auto_collation,
+            user_collate=fetch.user_collate_fn(config.collate_fn, config.auto_collation),
+        )
 
     def _loader(self) -> Any:
         loader = self._owner()
@@ -132,6 +140,11 @@ class LoaderRuntime:
         of every worker (so num_workers never changes a batch)."""
         config = self.config
         loader = self._loader()
+        writer = self.images.writer(
+            iterable=config.iterable,
+            auto_collation=config.auto_collation,
+            user_collate=fetch.user_collate_fn(loader.collate_fn, config.auto_collation),
+        )
         return fetch.Recipe(
             config.dataset,
             iterable=config.iterable,
@@ -144,4 +157,5 @@ class LoaderRuntime:
             collate=loader.collate,
             pad_value=loader.pad_value,
             output=loader.output,
+            writer=writer,
         )

@@ -72,6 +72,7 @@ class Recipe:
         collate: str,
         pad_value: Any,
         output: str = "numpy",
+        writer: Any = None,
     ) -> None:
         self.dataset = dataset
         self.iterable = iterable
@@ -90,9 +91,11 @@ class Recipe:
         self.mode = collate
         self.pad_value = pad_value
         self.output = output  # in_memory only: a worker's slot is read by the consumer
-        # The write-into protocol (map-style, default collate, dataset implements it).
+        # The write-into protocol (map-style, default collate, dataset implements it), or
+        # ``writer`` in the dataset's place (images=: shmloader.vision.torchvision_fused).
+        self.writer = writer if writer is not None else dataset
         self.spec = writeinto.spec_for(
-            dataset, iterable=iterable, auto_collation=auto_collation, collate_fn=collate_fn
+            self.writer, iterable=iterable, auto_collation=auto_collation, collate_fn=collate_fn
         )
 
     def slot_bytes_ahead(self) -> int:
@@ -143,7 +146,7 @@ class Recipe:
             if self.spec is not None and indices is not None:
                 treedef, specs = self.spec
                 leaves = writeinto.plan_leaves(treedef, specs, len(indices))
-                write = writeinto.writer(self.dataset, treedef, indices)
+                write = writeinto.writer(self.writer, treedef, indices)
                 return Batch(treedef, leaves, _guarded(write, "writing samples (write_sample)", seq, indices))
             assert samples is not None
             if not self.auto_collation:  # one sample

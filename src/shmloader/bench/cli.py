@@ -20,6 +20,7 @@ from shmloader.bench.plot import write_plot
 from shmloader.bench.progress import Progress
 from shmloader.bench.report import format_markdown, format_report, results_json
 from shmloader.bench.results import ConfigResult
+from shmloader.bench.torchvision_pipeline import measure_w9, w9_steps
 from shmloader.bench.workloads import ALL_NAMES, DEFAULT_NAMES, OPT_IN_NAMES, WORKLOADS, Config, make_configs
 
 TORCH_HINT = "torch is not installed: `pip install torch` adds the side-by-side torch columns."
@@ -143,6 +144,8 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
 def _steps(cfg: Config, repeat: int, memory: bool, have_torch: bool, w8_rounds: int = 1) -> int:
     if cfg.workload == "W8":
         return w8_steps(w8_rounds, have_torch)
+    if cfg.workload == "W9":
+        return w9_steps(repeat)
     if WORKLOADS[cfg.workload].make is None:
         return w6_steps(repeat)
     return config_steps(cfg, repeat, memory, have_torch)
@@ -177,6 +180,9 @@ def run(
                         cfg, records=w8_records, rounds=w8_rounds, torch_dl=torch_dl, progress=progress
                     )
                 )
+                continue
+            if cfg.workload == "W9":
+                results.append(measure_w9(cfg, repeat=repeat, torch_dl=torch_dl, progress=progress))
                 continue
             if WORKLOADS[cfg.workload].make is None:
                 results.append(

@@ -1,4 +1,4 @@
-"""The workloads (W1-W8), their variants, and the configurations a run measures.
+"""The workloads (W1-W9), their variants, and the configurations a run measures.
 
 A workload is a dataset and how both loaders batch it; a configuration is a workload
 with a worker count and the loader options of its variant (``W1-unordered``: in_order
@@ -81,6 +81,16 @@ WORKLOADS: dict[str, Workload] = {
         "share_dataset=True (shmloader.bench.metadata; a fresh process per measurement; "
         "minutes at full size)",
         512,
+        0,
+        None,
+    ),
+    "W9": Workload(
+        "W9",
+        "600 synthetic JPEGs 500x375 in a torchvision ImageFolder -> transforms.Compose("
+        "RandomResizedCrop 224, flip, ToTensor) -> batch 64 float32: torch's DataLoader vs "
+        'images="auto" and images="fast" (shmloader.bench.torchvision_pipeline; whole epochs '
+        "of persistent loaders; needs torchvision)",
+        64,
         0,
         None,
     ),

@@ -172,7 +172,8 @@ class _Worker:
         self.views: dict[tuple[int, Placement], list] = {}  # (slot, placement) -> views of the slot
         # A dataset's own counters (e.g. ImageFolder's skipped files), reported as they
         # change: only through the loader's protocol name, never a stats() of the dataset's.
-        stats = getattr(config.dataset, "shmloader_stats", None)
+        # (The recipe's writer: the dataset, or the images= fused writer in its place.)
+        stats = getattr(config.recipe.writer, "shmloader_stats", None)
         self.stats_fn = stats if callable(stats) else None
         # Counted from what the dataset held when this worker started (a forked worker
         # inherits the consumer's counts; they are not this worker's).
