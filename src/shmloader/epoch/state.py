@@ -475,6 +475,23 @@ def took_ahead(config: Sampling) -> None:
         config.sampler.set_next_order()
 
 
+def _sampler_iter(sampler: Any, order_len: int | None) -> Iterator[Any]:
+    """``iter(sampler)``; for a sequential sampler (shmloader's or torch's), whose order is
+    ``range(len(dataset))``, the range of the length the epoch's plan just read: the
+    dataset's ``__len__`` is called once per epoch, as torch's loader calls it."""
+    if order_len is not None and getattr(type(sampler), "__iter__", None) in _sequential_iters():
+        return iter(range(order_len))
+    return iter(sampler)
+
+
+def _sequential_iters() -> tuple[Any, ...]:
+    from shmloader.interop.torchcompat import torch_class
+    from shmloader.sampling.sampler import SequentialSampler
+
+    theirs = torch_class("SequentialSampler")
+    return (SequentialSampler.__iter__, getattr(theirs, "__iter__", None))
+
+
 def index_sequence(config: Sampling, plan: EpochPlan) -> Iterator[list[Any]]:
     """This rank's tasks of the iteration: lists of sample keys, one per batch."""
     drop_last = config.drop_last
@@ -486,7 +503,7 @@ def index_sequence(config: Sampling, plan: EpochPlan) -> Iterator[list[Any]]:
         rest = order[plan.start :]
         return iter(_dist.rank_share(rest, order, plan.rank, plan.world_size, 1, False) if rest else [])
     if plan.world_size == 1:
-        source = iter(config.sampler)
+        source = _sampler_iter(config.sampler, plan.order_len)
         if plan.start:
             next(islice(source, plan.start, plan.start), None)  # skip what was consumed
         return _dist.chunks(source, plan.step, drop_last)
