@@ -394,3 +394,23 @@ class OtherWidths(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> Any:
         return np.zeros((2, 3 + i), np.float32)
+
+
+class Float8AfterInt(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i: int) -> Any:
+        return (
+            torch.tensor(-6, dtype=torch.int32) if i == 0 else torch.tensor(32.0, dtype=torch.float8_e4m3fn)
+        )
+
+
+@WORKERS
+def test_a_float8_tensor_among_int_tensors_is_refused_as_torch_refuses_it(nw):
+    """torch cannot promote float8 with another dtype (RuntimeError); the float8 tensor's
+    raw bytes are never read as the other dtype's numbers."""
+    _, their_error = outcome("torch", Float8AfterInt(), 0, batch_size=3)
+    ours, our_error = outcome("ours", Float8AfterInt(), nw, batch_size=3)
+    assert their_error is not None and issubclass(their_error, RuntimeError)
+    assert our_error is not None and issubclass(our_error, RuntimeError), ours

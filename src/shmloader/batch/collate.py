@@ -368,7 +368,10 @@ def _gather_tensors(gathering: Gathering, values: list | tuple, path: tuple) -> 
             raise _structure_error(context, path, context(0), first, context(i), v)
         grad = grad or v.requires_grad
         v, v_tag = tensor_array(v)
-        tag = v_tag if tag is None else tag
+        if tag is None:
+            tag = v_tag
+        elif v_tag != tag:  # a dtype numpy lacks (its raw bytes) beside another: never mixed
+            raise _mismatch(context, path, context(0), first, context(i), values[i])
         arrays.append(v)
     if grad and gathering.mode == "stack":
         stacked = _stack_with_grad(values, path, context)
