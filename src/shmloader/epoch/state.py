@@ -489,7 +489,7 @@ def _sequential_iters() -> tuple[Any, ...]:
     from shmloader.sampling.sampler import SequentialSampler
 
     theirs = torch_class("SequentialSampler")
-    return (SequentialSampler.__iter__, getattr(theirs, "__iter__", None))
+    return (SequentialSampler.__iter__,) if theirs is None else (SequentialSampler.__iter__, theirs.__iter__)
 
 
 def index_sequence(config: Sampling, plan: EpochPlan) -> Iterator[list[Any]]:
