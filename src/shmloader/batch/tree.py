@@ -284,8 +284,8 @@ def tree_map(
 ) -> Any:
     """``tree`` with every leaf replaced by ``fn(leaf)``, nodes rebuilt with their types: a
     "c" node's copy gets each item replaced, or with ``as_torch_copies`` its mapping's items
-    put in by ``update``, as torch's ``default_convert`` and ``pin_memory`` rebuild it (so a
-    ``Counter``'s counts are added to the copied ones, as there)."""
+    put in by ``update``, as torch's ``default_convert`` rebuilds it (so a ``Counter``'s
+    counts are added to the copied ones, as there)."""
     if node_kind(tree) is None:
         return fn(tree)
     treedef, leaves = flatten(tree, tuples_as_lists=tuples_as_lists)
