@@ -39,10 +39,12 @@ from dataclasses import dataclass, field, fields
 from itertools import islice
 from typing import Any, Protocol
 
+from shmloader.interop import torchcompat
 from shmloader.sampling import distributed as _dist
 from shmloader.sampling import draws as _draws
 from shmloader.sampling.draws import Draws, SeedSource
 from shmloader.sampling.rng import derive_epoch_seed, order_rng
+from shmloader.sampling.sampler import SequentialSampler
 
 FORMAT = "shmloader.DataLoader"
 VERSION = 1
@@ -476,20 +478,16 @@ def took_ahead(config: Sampling) -> None:
 
 
 def _sampler_iter(sampler: Any, order_len: int | None) -> Iterator[Any]:
-    """``iter(sampler)``; for a sequential sampler (shmloader's or torch's), whose order is
-    ``range(len(dataset))``, the range of the length the epoch's plan just read: the
-    dataset's ``__len__`` is called once per epoch, as torch's loader calls it."""
-    if order_len is not None and getattr(type(sampler), "__iter__", None) in _sequential_iters():
-        return iter(range(order_len))
+    """``iter(sampler)``; for a sequential sampler (shmloader's or torch's, methods not
+    overridden), whose order is ``range(len(dataset))``, the range of the length the
+    epoch's plan just read: the dataset's ``__len__`` is called once per epoch, as torch's
+    loader calls it."""
+    cls = type(sampler)
+    if order_len is not None:
+        for base in (SequentialSampler, torchcompat.torch_class("SequentialSampler")):
+            if base is not None and cls.__iter__ is base.__iter__ and cls.__len__ is base.__len__:
+                return iter(range(order_len))
     return iter(sampler)
-
-
-def _sequential_iters() -> tuple[Any, ...]:
-    from shmloader.interop.torchcompat import torch_class
-    from shmloader.sampling.sampler import SequentialSampler
-
-    theirs = torch_class("SequentialSampler")
-    return (SequentialSampler.__iter__,) if theirs is None else (SequentialSampler.__iter__, theirs.__iter__)
 
 
 def index_sequence(config: Sampling, plan: EpochPlan) -> Iterator[list[Any]]:
