@@ -414,3 +414,20 @@ def test_a_float8_tensor_among_int_tensors_is_refused_as_torch_refuses_it(nw):
     ours, our_error = outcome("ours", Float8AfterInt(), nw, batch_size=3)
     assert their_error is not None and issubclass(their_error, RuntimeError)
     assert our_error is not None and issubclass(our_error, RuntimeError), ours
+
+
+class ShortSequential(torch.utils.data.SequentialSampler):
+    """Says it is shorter than the order it yields."""
+
+    def __len__(self) -> int:
+        return 3
+
+
+@WORKERS
+def test_a_sequential_sampler_overriding_len_is_iterated_as_it_says(nw):
+    def kwargs() -> dict:
+        return {"batch_size": 2, "sampler": ShortSequential(range(7))}
+
+    assert_same_batches(
+        load("ours", list(range(7)), nw, **kwargs()), load("torch", list(range(7)), 0, **kwargs())
+    )
