@@ -22,6 +22,7 @@ from shmloader.errors import (
     WorkerRestartWarning,
     WorkerStartError,
 )
+from shmloader.interop.patch import patch_torch
 from shmloader.loader import DataLoader
 from shmloader.memory.shared import share
 from shmloader.sampling.distributed import get_shard_info
@@ -66,6 +67,7 @@ __all__ = [
     "default_collate_fn_map",
     "get_shard_info",
     "get_worker_info",
+    "patch_torch",
     "sample_rng",
     "share",
 ]

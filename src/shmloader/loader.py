@@ -351,6 +351,24 @@ class DataLoader(Generic[T_co]):
         ``len(loader)``, None before it."""
         return self._runtime.iterable_len
 
+    @property
+    def _auto_collation(self) -> bool:
+        """torch's (private) name for whether samples are batched (a ``batch_size`` or a
+        ``batch_sampler``)."""
+        return self._config.auto_collation
+
+    @property
+    def _index_sampler(self) -> Any:
+        """torch's (private) name for what yields each fetch's indices: the batch sampler
+        when batching, else the sampler (None for an iterable dataset, which has neither
+        here; torch's is an endless sampler of Nones)."""
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
+
+    @property
+    def _dataset_kind(self) -> int:
+        """torch's (private) ``_DatasetKind``: 0 for a map-style dataset, 1 for an iterable one."""
+        return 1 if self.iterable else 0
+
     def __len__(self) -> int:
         if self.iterable:
             # What torch records for its warning when an iterable dataset yields more

@@ -355,6 +355,11 @@ def _gather_tensors(gathering: Gathering, values: list | tuple, path: tuple) -> 
     context = gathering.context
     tensor_type = gathering.tensor_type
     first = values[0]
+    if type(first) is not tensor_type and gathering.mode == "stack":
+        kept = _stack_subclass(values)
+        if kept is not None:
+            gathering.leaves.append(Leaf(path, kept, "object", (), None))
+            return LEAF
     tag: bool | str | None = None
     arrays = []
     grad = False
@@ -363,7 +368,10 @@ def _gather_tensors(gathering: Gathering, values: list | tuple, path: tuple) -> 
             raise _structure_error(context, path, context(0), first, context(i), v)
         grad = grad or v.requires_grad
         v, v_tag = tensor_array(v)
-        tag = v_tag if tag is None else tag
+        if tag is None:
+            tag = v_tag
+        elif v_tag != tag:  # a dtype numpy lacks (its raw bytes) beside another: never mixed
+            raise _mismatch(context, path, context(0), first, context(i), values[i])
         arrays.append(v)
     if grad and gathering.mode == "stack":
         stacked = _stack_with_grad(values, path, context)
@@ -482,6 +490,32 @@ def _stack_with_grad(values: list, path: tuple, context: Any) -> Any:
         return None
 
 
+# Tensor subclass -> whether torch.stack of its instances keeps the subclass (decided by the
+# first batch of it: most subclasses, torchvision's tv_tensors among them, stack to a plain
+# tensor, which then takes the slot's path without a stack each batch).
+_SUBCLASS_KEPT: dict[type, bool] = {}
+
+
+def _stack_subclass(values: list | tuple) -> Any:
+    """Tensors whose first is of a ``torch.Tensor`` subclass, stacked as torch's collate
+    stacks them (``torch.stack``, whose result keeps the subclass where its
+    ``__torch_function__`` does), when the result is of a subclass: the batch then travels
+    as an object, as torch's keeps it. None where the stack gives a plain tensor, or
+    refuses the values, or one requires grad (the slot's path decides those)."""
+    cls = type(values[0])
+    if _SUBCLASS_KEPT.get(cls) is False or any(getattr(v, "requires_grad", False) for v in values):
+        return None
+    torch = sys.modules["torch"]
+    try:
+        stacked = torch.stack(list(values), 0)
+    except (RuntimeError, TypeError):
+        return None
+    if len(_SUBCLASS_KEPT) >= 1024:
+        _SUBCLASS_KEPT.clear()  # stay bounded (classes made in a loop)
+    kept = _SUBCLASS_KEPT[cls] = type(stacked) is not torch.Tensor
+    return stacked if kept else None
+
+
 def _numpy_only(dtype: np.dtype) -> bool | None:
     """A default-collated array leaf's torch tag: False, or None for a dtype torch has no
     tensor for (str, bytes, datetime...): output="torch" then refuses the batch with a
@@ -503,14 +537,18 @@ def slot_leaf(value: Any, path: tuple) -> Leaf:
     pickled beside the arrays and unchanged (torch passes a collate_fn's output through
     untouched), among them every tensor a slot's plain buffer cannot give back as it was
     (see :func:`plain_tensor`: sparse, nested, quantized, a subclass, one that requires
-    grad). ``path``: where the leaf sits, for an error message."""
+    grad), or whose strides a slot's C-ordered copy would change (channels_last,
+    transposed, expanded: torch's workers share the tensor's storage, strides and all).
+    A numpy array travels as torch's workers send it, pickled: in the slot as a C-ordered
+    copy, or as an object where it is Fortran-ordered (its pickle keeps that order).
+    ``path``: where the leaf sits, for an error message."""
     if isinstance(value, np.ndarray):
-        if value.dtype.hasobject:
+        if value.dtype.hasobject or (value.flags.f_contiguous and not value.flags.c_contiguous):
             return Leaf(path, value, "object", (), None)
         return Leaf(path, value, "copy", value.shape, value.dtype)
     tensor_type = torch_tensor_type()
     if tensor_type is not None and isinstance(value, tensor_type):
-        if not plain_tensor(value, tensor_type):
+        if not plain_tensor(value, tensor_type) or not value.is_contiguous():
             return Leaf(path, value, "object", (), None)
         try:
             arr, tag = tensor_array(value)

@@ -24,7 +24,7 @@ samples, never the end of the epoch.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from shmloader.batch import writeinto
@@ -33,14 +33,17 @@ from shmloader.batch.collate import (
     build_in_memory,
     converted,
     copy_leaves,
+    default_collate_fn_map,
     flatten_tree,
     gather,
     plan,
 )
 from shmloader.batch.placement import Placements
+from shmloader.batch.scalars import torch_tensor_type
 from shmloader.batch.tree import tree_map
-from shmloader.errors import StrayStopIteration
+from shmloader.errors import BatchKeyError, BatchTypeError, StrayStopIteration
 from shmloader.interop.pinning import numpy_only_error
+from shmloader.interop.torchcollate import honoured_map
 
 _AS_IS = object()  # Batch.tree when the batch must be built from its leaves
 
@@ -97,6 +100,20 @@ class Recipe:
         self.spec = writeinto.spec_for(
             self.writer, iterable=iterable, auto_collation=auto_collation, collate_fn=collate_fn
         )
+        self.collate_fn_map: dict[Any, Any] | None = None  # the default collate's: begin_epoch()
+        self.begin_epoch()
+
+    def begin_epoch(self) -> None:
+        """Read the default collate's type registry for the epoch beginning in this
+        process: shmloader's :data:`~shmloader.batch.collate.default_collate_fn_map`, with
+        the types registered in torch's ``default_collate_fn_map`` (see
+        :mod:`shmloader.interop.torchcollate`); not per batch."""
+        self.collate_fn_map = honoured_map(default_collate_fn_map)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The registry is read where the recipe is used (a worker registers at its own
+        # imports, and its registered functions need not pickle).
+        return {**self.__dict__, "collate_fn_map": None}
 
     def slot_bytes_ahead(self) -> int:
         """The slot bytes a full batch takes, where they are known before any batch is
@@ -110,16 +127,21 @@ class Recipe:
 
     # --- samples ------------------------------------------------------------------------
 
-    def fetch(self, indices: Sequence[Any], seq: int | None) -> list[Any] | None:
-        """The samples of ``indices`` (map-style), through ``__getitems__`` when the
-        dataset has it; None when the write-into protocol writes them in place."""
+    def fetch(self, indices: Sequence[Any], seq: int | None) -> Any:
+        """The samples of ``indices`` (map-style); None when the write-into protocol
+        writes them in place. As torch's fetcher: when batching, ``__getitems__(indices)``
+        where the dataset has it, its return value as it is (a ``collate_fn`` gets it
+        unchanged); else ``dataset[i]`` for each index (with ``batch_size=None``, ``indices``
+        is the one index in a list, which may itself be a list: a ``BatchSampler`` given as
+        ``sampler``)."""
         if self.spec is not None:
             return None
         dataset = self.dataset
         try:
-            getitems = getattr(dataset, "__getitems__", None)
-            if getitems is not None:
-                return list(getitems(indices))
+            if self.auto_collation:
+                getitems = getattr(dataset, "__getitems__", None)
+                if getitems:
+                    return getitems(indices)
             return [dataset[i] for i in indices]
         except StopIteration as exc:
             raise _stray(exc, "fetching", seq, indices) from exc
@@ -161,7 +183,11 @@ class Recipe:
                 tree = self.collate_fn(samples)
                 treedef, leaves = flatten_tree(tree)
             else:
-                treedef, leaves = gather(samples, indices, seq, self.mode, self.pad_value)
+                if type(samples) is not list:  # a __getitems__'s own return value
+                    samples = _listed(samples, indices, seq)
+                treedef, leaves = gather(
+                    samples, indices, seq, self.mode, self.pad_value, self.collate_fn_map
+                )
                 tree = _AS_IS
         except StopIteration as exc:
             raise _stray(exc, "collating", seq, indices) from exc
@@ -174,7 +200,7 @@ class Recipe:
             return batch.tree  # a collate_fn's output, as torch hands it out
         if not self.auto_collation and self.collate_fn is None:
             assert samples is not None
-            return tree_map(converted, samples[0], tuples_as_lists=True)
+            return tree_map(converted, samples[0], tuples_as_lists=True, as_torch_copies=True)
         if self.output == "torch":  # as the consumer's torch_skeleton refuses a slot's batch
             for leaf in batch.leaves:
                 if leaf.torch is None:
@@ -235,6 +261,30 @@ def user_collate_fn(collate_fn: Any, auto_collation: bool) -> bool:
     """Whether ``collate_fn`` is the user's own: given, and not torch's default for
     ``auto_collation`` (:func:`is_torch_default`). Its output is handed out as it is."""
     return collate_fn is not None and not is_torch_default(collate_fn, auto_collation)
+
+
+def _listed(samples: Any, indices: Any, seq: int | None) -> list[Any]:
+    """What ``__getitems__`` returned, as the list of samples the default collate takes:
+    torch's ``default_collate`` indexes and iterates it, so a tuple, an array or another
+    sequence of samples gives its items; a mapping (torch: ``KeyError: 0``) or a tensor
+    (torch: ``TypeError`` from ``torch.stack``) is an error, as there."""
+    where = f"batch {seq}" if seq is not None else "a batch"
+    advice = (
+        "torch's default_collate takes a list of samples: return one from __getitems__, or "
+        "pass a collate_fn that takes what it returns (it gets it unchanged)."
+    )
+    if isinstance(samples, Mapping):
+        raise BatchKeyError(
+            f"__getitems__ returned a {type(samples).__name__} for {where} (sample indices "
+            f"{list(indices)[:8]}), which the default collate cannot read as samples; {advice}"
+        )
+    tensor_type = torch_tensor_type()
+    if (tensor_type is not None and isinstance(samples, tensor_type)) or not isinstance(samples, Iterable):
+        raise BatchTypeError(
+            f"__getitems__ returned a {type(samples).__name__} for {where} (sample indices "
+            f"{list(indices)[:8]}), which the default collate cannot read as samples; {advice}"
+        )
+    return list(samples)
 
 
 def _guarded(fill: Callable[[list[Any]], None], where: str, seq: int | None, indices: Any) -> Callable:

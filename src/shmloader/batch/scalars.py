@@ -152,9 +152,13 @@ def stack_values(values: list, path: tuple, context: Any, sample_name: Callable[
     of its dtype, as torch's default_collate stacks them: each made a tensor
     (``torch.as_tensor``: numbers and numpy scalars too), the dtypes promoted (int8 with
     a Python int gives int64, int8 with int16 int16, float32 with a float64 array
-    float64). Returned as arrays of that dtype; unchanged when a value is neither an
-    array nor a number (the stack then refuses it, naming the sample)."""
+    float64, a float64 array with a float32 tensor float64). Returned as arrays of that
+    dtype; unchanged when a value is neither an array, a CPU tensor of a numpy dtype nor a
+    number (the stack then refuses it, naming the sample)."""
     dtypes = set()
+    tensor_type = torch_tensor_type()
+    if tensor_type is not None and any(isinstance(v, tensor_type) for v in values):
+        values = [_tensor_as_array(v) if isinstance(v, tensor_type) else v for v in values]
     for v in values:
         if isinstance(v, (np.ndarray, np.generic)):
             if v.dtype.kind not in _CATEGORY or v.dtype.num >= _USER_DTYPES:
@@ -172,6 +176,19 @@ def stack_values(values: list, path: tuple, context: Any, sample_name: Callable[
         return [np.asarray(v, dtype) for v in values]
     except ValueError:  # a ragged list: the stack refuses it, naming the sample
         return values
+
+
+def _tensor_as_array(t: Any) -> Any:
+    """A tensor among arrays, as ``torch.as_tensor`` of the arrays meets it in torch's
+    collate: its data as an array where numpy has its dtype and it needs no autograd
+    graph; else the tensor itself (the stack then refuses it, naming the sample)."""
+    if t.requires_grad:
+        return t
+    try:
+        arr, tag = tensor_array(t)
+    except (TypeError, RuntimeError):
+        return t
+    return arr if tag is True else t
 
 
 def scalar_array(values: list, path: tuple, context: Any, sample_name: Callable[[int], str]) -> np.ndarray:

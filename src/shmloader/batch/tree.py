@@ -124,17 +124,24 @@ class Shell:
 
     def filled(self, keys: tuple | None, values: list) -> Any:
         """The copy holding ``values``: under ``keys`` (a mapping) or by position; the
-        plain dict or list torch falls back to where the copy refuses them (TypeError)."""
+        plain dict or list torch falls back to where the copy refuses them (TypeError).
+        A mapping's values go in by its ``update``, as torch's collate puts them (a
+        ``Counter``'s update adds them to the copied counts, there as here)."""
         node = self.node
         try:
             if keys is not None:
-                node.update(dict(zip(keys, values)))
+                self.put(node, dict(zip(keys, values)))
             else:
                 for i, value in enumerate(values):
                     node[i] = value
             return node
         except TypeError:
             return dict(zip(keys, values)) if keys is not None else list(values)
+
+    @staticmethod
+    def put(node: Any, items: dict) -> None:
+        """Put a mapping node's new ``items`` into its copy (torch's collate: ``update``)."""
+        node.update(items)
 
     def __reduce__(self) -> tuple:
         hidden = {id(v) for v in self.items if type(v) not in _ATOMIC}
@@ -144,6 +151,19 @@ class Shell:
 
 
 _ATOMIC = frozenset({int, float, bool, complex, str, bytes, type(None)})  # ids may be shared: kept
+
+
+class _ReplacingShell(Shell):
+    """The shell of a node that :func:`tree_map` rebuilds: its copy already holds the
+    node's items, so each is replaced by its mapped value (``node[key] = value``), never
+    combined with it (a ``Counter``'s ``update`` would add the counts again)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def put(node: Any, items: dict) -> None:
+        for key, value in items.items():
+            node[key] = value
 
 
 class _Hiding(pickle.Pickler):
@@ -262,12 +282,19 @@ def builder(treedef: Any) -> Callable[[list[Any]], Any]:
     return lambda leaves: make_mapping(cls, dict(zip(keys, leaves)))
 
 
-def tree_map(fn: Callable[[Any], Any], tree: Any, *, tuples_as_lists: bool = False) -> Any:
-    """``tree`` with every leaf replaced by ``fn(leaf)``, nodes rebuilt with their types."""
+def tree_map(
+    fn: Callable[[Any], Any], tree: Any, *, tuples_as_lists: bool = False, as_torch_copies: bool = False
+) -> Any:
+    """``tree`` with every leaf replaced by ``fn(leaf)``, nodes rebuilt with their types: a
+    "c" node's copy gets each item replaced, or with ``as_torch_copies`` its mapping's items
+    put in by ``update``, as torch's ``default_convert`` rebuilds it (so a ``Counter``'s
+    counts are added to the copied ones, as there)."""
     if node_kind(tree) is None:
         return fn(tree)
     treedef, leaves = flatten(tree, tuples_as_lists=tuples_as_lists)
-    return unflatten(treedef, (v if type(v) is Shell else fn(v) for v in leaves))
+    if as_torch_copies:
+        return unflatten(treedef, (v if type(v) is Shell else fn(v) for v in leaves))
+    return unflatten(treedef, (_ReplacingShell(v.node) if type(v) is Shell else fn(v) for v in leaves))
 
 
 def leaves(tree: Any) -> list[Any]:

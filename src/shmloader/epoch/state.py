@@ -39,10 +39,12 @@ from dataclasses import dataclass, field, fields
 from itertools import islice
 from typing import Any, Protocol
 
+from shmloader.interop import torchcompat
 from shmloader.sampling import distributed as _dist
 from shmloader.sampling import draws as _draws
 from shmloader.sampling.draws import Draws, SeedSource
 from shmloader.sampling.rng import derive_epoch_seed, order_rng
+from shmloader.sampling.sampler import SequentialSampler
 
 FORMAT = "shmloader.DataLoader"
 VERSION = 1
@@ -475,6 +477,19 @@ def took_ahead(config: Sampling) -> None:
         config.sampler.set_next_order()
 
 
+def _sampler_iter(sampler: Any, order_len: int | None) -> Iterator[Any]:
+    """``iter(sampler)``; for a sequential sampler (shmloader's or torch's, methods not
+    overridden), whose order is ``range(len(dataset))``, the range of the length the
+    epoch's plan just read: the dataset's ``__len__`` is called once per epoch, as torch's
+    loader calls it."""
+    cls = type(sampler)
+    if order_len is not None:
+        for base in (SequentialSampler, torchcompat.torch_class("SequentialSampler")):
+            if base is not None and cls.__iter__ is base.__iter__ and cls.__len__ is base.__len__:
+                return iter(range(order_len))
+    return iter(sampler)
+
+
 def index_sequence(config: Sampling, plan: EpochPlan) -> Iterator[list[Any]]:
     """This rank's tasks of the iteration: lists of sample keys, one per batch."""
     drop_last = config.drop_last
@@ -486,7 +501,7 @@ def index_sequence(config: Sampling, plan: EpochPlan) -> Iterator[list[Any]]:
         rest = order[plan.start :]
         return iter(_dist.rank_share(rest, order, plan.rank, plan.world_size, 1, False) if rest else [])
     if plan.world_size == 1:
-        source = iter(config.sampler)
+        source = _sampler_iter(config.sampler, plan.order_len)
         if plan.start:
             next(islice(source, plan.start, plan.start), None)  # skip what was consumed
         return _dist.chunks(source, plan.step, drop_last)

@@ -109,7 +109,7 @@ def pin_tree(batch: Any) -> Any:
             return leaf.pin_memory()
         return leaf
 
-    return tree_map(pin, batch)
+    return tree_map(pin, batch)  # (nodes keep their items: a batch in the ring is pinned in place)
 
 
 # --- pinning ----------------------------------------------------------------------------

@@ -27,12 +27,45 @@ def torch_module() -> Any:
     return sys.modules.get("torch")
 
 
+# torch's own classes by name, once found: code may rebind the names in torch.utils.data
+# (``torch.utils.data.DataLoader = shmloader.DataLoader``, or patch_torch()), and a flavour
+# must still derive from the class torch defined.
+_originals: dict[str, type] = {}
+_originals_of: Any = None  # the torch module _originals were read from
+# The modules of torch.utils.data that define its public classes, where a name rebound on
+# torch.utils.data itself still holds torch's class.
+_HOMES = ("torch.utils.data.dataloader", "torch.utils.data.sampler", "torch.utils.data.dataset")
+
+
 def torch_class(name: str) -> type | None:
-    """``torch.utils.data.<name>`` where torch is in use, else None."""
+    """torch's own ``torch.utils.data.<name>`` where torch is in use, else None: the class
+    torch defined, whatever that name (or the name in its defining module) is bound to
+    now, once it was seen bound to it (at the import of shmloader, at :func:`remember`,
+    or at any earlier call)."""
+    global _originals_of
     torch = torch_module()
     if torch is None:
         return None
-    return getattr(torch.utils.data, name, None)
+    if _originals_of is not torch:  # (a first call, or torch imported again)
+        _originals.clear()
+        _originals_of = torch
+    found = _originals.get(name)
+    if found is not None:
+        return found
+    candidates = [getattr(torch.utils.data, name, None)]
+    candidates += [getattr(sys.modules.get(home), name, None) for home in _HOMES]
+    for cls in candidates:
+        if isinstance(cls, type) and cls.__module__.startswith("torch."):
+            _originals[name] = cls
+            return cls
+    return None
+
+
+def remember(*names: str) -> None:
+    """Record torch's classes of ``names`` now (before code rebinds them); nothing
+    without torch."""
+    for name in names:
+        torch_class(name)
 
 
 def flavoured(cls: type, torch_name: str) -> type:
@@ -86,3 +119,6 @@ def is_datapipe(dataset: Any) -> bool:
     """Whether ``dataset`` is a torch ``IterDataPipe``."""
     cls = torch_class("IterDataPipe")
     return cls is not None and isinstance(dataset, cls)
+
+
+remember("DataLoader")  # torch imported before shmloader: its class, before anyone rebinds it

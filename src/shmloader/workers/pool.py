@@ -82,6 +82,25 @@ class WorkerHandle:
             self.channel.close_fd()  # (the writer keeps a duplicate if the frame waits)
 
 
+class ExitedProcess(NamedTuple):
+    """A stopped worker process as ``multiprocessing.Process`` reads once it exited (its
+    process object is closed by then): ``pid``, ``exitcode``, ``is_alive()`` False."""
+
+    pid: int | None
+    exitcode: int | None
+
+    @classmethod
+    def of(cls, proc: Any) -> ExitedProcess:
+        """The record of ``proc``, a stopped (not yet closed) process."""
+        return cls(proc.pid, proc.exitcode)
+
+    def is_alive(self) -> bool:
+        return False
+
+    def join(self, timeout: float | None = None) -> None:
+        """Nothing to wait for: the process was reaped when it stopped."""
+
+
 class _Prepared(NamedTuple):
     """A worker made and not started yet: see :meth:`WorkerPool.start`."""
 

@@ -216,6 +216,7 @@ class _Worker:
             cfg.worker_id * cfg.world_size + cfg.rank,
             cfg.datapipe,
         )
+        self.recipe.begin_epoch()
         self.iterator = None
         self.exhausted = False
 
@@ -402,7 +403,7 @@ class _Worker:
             self.fetch_ns += now - began
             where = "collating"
             batch = self.recipe.collate(samples, indices, seq)
-            where = "writing samples (write_sample)" if samples is None else "writing the batch"
+            where = "writing samples (write_sample) of" if samples is None else "writing"
             self.deliver(slot, seq, batch.treedef, batch.leaves, batch.fill)
         except Exception as exc:
             failure = WorkerFailure.capture(exc, cfg.worker_id, where, indices)
