@@ -20,6 +20,7 @@ import atexit
 import multiprocessing
 import os
 import pickle
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -100,6 +101,8 @@ class MultiProcessIter:
         self._idle = True  # until the first next() of an epoch and after close(): __next__'s one check
         self._launched = False  # the workers were started (once per iterator)
         self._len_limit = link.len_limit()  # torch's check on iterable datasets' lengths
+        self._draws: Any = None  # the running epoch's draws (torch's RNG)
+        self._watch_at = sys.maxsize  # batches handed out at which _watch() is due
         self._yielded = 0
         self._timing = link.timing()  # where the time goes, the loader's for its life
         self._compose(link, link.settings())
@@ -205,10 +208,27 @@ class MultiProcessIter:
                 self._epoch_began(plan)
                 self._inflight.fill()
                 return
+        if not self._inflight.source_done:  # (the last epoch was left before its end)
+            self._send_as_torch_had()
         # Results still owed by the workers must come back before their slots are reused.
         while self._inflight.tasks:
             self._collector.wait()
         self._next_epoch_on_workers(plan if plan is not None else self._start_epoch(self))
+
+    def _send_as_torch_had(self) -> None:
+        """The last epoch was left before its end (a ``break``, or one batch looked at):
+        send the tasks torch's iterator would have sent by now, so each worker loads, and
+        moves its RNGs for, the batches torch's loads before its next epoch (every task
+        sent: ``prefetch_factor`` per worker ahead of the batches handed out); the
+        results are dropped."""
+        rings, inflight = self._rings, self._inflight
+        if rings.wanted:
+            # The first batches came outside the ring (one task per worker): the ring that
+            # lets each worker have its prefetch_factor, once they are back.
+            while inflight.tasks:
+                self._collector.wait()
+            rings.make_wanted()
+        inflight.fill()
 
     def _next_epoch_on_workers(self, plan: _state.EpochPlan) -> None:
         """Start ``plan``'s epoch on the running workers and ring (nothing in flight)."""
@@ -237,6 +257,11 @@ class MultiProcessIter:
         self.plan = plan
         self.epoch_done = False
         self._yielded = 0
+        draws = self._draws = plan.draws
+        if draws is not None:
+            draws.pay_due(0)
+        # One test per batch for both: torch's length warning and the shuffle's last draw.
+        self._watch_at = min(self._len_limit + 1, draws.tail_due if draws is not None else sys.maxsize)
         self._crew.spec = self._link.worker_spec()
         if self._tuning is not None:
             self._tuning.epoch_began()
@@ -292,9 +317,19 @@ class MultiProcessIter:
                 self.close()  # the worker exits: the epoch cannot go on
             batch = self._handout.batch(kind, task, payload)
         self._yielded = yielded = self._yielded + 1
+        if yielded >= self._watch_at:
+            self._watch(yielded)
+        return batch
+
+    def _watch(self, yielded: int) -> None:
+        """What is due after ``yielded`` batches: torch's warning when an iterable dataset
+        yields more than its length said; the shuffle's last draw, made where torch's
+        sampler runs out (its iterator asks it ``prefetch_factor * num_workers`` batches
+        ahead)."""
         if yielded > self._len_limit:
             self._link.warn_len_exceeded(yielded)
-        return batch
+        if self._draws is not None:
+            self._draws.pay_due(yielded)
 
     def _next_item(self) -> tuple[Any, ...] | None:
         """The next result to hand out (waiting for it), tasks sent in its place; None at
@@ -350,6 +385,8 @@ class MultiProcessIter:
 
     def _end_epoch(self) -> None:
         self.epoch_done = True
+        if self._draws is not None:
+            self._draws.pay()  # (an epoch shorter than the whole order's: a rank's share)
         self._memory.epoch_ended(time.perf_counter())
         if not self._persistent:
             self.close()
