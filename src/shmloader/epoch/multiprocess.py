@@ -82,6 +82,12 @@ def _weak(method: Callable[..., Any]) -> Callable[[], None]:
     return call
 
 
+def _start_method(context: Any) -> str:
+    """The start method of a multiprocessing context (or of the default one: None)."""
+    method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    return method or "fork"
+
+
 class MultiProcessIter:
     """Iterator over one epoch with worker processes (reused across epochs when
     persistent); a :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
@@ -119,6 +125,7 @@ class MultiProcessIter:
         )
         self._memory = memory = link.memory()
         self._share_dataset = s.share_dataset
+        self._forks = _start_method(s.context) == "fork"
         crew = self._crew = Crew(pool, s.context, rings, memory)  # (its spec is read as each epoch begins)
         restarts = Restarts(
             s.max_worker_restarts, s.iterable, link.dataset(), stats, inflight, crew, _weak(self._abort)
@@ -192,6 +199,7 @@ class MultiProcessIter:
         _live_iterators.add(self)
         if self._share_dataset:
             self._memory.share_dataset()  # before the first fork: workers map the shared copy
+        self._memory.before_fork(self._forks)
         try:
             self._crew.start(self._inflight.num_workers, plan, started=self._inflight.fill)
         except BaseException:
