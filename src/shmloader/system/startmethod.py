@@ -28,10 +28,10 @@ def worker_context(given: Any) -> Any:
     the default is ``fork`` (see the module)."""
     if given is not None and not isinstance(given, str):
         return given
-    if given is None and "jax" in sys.modules and _default_method() == "fork":
-        if "forkserver" in multiprocessing.get_all_start_methods():
-            _announce()
-            return multiprocessing.get_context("forkserver")
+    jax_forks = given is None and "jax" in sys.modules and _default_method() == "fork"
+    if jax_forks and "forkserver" in multiprocessing.get_all_start_methods():
+        _announce()
+        return multiprocessing.get_context("forkserver")
     return multiprocessing.get_context(given)
 
 
