@@ -230,13 +230,17 @@ class MultiProcessIter:
         sent: ``prefetch_factor`` per worker ahead of the batches handed out); the
         results are dropped."""
         rings, inflight = self._rings, self._inflight
-        if rings.wanted:
-            # The first batches came outside the ring (one task per worker): the ring that
-            # lets each worker have its prefetch_factor, once they are back.
-            while inflight.tasks:
-                self._collector.wait()
-            rings.make_wanted()
-        inflight.fill()
+        try:
+            if rings.wanted:
+                # The first batches came outside the ring (one task per worker): the ring
+                # that lets each worker have its prefetch_factor, once they are back.
+                while inflight.tasks:
+                    self._collector.wait()
+                rings.make_wanted()
+            inflight.fill()
+        except (RingLimitError, ShmSpaceError):
+            self.close()  # as in __next__: the epoch cannot start, leave nothing running
+            raise
 
     def _next_epoch_on_workers(self, plan: _state.EpochPlan) -> None:
         """Start ``plan``'s epoch on the running workers and ring (nothing in flight)."""
