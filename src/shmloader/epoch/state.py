@@ -389,7 +389,8 @@ def _order_of(draws: Draws, config: Sampling, now: Now) -> list[int]:
         draws.owe(tail, _tail_due(config, now))
     elif draws.indices is None:
         draws.indices = _draws.replay_order(sampler, draws.order)
-        if draws.tail_resumed:  # (due as in the saved run: begin_epoch counts what it had consumed)
+        if draws.tail_resumed and sampler.generator is not None:
+            # (due as in the saved run: begin_epoch counts what that run had consumed)
             draws.owe(_draws.order_tail(sampler, sampler.generator), _tail_due(config, now))
     return draws.indices
 
