@@ -8,6 +8,7 @@ import mmap
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -180,6 +181,47 @@ def test_the_warning_fires_on_python_metadata_and_not_on_numpy_or_when_shared():
     assert set(memory["shared"]) == {"records"} and isinstance(ds.records, SharedList)
     # workers read the shared segment: what they made private is a small part of the copy
     assert memory["peak_worker_growth"] < dl.stats()["memory"]["peak_worker_growth"] / 4
+
+
+class CachedBesideNames:
+    """A dataset holding a large list that ``__getitem__`` never reads, whose memory grows
+    in each worker from a cache it fills (64 KiB a sample)."""
+
+    def __init__(self, n: int, names: int) -> None:
+        self.names = [f"/data/images/train/sample-{i:09d}-with-a-long-name.jpg" for i in range(names)]
+        self.n = n
+        self.cache: dict = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(0.0005)  # (the workers run long enough for the scheduled readings)
+        if i not in self.cache:
+            self.cache[i] = np.full(8192, float(i))
+        return self.cache[i][:4].copy()
+
+
+@pytest.mark.timeout(240)
+def test_the_warning_names_no_container_that_did_not_grow():
+    """Growth from a per-worker cache beside a large list the workers never read: the
+    warning says what grew and that its cause is unknown, and neither blames the list
+    nor recommends share_dataset=True (which would not help); the list is named where
+    the workers do read it (test above)."""
+    ds = CachedBesideNames(4096, 1_000_000)
+    dl = DataLoader(ds, batch_size=64, num_workers=2, multiprocessing_context="fork")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            for _batch in dl:
+                pass
+    warned = [w for w in caught if issubclass(w.category, CopyOnReadWarning)]
+    assert dl.stats()["memory"]["peak_worker_growth"] >= WARN_MIN_GROWTH
+    assert len(warned) == 1
+    text = str(warned[0].message)
+    assert "grew by" in text and "unknown" in text
+    assert "names (list of 1,000,000" in text and "would not help" in text
+    assert "Pass share_dataset=True" not in text
 
 
 def test_the_warning_is_shown_under_default_filters():

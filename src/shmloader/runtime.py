@@ -107,16 +107,18 @@ class LoaderRuntime:
 
     def now(self) -> _state.Now:
         """The loader's settings that may have changed since it was made, read now: the
-        worker count in use, the rank and world size it shards by, ``generator`` and
-        ``in_order``."""
+        worker count in use, the rank and world size it shards by, ``generator``,
+        ``in_order`` and the prefetch in use."""
         loader = self._loader()
         rank, world = _dist.detect(loader.distributed, self.config.rank, self.config.world_size)
+        prefetch = loader.prefetch_factor
         return _state.Now(
             num_workers=loader.num_workers,
             rank=rank,
             world_size=world,
             generator=loader.generator,
             in_order=loader.in_order,
+            prefetch_factor=prefetch if isinstance(prefetch, int) else 0,
         )
 
     def sharding_asked(self) -> bool:

@@ -36,6 +36,7 @@ class InProcessIter:
         self._start_epoch = start
         self._seq = 0
         self.plan: _state.EpochPlan | None = None
+        self._draws: Any = None  # the running epoch's draws (torch's RNG)
         self.epoch_done = False
         # torch's check: an iterable dataset yielding more batches than the samples its
         # __len__ reported when len(loader) was called (read as torch does, at iter()).
@@ -57,6 +58,7 @@ class InProcessIter:
         config = self._runtime.config
         self.plan = plan = self._start_epoch(self)
         self._seq = 0
+        self._draws = plan.draws  # (torch's RNG: the shuffle's last draw may be owed)
         self._epoch_seed = plan.sample_seed
         rank, world = self._runtime.worker_shard()
         self._shard = _dist.ShardInfo(rank, world, 0, 1)
@@ -86,9 +88,12 @@ class InProcessIter:
         if self.plan is None:
             self._begin()
         context.enter_main_epoch(self._epoch_seed, self._shard)  # another loader may have run between
+        draws = self._draws
         try:
             batch = self._next_batch()
         except StopIteration:
+            if draws is not None:
+                draws.pay()  # torch's sampler ran out in this next()
             if self._seq == 1 and self.plan.resumed:
                 # A loaded position at its epoch's end: the next epoch, in full, instead.
                 self._begin()
@@ -96,6 +101,8 @@ class InProcessIter:
             self.epoch_done = True
             context.leave_main_epoch()  # outside an epoch, sample_rng follows np.random
             raise
+        if draws is not None:
+            draws.pay_due(self._seq)
         stats = self._runtime.stats
         stats["batches"] += 1
         stats["batches_copied"] += 1  # built in this process's memory, not in a ring

@@ -7,7 +7,6 @@ never see the loader.
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from shmloader.epoch.crew import WorkerSpec
 from shmloader.epoch.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.memory.leases import Leases
 from shmloader.memory.watch import MemoryWatch
+from shmloader.system.startmethod import worker_context
 from shmloader.tuning.autotune import Tuner
 from shmloader.tuning.timing import Timing
 
@@ -55,9 +55,7 @@ class LoaderLink:
 
     def settings(self) -> Settings:
         loader = self._loader
-        ctx = loader.multiprocessing_context
-        if ctx is None or isinstance(ctx, str):
-            ctx = multiprocessing.get_context(ctx)
+        ctx = worker_context(loader.multiprocessing_context)
         return Settings(
             num_workers=loader.num_workers,
             prefetch_factor=loader.prefetch_factor,

@@ -20,6 +20,7 @@ import atexit
 import multiprocessing
 import os
 import pickle
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -81,6 +82,12 @@ def _weak(method: Callable[..., Any]) -> Callable[[], None]:
     return call
 
 
+def _start_method(context: Any) -> str:
+    """The start method of a multiprocessing context (or of the default one: None)."""
+    method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    return method or "fork"
+
+
 class MultiProcessIter:
     """Iterator over one epoch with worker processes (reused across epochs when
     persistent); a :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
@@ -101,6 +108,8 @@ class MultiProcessIter:
         self._idle = True  # until the first next() of an epoch and after close(): __next__'s one check
         self._launched = False  # the workers were started (once per iterator)
         self._len_limit = link.len_limit()  # torch's check on iterable datasets' lengths
+        self._draws: Any = None  # the running epoch's draws (torch's RNG)
+        self._watch_at = sys.maxsize  # batches handed out at which _watch() is due
         self._yielded = 0
         self._timing = link.timing()  # where the time goes, the loader's for its life
         self._compose(link, link.settings())
@@ -117,6 +126,7 @@ class MultiProcessIter:
         )
         self._memory = memory = link.memory()
         self._share_dataset = s.share_dataset
+        self._forks = _start_method(s.context) == "fork"
         crew = self._crew = Crew(pool, s.context, rings, memory)  # (its spec is read as each epoch begins)
         restarts = Restarts(
             s.max_worker_restarts, s.iterable, link.dataset(), stats, inflight, crew, _weak(self._abort)
@@ -202,6 +212,7 @@ class MultiProcessIter:
         _live_iterators.add(self)
         if self._share_dataset:
             self._memory.share_dataset()  # before the first fork: workers map the shared copy
+        self._memory.before_fork(self._forks)
         try:
             self._rings.make_first(self._crew.spec.recipe.slot_bytes_ahead())
             self._crew.start(self._inflight.num_workers, plan, started=self._inflight.fill)
@@ -219,10 +230,31 @@ class MultiProcessIter:
                 self._epoch_began(plan)
                 self._inflight.fill()
                 return
+        if not self._inflight.source_done:  # (the last epoch was left before its end)
+            self._send_as_torch_had()
         # Results still owed by the workers must come back before their slots are reused.
         while self._inflight.tasks:
             self._collector.wait()
         self._next_epoch_on_workers(plan if plan is not None else self._start_epoch(self))
+
+    def _send_as_torch_had(self) -> None:
+        """The last epoch was left before its end (a ``break``, or one batch looked at):
+        send the tasks torch's iterator would have sent by now, so each worker loads, and
+        moves its RNGs for, the batches torch's loads before its next epoch (every task
+        sent: ``prefetch_factor`` per worker ahead of the batches handed out); the
+        results are dropped."""
+        rings, inflight = self._rings, self._inflight
+        try:
+            if rings.wanted:
+                # The first batches came outside the ring (one task per worker): the ring
+                # that lets each worker have its prefetch_factor, once they are back.
+                while inflight.tasks:
+                    self._collector.wait()
+                rings.make_wanted()
+            inflight.fill()
+        except (RingLimitError, ShmSpaceError):
+            self.close()  # as in __next__: the epoch cannot start, leave nothing running
+            raise
 
     def _next_epoch_on_workers(self, plan: _state.EpochPlan) -> None:
         """Start ``plan``'s epoch on the running workers and ring (nothing in flight)."""
@@ -251,6 +283,11 @@ class MultiProcessIter:
         self.plan = plan
         self.epoch_done = False
         self._yielded = 0
+        draws = self._draws = plan.draws
+        if draws is not None:
+            draws.pay_due(0)
+        # One test per batch for both: torch's length warning and the shuffle's last draw.
+        self._watch_at = min(self._len_limit + 1, draws.tail_due if draws is not None else sys.maxsize)
         self._crew.spec = self._link.worker_spec()
         if self._tuning is not None:
             self._tuning.epoch_began()
@@ -306,9 +343,19 @@ class MultiProcessIter:
                 self.close()  # the worker exits: the epoch cannot go on
             batch = self._handout.batch(kind, task, payload)
         self._yielded = yielded = self._yielded + 1
+        if yielded >= self._watch_at:
+            self._watch(yielded)
+        return batch
+
+    def _watch(self, yielded: int) -> None:
+        """What is due after ``yielded`` batches: torch's warning when an iterable dataset
+        yields more than its length said; the shuffle's last draw, made where torch's
+        sampler runs out (its iterator asks it ``prefetch_factor * num_workers`` batches
+        ahead)."""
         if yielded > self._len_limit:
             self._link.warn_len_exceeded(yielded)
-        return batch
+        if self._draws is not None:
+            self._draws.pay_due(yielded)
 
     def _next_item(self) -> tuple[Any, ...] | None:
         """The next result to hand out (waiting for it), tasks sent in its place; None at
@@ -364,6 +411,8 @@ class MultiProcessIter:
 
     def _end_epoch(self) -> None:
         self.epoch_done = True
+        if self._draws is not None:
+            self._draws.pay()  # (an epoch shorter than the whole order's: a rank's share)
         if self._persistent:
             # The workers live on: their memory at an epoch's end (where copy-on-read did
             # the most) says what the next epoch starts from. Workers that stop now are

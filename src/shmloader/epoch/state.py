@@ -104,6 +104,7 @@ class Now:
     world_size: int = 1
     generator: Any = None
     in_order: bool = True
+    prefetch_factor: int = 0  # batches per worker torch's iterator sends ahead (0 without workers)
 
 
 @dataclass
@@ -243,8 +244,23 @@ def draw_for_iter(config: Sampling, cursor: Cursor, now: Now, new_workers: bool)
             draws = Draws(cursor.workers_base, reseed=new_workers, shared_seed=shared)
         cursor.loaded_base = False
         if now.num_workers > 0 and config.own_shuffle:
-            draws.order, draws.indices = _draws.draw_order(config.sampler)
+            draws.order, draws.indices, tail = _draws.draw_order(config.sampler)
+            draws.owe(tail, _tail_due(config, now))
+            draws.pay_due(0)  # torch's sampler ran out while its prefetch was primed
     return draws
+
+
+def _tail_due(config: Sampling, now: Now) -> int:
+    """After how many batches handed out the loader's shuffle makes its last draw
+    (:class:`~shmloader.sampling.draws.Tail`) as torch's does: its iterator asks the index
+    sampler for index list ``i`` (from 0) as it hands out batch ``i - lead`` (``lead``:
+    ``prefetch_factor * num_workers`` lists sent ahead when it is made, none in the main
+    process), and the list that finds the shuffle exhausted is number
+    ``len(sampler) // batch_size`` (with or without drop_last)."""
+    exhausting = len(config.sampler) // (config.batch_size or 1)
+    workers = now.num_workers if isinstance(now.num_workers, int) else 0
+    lead = now.prefetch_factor * workers if workers > 0 else 0
+    return exhausting + 1 - lead
 
 
 def _torch_generator(gen: Any) -> Any:
@@ -346,7 +362,7 @@ def begin_epoch(config: Sampling, cursor: Cursor, now: Now, draws: Draws | None 
                 if draws is None:
                     sampler.set_next_order(rng=order_rng(cursor.seed, key))
                 else:
-                    sampler.set_next_order(indices=_order_of(draws, sampler))
+                    sampler.set_next_order(indices=_order_of(draws, config, now))
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
@@ -356,20 +372,28 @@ def begin_epoch(config: Sampling, cursor: Cursor, now: Now, draws: Draws | None 
             plan.order_len = None
         if resume is not None:
             plan.start = int(resume["consumed"])
+            if draws is not None and draws.tail is not None:
+                draws.tail_due -= plan.start // (plan.step * plan.world_size)  # batches handed out before
         plan.batches = _batch_count(plan, config.drop_last)
     plan.resumed = _midway(resume)
     cursor.plan = plan
     return plan
 
 
-def _order_of(draws: Draws, sampler: Any) -> list[int]:
+def _order_of(draws: Draws, config: Sampling, now: Now) -> list[int]:
     """The loader's shuffle's order for ``draws``: drawn now where iter() did not draw it
     (the main process draws at the first ``next()``, as torch's), else as drawn, or
-    replayed from the record (a resumed epoch)."""
+    replayed from the record (a resumed epoch, which makes its last draw where the saved
+    run would have when that run had not made it yet)."""
+    sampler = config.sampler
     if draws.order is None:
-        draws.order, draws.indices = _draws.draw_order(sampler)
+        draws.order, draws.indices, tail = _draws.draw_order(sampler)
+        draws.owe(tail, _tail_due(config, now))
     elif draws.indices is None:
         draws.indices = _draws.replay_order(sampler, draws.order)
+        if draws.tail_resumed and sampler.generator is not None:
+            # (due as in the saved run: begin_epoch counts what that run had consumed)
+            draws.owe(_draws.order_tail(sampler, sampler.generator), _tail_due(config, now))
     return draws.indices
 
 
@@ -406,7 +430,7 @@ def set_epoch(cursor: Cursor, epoch: int) -> None:
     cursor.next_epoch = epoch
 
 
-def upcoming_batches(config: Sampling, cursor: Cursor, now: Now) -> list[list[Any]]:
+def upcoming_batches(config: Sampling, cursor: Cursor, now: Now) -> Iterator[list[Any]]:
     """The index lists the loader's next epoch loads (after a loaded position: the rest
     of it), worked out without moving the cursor, for the rank of ``now`` (rank 0 of 1
     gives the whole epoch's batches, as a torch BatchSampler yields them; a rank of
@@ -414,9 +438,23 @@ def upcoming_batches(config: Sampling, cursor: Cursor, now: Now) -> list[list[An
     sampler yields when something else iterates it: a framework that rebuilds a loader
     over ``loader.batch_sampler`` (``accelerate.skip_first_batches``, Accelerate's
     ``BatchSamplerShard``, which shards them itself) then loads the batches this loader
-    would. Under torch's RNG the order is drawn now, as iterating torch's batch sampler
-    draws it (a loaded position replays its saved draws instead); under the seed scheme
-    nothing moves (a numpy generator's next seed is peeked at)."""
+    would. A generator, drawing as iterating torch's batch sampler draws: nothing until
+    its first ``next()`` (torch's DataLoader makes two iterators of its batch sampler per
+    epoch and advances one), then under torch's RNG the order (a loaded position replays
+    its saved draws instead), and the order's last draw when the shuffle runs out; under
+    the seed scheme nothing moves (a numpy generator's next seed is peeked at)."""
+    batches, owing = _upcoming(config, cursor, now)
+    exhausting = len(config.sampler) // (config.batch_size or 1) if owing is not None else -1
+    for i, batch in enumerate(batches):
+        if i == exhausting and now.world_size == 1:
+            owing.pay()  # (the last, short batch finds the shuffle exhausted)
+        yield batch
+    if owing is not None:
+        owing.pay()
+
+
+def _upcoming(config: Sampling, cursor: Cursor, now: Now) -> tuple[list[list[Any]], Draws | None]:
+    """:func:`upcoming_batches`' lists, and the draws whose last draw is still owed."""
     saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
     draws: Draws | None = None
     if cursor.torch_rng:
@@ -431,9 +469,12 @@ def upcoming_batches(config: Sampling, cursor: Cursor, now: Now) -> list[list[An
         plan = begin_epoch(config, cursor, now, draws)
         batches = list(index_sequence(config, plan))
         if not batches and plan.resumed:  # a loaded position at its epoch's end: the next one
-            plan = begin_epoch(config, cursor, now, Draws(0) if cursor.torch_rng else None)
+            if draws is not None:
+                draws.pay()
+            draws = Draws(0) if cursor.torch_rng else None
+            plan = begin_epoch(config, cursor, now, draws)
             batches = list(index_sequence(config, plan))
-        return batches
+        return batches, draws if draws is not None and draws.tail is not None else None
     finally:
         for name, value in saved.items():
             setattr(cursor, name, value)

@@ -253,7 +253,8 @@ def _shard(loader: Any) -> tuple[int, int]:
 class _ShareBatches:
     """This process's index lists of ``loader``'s next epoch (see
     ``AcceleratedLoader.batch_sampler``). Iterating it moves what iterating torch's batch
-    sampler moves: under torch's RNG the shuffle draws its order, as the epoch would."""
+    sampler moves, when it moves it: under torch's RNG the shuffle draws its order at the
+    first ``next()``, as the epoch would."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
@@ -262,7 +263,7 @@ class _ShareBatches:
         from shmloader.epoch import state
 
         runtime = self.loader.runtime
-        return iter(state.upcoming_batches(runtime.config, runtime.cursor, runtime.now()))
+        return state.upcoming_batches(runtime.config, runtime.cursor, runtime.now())  # (a generator)
 
     def __len__(self) -> int:
         return len(self.loader)

@@ -130,6 +130,25 @@ def estimate_bytes(container: list | tuple | dict) -> int:
     return total + measured * n // len(sample)
 
 
+def element_pages(container: list | tuple | dict) -> list[int]:
+    """The memory pages (address // page size) of up to 256 elements spread over
+    ``container`` (dicts: keys and values of their first 256 items): where a forked
+    worker that reads the elements copies them. Taken before workers fork: reading an
+    element after the fork writes its reference count in this process, which makes the
+    worker's copy of the page its own as well."""
+    from shmloader.memory.usage import PAGE_SIZE
+
+    n = len(container)
+    if n == 0:
+        return []
+    if isinstance(container, dict):
+        sample = [x for item in islice(container.items(), _SAMPLED) for x in item]
+    else:
+        step = max(1, n // _SAMPLED)
+        sample = [container[i] for i in range(0, n, step)][:_SAMPLED]
+    return sorted({id(x) // PAGE_SIZE for x in sample})
+
+
 def _deep_size(value: Any, depth: int, seen: set[int]) -> int:
     """The size of ``value`` and what it holds, less the objects in ``seen`` (interned
     keys, small ints, constants: counted once, not once per element)."""

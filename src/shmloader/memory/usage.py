@@ -12,7 +12,13 @@ elsewhere nothing is known and :func:`process_memory` returns None.
 
 from __future__ import annotations
 
+import os
+import struct
 from dataclasses import dataclass
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_EXCLUSIVE = 1 << 56  # /proc/PID/pagemap: the page is mapped by this process only
+_PRESENT = 1 << 63
 
 
 @dataclass(frozen=True)
@@ -59,3 +65,25 @@ def process_memory(pid: int) -> ProcessMemory | None:
                 private += block_private
             block_private = 0
     return ProcessMemory(uss=uss * 1024, pss=pss * 1024, rss=rss * 1024, private=private * 1024)
+
+
+def exclusive_share(pid: int, pages: list[int]) -> float | None:
+    """Of ``pages`` (page numbers: address // PAGE_SIZE) present in process ``pid``, the
+    share mapped by that process alone (``/proc/PID/pagemap``, Linux): in a forked worker,
+    the pages it copied from its parent (or kept when its parent copied them), which no
+    longer count as shared. None where the map cannot be read or no page is present."""
+    present = exclusive = 0
+    try:
+        with open(f"/proc/{pid}/pagemap", "rb") as f:
+            for page in pages:
+                f.seek(page * 8)
+                raw = f.read(8)
+                if len(raw) != 8:
+                    continue
+                (entry,) = struct.unpack("<Q", raw)
+                if entry & _PRESENT:
+                    present += 1
+                    exclusive += bool(entry & _EXCLUSIVE)
+    except OSError:
+        return None
+    return exclusive / present if present else None

@@ -16,7 +16,13 @@ one shares all of its parent's pages, a spawned one is an empty interpreter), so
 is read when a worker starts (a read costs milliseconds per GB the process maps). When a
 worker's private memory grew past both 64 MiB and a quarter of what the dataset's large
 Python containers hold (:func:`~shmloader.memory.containers.large_containers`), it emits one
-:class:`~shmloader.errors.CopyOnReadWarning` naming them and the remedy.
+:class:`~shmloader.errors.CopyOnReadWarning`. It names a container, and the remedy, only on
+evidence that the worker holds a copy of it: spawned workers receive the dataset pickled;
+in a forked worker, a quarter or more of the pages of the container's sampled elements
+(their addresses taken before the first fork) are mapped by that worker alone
+(:func:`~shmloader.memory.usage.exclusive_share`). Otherwise the warning says what grew
+and that the loader does not know why (a cache the dataset fills in each worker grows
+so, and sharing the containers would not help).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from shmloader.errors import CopyOnReadWarning
 from shmloader.memory import containers as _containers
 from shmloader.memory.limits import mib
 from shmloader.memory.sizing import user_stacklevel
-from shmloader.memory.usage import ProcessMemory, process_memory
+from shmloader.memory.usage import ProcessMemory, exclusive_share, process_memory
 
 FIRST_CHECK_S = 0.5
 MAX_INTERVAL_S = 16.0
@@ -39,6 +45,7 @@ WARN_MIN_GROWTH = 64 << 20  # below this a worker's growth is its own work, not 
 WARN_SHARE = 0.25  # of the large containers' size, grown in one worker
 REPORT_MAX_AGE_S = 1.0  # stats() reuses readings this recent
 CHECK_WORKERS = 2  # workers read at one scheduled check: those read longest ago
+COPIED_SHARE = 0.25  # of a container's sampled element pages a forked worker holds alone: copied
 
 
 class _Worker:
@@ -73,6 +80,8 @@ class MemoryWatch:
         self.peak_uss = 0  # the most any worker's USS and growth reached, in the loader's life
         self.peak_growth = 0
         self._large: list[_containers.Container] | None = None  # found once, when needed
+        self._forked = True  # workers are forked (not spawned: those unpickle the dataset)
+        self._pages: dict[str, list[int]] = {}  # by container path: its elements' pages, before the fork
         self.sharing: _containers.SharingReport | None = None
 
     # --- workers coming and going ---------------------------------------------------------
@@ -176,19 +185,79 @@ class MemoryWatch:
         if not large or grown.growth() < WARN_SHARE * held:
             return
         self.warned = True
-        names = ", ".join(c.describe() for c in large[:5]) + (", ..." if len(large) > 5 else "")
-        warnings.warn(
-            f"Worker {grown.id} (pid {grown.pid}) grew by {mib(grown.growth())} "
+        copied, unread = self._copied(grown, large)
+        text = self._copied_text(grown, copied) if copied else self._unknown_text(grown, large, unread)
+        warnings.warn(text, CopyOnReadWarning, stacklevel=user_stacklevel())
+
+    def _copied(
+        self, worker: _Worker, large: list[_containers.Container]
+    ) -> tuple[list[tuple[_containers.Container, float]], bool]:
+        """The containers ``worker`` holds a copy of, with the share of them copied, and
+        whether the evidence could not be read for some of them (see the module)."""
+        if not self._forked:
+            return [(c, 1.0) for c in large], False  # each spawned worker unpickled them whole
+        copied, unread = [], False
+        for c in large:
+            share = exclusive_share(worker.pid, self._pages[c.path]) if c.path in self._pages else None
+            if share is None:
+                unread = True
+            elif share >= COPIED_SHARE:
+                copied.append((c, share))
+        return copied, unread
+
+    @staticmethod
+    def _copied_text(worker: _Worker, copied: list[tuple[_containers.Container, float]]) -> str:
+        held = sum(c.estimated_bytes for c, _ in copied)
+        names = ", ".join(
+            f"{c.describe()}, {share:.0%} of it copied" if share < 1 else c.describe()
+            for c, share in copied[:5]
+        ) + (", ..." if len(copied) > 5 else "")
+        return (
+            f"Worker {worker.id} (pid {worker.pid}) grew by {mib(worker.growth())} "
             f"of private memory since it started, and every worker grows so: the dataset holds "
             f"Python containers of ~{mib(held)} ({names}), and each worker "
             "copies the pages it reads (reading a Python object writes its reference count; "
             "spawned workers receive the whole dataset pickled). Pass share_dataset=True to the "
             "DataLoader to store them once in shared memory, read-only (or wrap them with "
             "shmloader.share() yourself): see docs/share.md. loader.stats()['memory'] shows "
-            "the workers' memory.",
-            CopyOnReadWarning,
-            stacklevel=user_stacklevel(),
+            "the workers' memory."
         )
+
+    @staticmethod
+    def _unknown_text(worker: _Worker, large: list[_containers.Container], unread: bool) -> str:
+        names = ", ".join(c.describe() for c in large[:5]) + (", ..." if len(large) > 5 else "")
+        if unread:
+            evidence = (
+                f"whether the dataset's large Python containers ({names}) are what grew could not "
+                f"be read (/proc/{worker.pid}/pagemap), so"
+            )
+        else:
+            evidence = (
+                f"the dataset's large Python containers ({names}) are not what grew (the pages "
+                "of their elements are still shared with the main process), and sharing them "
+                "(share_dataset=True) would not help, so"
+            )
+        return (
+            f"Worker {worker.id} (pid {worker.pid}) grew by {mib(worker.growth())} of private "
+            f"memory since it started: {evidence} the cause of the growth is unknown to the "
+            "loader; memory the dataset or its transforms keep in each worker (a cache, "
+            "buffers) grows so, once per worker. loader.stats()['memory'] shows the workers' "
+            "memory; see docs/share.md."
+        )
+
+    def before_fork(self, forked: bool) -> None:
+        """Workers are about to start (``forked``: by fork; else spawned or from a
+        forkserver). Forked: note where the elements of the dataset's large containers
+        lie now, before the workers share their pages, to tell later whether a worker
+        copied them (the evidence the warning names a container on)."""
+        self._forked = forked
+        if not forked or self._pages:
+            return
+        self._large = _containers.large_containers(self._dataset())
+        for c in self._large:
+            value = getattr(c.owner, c.attribute, None)
+            if isinstance(value, (list, tuple, dict)):
+                self._pages[c.path] = _containers.element_pages(value)
 
     def share_dataset(self) -> None:
         """``share_dataset=True``: replace the dataset's large containers with shared views
@@ -196,3 +265,4 @@ class MemoryWatch:
         if self.sharing is None:
             self.sharing = _containers.share_containers(self._dataset())
             self._large = None  # what is left large, if anything, is found again
+            self._pages = {}

@@ -15,7 +15,10 @@ order, the workers' seeds and whatever the program draws from torch's RNG afterw
 - the loader's own ``RandomSampler`` draws its order when it is first advanced: with
   workers at ``iter()`` (torch primes its prefetch there), with ``num_workers=0`` at the
   first ``next()``; from ``sampler.generator``, or (None) from a new generator seeded
-  with an int64 from the global RNG (:func:`sampler_order`);
+  with an int64 from the global RNG (:func:`sampler_order`). The sampler's last draw,
+  a ``randperm`` of which it yields nothing (:class:`Tail`), is made when torch's
+  sampler runs out: where torch's iterator asks it for the index list after the last,
+  ``prefetch_factor * num_workers`` lists ahead of the batches handed out;
 - worker ``k`` seeds ``random`` and torch with ``base_seed + k`` and numpy's global RNG
   with torch's ``_generate_state(base_seed, k)`` (:mod:`shmloader.workers.seeding`); the main
   process seeds nothing.
@@ -151,10 +154,38 @@ class Draws:
     # {"state": [...]} (its generator's state before it drew); None: not drawn yet.
     order: dict[str, Any] | None = None
     indices: list[int] | None = field(default=None, repr=False, compare=False)  # that order
+    # The order's last draw, owed until the iterator hands out its ``tail_due``-th batch
+    # (torch's sampler runs out then; see Tail). None: nothing owed.
+    tail: Tail | None = field(default=None, repr=False, compare=False)
+    tail_due: int = field(default=sys.maxsize, compare=False)
+    # A resumed epoch whose saved run still owed its order's last draw: owed again.
+    tail_resumed: bool = field(default=False, compare=False)
 
     def to_state(self) -> dict[str, Any]:
         """As plain data, for ``state_dict()``."""
-        return {"base_seed": self.base_seed, "shared_seed": self.shared_seed, "order": self.order}
+        state = {"base_seed": self.base_seed, "shared_seed": self.shared_seed, "order": self.order}
+        if self.tail is not None or self.tail_resumed:
+            state["tail_owed"] = True
+        return state
+
+    def owe(self, tail: Tail | None, due: int) -> None:
+        """The order's last draw is owed until ``due`` batches were handed out (at
+        ``due <= 0``: when the iterator is made; :meth:`pay_due` then pays it)."""
+        self.tail = tail
+        self.tail_due = due if tail is not None else sys.maxsize
+
+    def pay_due(self, handed_out: int) -> None:
+        """Make the owed last draw if ``handed_out`` batches reach its due point."""
+        if self.tail is not None and handed_out >= self.tail_due:
+            self.pay()
+
+    def pay(self) -> None:
+        """Make the owed last draw now (the epoch ended, or its point was reached)."""
+        tail, self.tail = self.tail, None
+        self.tail_due = sys.maxsize
+        self.tail_resumed = False
+        if tail is not None:
+            tail.pay()
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Draws:
@@ -165,6 +196,7 @@ class Draws:
             base_seed=int(state["base_seed"]),
             shared_seed=None if state.get("shared_seed") is None else int(state["shared_seed"]),
             order=dict(order) if order is not None else None,
+            tail_resumed=bool(state.get("tail_owed")),
         )
 
 
@@ -175,11 +207,30 @@ def int64(generator: Any) -> int:
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
-def sampler_order(sampler: Any, generator: Any) -> list[int]:
+class Tail:
+    """The last draw of torch's ``RandomSampler`` without replacement when its
+    ``num_samples`` is a multiple of the dataset's length: a ``randperm`` of which it
+    yields nothing. torch makes it when the sampler runs out, which is when the
+    generator shared with the loader's seeds moves for it; until then it is owed."""
+
+    def __init__(self, generator: Any, n: int) -> None:
+        self.generator = generator
+        self.n = n
+        self.owed = True
+
+    def pay(self) -> None:
+        """Draw it now, once."""
+        if self.owed:
+            self.owed = False
+            sys.modules["torch"].randperm(self.n, generator=self.generator)
+
+
+def sampler_order(sampler: Any, generator: Any, trailing: bool = True) -> list[int]:
     """The indices torch's ``RandomSampler.__iter__`` yields for ``sampler`` (its
     ``data_source``, ``replacement`` and ``num_samples``) when it draws from
     ``generator``, drawn all at once, in torch's calls (randint in chunks of 32, one
-    randperm per pass)."""
+    randperm per pass). ``trailing=False`` leaves out a last randperm that yields
+    nothing (see :class:`Tail`)."""
     torch = sys.modules["torch"]
     n = len(sampler.data_source)
     count = sampler.num_samples
@@ -193,22 +244,35 @@ def sampler_order(sampler: Any, generator: Any) -> list[int]:
     else:
         for _ in range(count // n):
             out += torch.randperm(n, generator=generator).tolist()
-        out += torch.randperm(n, generator=generator).tolist()[: count % n]
+        if trailing or count % n:
+            out += torch.randperm(n, generator=generator).tolist()[: count % n]
     return out
 
 
-def draw_order(sampler: Any) -> tuple[dict[str, Any], list[int]]:
+def draw_order(sampler: Any) -> tuple[dict[str, Any], list[int], Tail | None]:
     """Draw ``sampler``'s order now as torch's RandomSampler does (from
     ``sampler.generator``, or from a generator seeded by one int64 of the global RNG):
-    the record that replays it (:func:`replay_order`) and the indices."""
+    the record that replays it (:func:`replay_order`), the indices, and the last draw,
+    still to make (:class:`Tail`; None where there is none, or where it moves only the
+    sampler's own generator, which nothing else reads)."""
     torch = sys.modules["torch"]
     gen = sampler.generator
     if gen is None:
         seed = int64(None)
         own = torch.Generator()
         own.manual_seed(seed)
-        return {"seed": seed}, sampler_order(sampler, own)
-    return {"state": generator_state(gen)}, sampler_order(sampler, gen)
+        return {"seed": seed}, sampler_order(sampler, own, trailing=False), None
+    record = {"state": generator_state(gen)}
+    return record, sampler_order(sampler, gen, trailing=False), order_tail(sampler, gen)
+
+
+def order_tail(sampler: Any, generator: Any) -> Tail | None:
+    """The last draw torch's RandomSampler makes for ``sampler`` from ``generator`` when
+    it runs out, where it yields nothing (see :class:`Tail`); None where there is none."""
+    n = len(sampler.data_source)
+    if sampler.replacement or n == 0 or sampler.num_samples % n:
+        return None
+    return Tail(generator, n)
 
 
 def replay_order(sampler: Any, record: dict[str, Any]) -> list[int]:

@@ -187,17 +187,20 @@ class LoaderBatchSampler(BatchSampler):
     :class:`BatchSampler`."""
 
     # The loader's next epoch's batches, worked out when asked (follow()); None: unbound.
-    _upcoming: Callable[[], list[list[Any]]] | None = None
+    _upcoming: Callable[[], Iterator[list[Any]]] | None = None
 
-    def follow(self, upcoming: Callable[[], list[list[Any]]]) -> None:
-        """Yield ``upcoming()`` on each ``iter()`` from now on. ``upcoming`` holds no
-        reference to the loader (whose ring and workers go when it is dropped)."""
+    def follow(self, upcoming: Callable[[], Iterator[list[Any]]]) -> None:
+        """Yield what ``upcoming()`` (a generator) yields on each ``iter()`` from now on.
+        ``upcoming`` holds no reference to the loader (whose ring and workers go when it
+        is dropped)."""
         self._upcoming = upcoming
 
     def __iter__(self) -> Iterator[list[Any]]:
+        # Both are generators: nothing is drawn before the first next(), as torch's
+        # BatchSampler (torch's DataLoader makes two iterators of it per epoch).
         if self._upcoming is None:
             return super().__iter__()
-        return iter(self._upcoming())
+        return self._upcoming()
 
 
 class BucketBatchSampler(Sampler):
