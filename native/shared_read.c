@@ -7,7 +7,9 @@
  * number more than the caller's budget are not built: the caller then makes a view.
  *
  * Only reads: the segment is mapped read-only, and every offset is checked against its
- * size before it is read (a corrupt segment gives ValueError, never a stray read).
+ * size before it is read. A corrupt segment gives shmloader.errors.CorruptDataError
+ * (undecodable text and unhashable keys included), never a stray read; the work spent
+ * on one call is bounded by the segment's size (key tables) or the caller's budget.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -39,9 +41,12 @@ typedef struct {
 
 #define MAX_DEPTH 100
 
+/* shmloader.errors.CorruptDataError, looked up when the module is loaded. */
+static PyObject *CorruptError;
+
 static int in_bounds(reader *r, uint64_t off, uint64_t len) {
     if (off > r->size || len > r->size - off) {
-        PyErr_Format(PyExc_ValueError,
+        PyErr_Format(CorruptError,
                      "a shared structure's segment is corrupt: %llu bytes at byte %llu lie "
                      "past its end (%llu bytes)",
                      (unsigned long long)len, (unsigned long long)off,
@@ -52,7 +57,30 @@ static int in_bounds(reader *r, uint64_t off, uint64_t len) {
 }
 
 static PyObject *corrupt(const char *what) {
-    PyErr_Format(PyExc_ValueError, "a shared structure's segment is corrupt: %s", what);
+    PyErr_Format(CorruptError, "a shared structure's segment is corrupt: %s", what);
+    return NULL;
+}
+
+/* The error set now (a UnicodeDecodeError, a TypeError) replaced by a CorruptDataError
+ * saying what it was, chained to it. */
+static PyObject *corrupt_from(const char *what) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+    PyErr_Format(CorruptError, "a shared structure's segment is corrupt: %s (%S)", what,
+                 value != NULL ? value : Py_None);
+    if (value != NULL) {
+        PyObject *t2, *v2, *tb2;
+        PyErr_Fetch(&t2, &v2, &tb2);
+        PyErr_NormalizeException(&t2, &v2, &tb2);
+        PyException_SetCause(v2, value); /* steals value */
+        Py_INCREF(value);
+        PyException_SetContext(v2, value); /* steals value */
+        PyErr_Restore(t2, v2, tb2);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
     return NULL;
 }
 
@@ -62,19 +90,29 @@ static uint64_t u64_at(reader *r, uint64_t off) {
     return v;
 }
 
-static int spend(reader *r, uint64_t n) {
-    if ((uint64_t)r->budget < n) {
+/* Whether n more values fit the budget; where they do not, the budget is spent (-1)
+ * and the value too big. */
+static int affords(reader *r, uint64_t n) {
+    if (r->budget < 0 || (uint64_t)r->budget < n) {
         r->budget = -1;
         r->too_big = 1;
         return 0;
     }
+    return 1;
+}
+
+static int spend(reader *r, uint64_t n) {
+    if (!affords(r, n)) return 0;
     r->budget -= (Py_ssize_t)n;
     return 1;
 }
 
 static PyObject *utf8(reader *r, uint64_t off, uint64_t n) {
     if (!in_bounds(r, off, n)) return NULL;
-    return PyUnicode_DecodeUTF8((const char *)r->base + off, (Py_ssize_t)n, "surrogatepass");
+    PyObject *out = PyUnicode_DecodeUTF8((const char *)r->base + off, (Py_ssize_t)n, "surrogatepass");
+    if (out == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        return corrupt_from("a string's bytes are not utf-8");
+    return out;
 }
 
 static PyObject *value(reader *r, uint64_t pos);
@@ -86,12 +124,16 @@ static PyObject *sequence(reader *r, uint64_t off, int as_tuple) {
     uint64_t n = u64_at(r, off + 8);
     uint64_t data = off + SEQ_HEAD;
     if (n > r->size) return corrupt("a list's count exceeds the segment");
-    /* A reference item spends its own budget; a packed one is spent here. */
+    if (form > F_FLOATS) return corrupt("a list has an unknown form");
+    /* Its items checked to lie in the segment before its list is made. */
+    uint64_t width = form == F_REFS ? REF_SIZE : 8;
+    if (!in_bounds(r, data, width * n + (form == F_STRS ? 8 : 0))) return NULL;
+    /* A packed item is spent here; a reference spends its own budget, but more of them
+     * than the budget is too big before any is built. */
     if (form != F_REFS && !spend(r, n)) return NULL;
+    if (form == F_REFS && !affords(r, n)) return NULL;
     PyObject *out = as_tuple ? PyTuple_New((Py_ssize_t)n) : PyList_New((Py_ssize_t)n);
     if (out == NULL) return NULL;
-    uint64_t width = form == F_REFS ? REF_SIZE : 8;
-    if (!in_bounds(r, data, width * n + (form == F_STRS ? 8 : 0))) goto fail;
     for (uint64_t i = 0; i < n; i++) {
         PyObject *item;
         if (form == F_REFS) {
@@ -140,9 +182,12 @@ static PyObject *table_keys(reader *r, uint64_t off) {
         goto fail;
     }
     if (!in_bounds(r, off + 8, REF_SIZE * n)) goto fail;
-    /* Keys are built whatever the budget: they are few, and cached. */
+    /* Keys are built whatever the caller's budget (they are few, and cached), but within
+     * the segment's: each value an encoder writes takes 8 bytes or more of it, so keys
+     * that build more values than size / 8 were not written by one (a node referenced
+     * twice per level would build 2**depth). */
     Py_ssize_t saved = r->budget;
-    r->budget = PY_SSIZE_T_MAX;
+    r->budget = (Py_ssize_t)(r->size / 8 + 1);
     PyObject *keys = PyTuple_New((Py_ssize_t)n);
     for (uint64_t i = 0; keys != NULL && i < n; i++) {
         PyObject *k = value(r, off + 8 + REF_SIZE * i);
@@ -152,7 +197,12 @@ static PyObject *table_keys(reader *r, uint64_t off) {
         }
         PyTuple_SET_ITEM(keys, (Py_ssize_t)i, k);
     }
+    int exhausted = keys == NULL && r->budget < 0 && !PyErr_Occurred();
     r->budget = saved;
+    if (exhausted) {
+        r->too_big = 0;
+        corrupt("a key table's keys hold more values than the segment has room for");
+    }
     if (keys == NULL || PyDict_SetItem(r->tables, key, keys) < 0) {
         Py_XDECREF(keys);
         goto fail;
@@ -186,7 +236,10 @@ static PyObject *mapping(reader *r, PyObject *keys, uint64_t keys_at, uint64_t v
         int err = PyDict_SetItem(out, k, v);
         Py_DECREF(k);
         Py_DECREF(v);
-        if (err < 0) goto fail;
+        if (err < 0) {
+            if (PyErr_ExceptionMatches(PyExc_TypeError)) corrupt_from("a dict's key is unhashable");
+            goto fail;
+        }
     }
     return out;
 fail:
@@ -249,10 +302,7 @@ static PyObject *value_here(reader *r, uint64_t pos) {
         if (!in_bounds(r, payload, RECORD_HEAD)) return NULL;
         uint64_t n = u64_at(r, payload + 8);
         if (n > r->size) return corrupt("a record's count exceeds the segment");
-        if ((uint64_t)r->budget < n) { /* too big: spare decoding its keys */
-            r->too_big = 1;
-            return NULL;
-        }
+        if (!affords(r, n)) return NULL; /* too big: spare decoding its keys */
         PyObject *keys = table_keys(r, u64_at(r, payload));
         if (keys == NULL) return NULL;
         if ((uint64_t)PyTuple_GET_SIZE(keys) != n) {
@@ -267,10 +317,7 @@ static PyObject *value_here(reader *r, uint64_t pos) {
         if (!in_bounds(r, payload, DICT_HEAD)) return NULL;
         uint64_t n = u64_at(r, payload);
         if (n > r->size) return corrupt("a dict's count exceeds the segment");
-        if ((uint64_t)r->budget < n) {
-            r->too_big = 1;
-            return NULL;
-        }
+        if (!affords(r, n)) return NULL;
         uint64_t keys_at = payload + DICT_HEAD + ((4 * n + 7) / 8) * 8;
         if (!in_bounds(r, keys_at, REF_SIZE * n)) return NULL;
         return mapping(r, NULL, keys_at, keys_at + REF_SIZE * n, n);
@@ -280,7 +327,7 @@ static PyObject *value_here(reader *r, uint64_t pos) {
     case T_BIGINT:
         return PyObject_CallFunction(r->special, "OK", r->owner, (unsigned long long)pos);
     default:
-        PyErr_Format(PyExc_ValueError,
+        PyErr_Format(CorruptError,
                      "a shared structure holds an unknown tag %d at byte %llu: its segment is "
                      "corrupt.",
                      tag, (unsigned long long)pos);
@@ -331,4 +378,13 @@ static struct PyModuleDef module = {
     "Builds plain values of shared structures (see shmloader.memory.shared.views).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__shared_read(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__shared_read(void) {
+    if (CorruptError == NULL) {
+        PyObject *errors = PyImport_ImportModule("shmloader.errors");
+        if (errors == NULL) return NULL;
+        CorruptError = PyObject_GetAttrString(errors, "CorruptDataError");
+        Py_DECREF(errors);
+        if (CorruptError == NULL) return NULL;
+    }
+    return PyModule_Create(&module);
+}

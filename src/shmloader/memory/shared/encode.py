@@ -69,7 +69,8 @@ class _Retry(Exception):
 def _bad_key(key: Any) -> UnsupportedValue:
     return UnsupportedValue(
         f"a dict key of type {type(key).__name__} ({key!r})",
-        "dict keys may be str, bytes, int, float, bool, None, numpy scalars or tuples of them.",
+        f"dict keys may be str, bytes, int, float, bool, None, numpy scalars or tuples of them "
+        f"(nested at most {L.KEY_DEPTH} deep).",
     )
 
 
