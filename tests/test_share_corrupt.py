@@ -4,9 +4,13 @@ never a stray read, a hang, an unbounded build or another exception type."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import struct
+import subprocess
+import sys
+import threading
 import tracemalloc
 
 import numpy as np
@@ -261,3 +265,66 @@ def test_a_message_too_short_for_its_kind_is_one_error_type(decode):
             decode(message)
     with pytest.raises(CorruptDataError):  # a type char that names no integer type
         wire.task_keys(wire.TASK_SCALARS, struct.pack("<qq", ord("O"), 1) + bytes(8))
+
+
+def test_a_stray_length_costs_no_more_memory_than_the_bytes_that_came():
+    """A length read from stray bytes (2 GiB here) makes no 2 GiB buffer: the buffer grows
+    as the message's bytes arrive."""
+    a, b = socket.socketpair()
+    try:
+        reader = wire.FrameReader(b.fileno(), "worker 0")
+        a.sendall(struct.pack("!i", 2**31 - 1) + bytes(1000))
+        a.close()
+        tracemalloc.start()
+        try:
+            while reader.read() is not None:
+                pass
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < wire._GROW_FROM * 2
+    finally:
+        a.close()
+        b.close()
+
+
+def test_messages_longer_than_their_first_buffer_come_whole(monkeypatch):
+    monkeypatch.setattr(wire, "_GROW_FROM", 1000)
+    a, b = socket.socketpair()
+    try:
+        reader = wire.FrameReader(b.fileno(), "worker 0")
+        messages = [os.urandom(n) for n in (999, 1000, 1001, 4097, 300_000, 0, 5)]
+        sender = threading.Thread(target=lambda: (a.sendall(b"".join(map(wire.frame, messages))), a.close()))
+        sender.start()
+        got = []
+        while (batch := reader.read()) is not None:
+            got.extend(bytes(m) for m in batch)
+        sender.join()
+        assert got == messages
+    finally:
+        a.close()
+        b.close()
+
+
+def _fuzz(seed: int, cases: int, timeout: float) -> None:
+    """Run tests/share_fuzz.py in a child: a crash or a hang there fails this test only."""
+    script = os.path.join(os.path.dirname(__file__), "share_fuzz.py")
+    done = subprocess.run(
+        [sys.executable, script, "--seed", str(seed), "--cases", str(cases)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert f"{cases} cases from seed {seed}" in done.stdout
+
+
+def test_seeded_mutations_of_segments_and_frames_give_values_or_one_error():
+    _fuzz(0, 2000, 100)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_long_mutation_run(seed):
+    _fuzz(seed, 40_000, 1100)

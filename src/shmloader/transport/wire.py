@@ -325,6 +325,9 @@ def read_header(ring: Any, slot: int) -> SlotHeader:
 _LEN = struct.Struct("!i")  # Connection's frame length; -1: an 8-byte length follows
 _LEN64 = struct.Struct("!Q")
 _READ_CHUNK = 1 << 16
+# A message's buffer is made whole up to this size, then doubled as its bytes arrive: a
+# length read from stray bytes costs no more memory than the bytes that came.
+_GROW_FROM = 1 << 26
 
 
 def _memory_bytes() -> int:
@@ -368,7 +371,7 @@ class FrameReader:
     time its frame is returned; descriptors queue in the order of their frames.
     """
 
-    __slots__ = ("_error", "_fds", "_got", "_head", "_partial", "_receiver", "fd", "peer")
+    __slots__ = ("_error", "_fds", "_got", "_head", "_partial", "_receiver", "_size", "fd", "peer")
 
     def __init__(self, fd: int, peer: str = "the peer") -> None:
         """``peer``: who writes to ``fd`` ("worker 3"), named by a protocol error."""
@@ -380,6 +383,7 @@ class FrameReader:
         self._head = b""  # the start of a frame whose length is cut off
         self._partial: bytearray | None = None  # a message being completed
         self._got = 0  # its bytes received so far
+        self._size = 0  # its length: its buffer grows to it as bytes arrive (see _GROW_FROM)
 
     def read(self) -> list[bytes] | None:
         """The messages completed by one read (an empty list when it brought only part of
@@ -436,7 +440,8 @@ class FrameReader:
                 raise self._error
             have = end - start
             if have < size:  # the rest of this message is still on its way
-                self._partial = message = bytearray(size)
+                self._partial = message = bytearray(min(size, max(have, _GROW_FROM)))
+                self._size = size
                 message[:have] = data[start:end]
                 self._got = have
                 break
@@ -456,6 +461,8 @@ class FrameReader:
         """Read more of the cut-off message, into its buffer; it alone when complete."""
         message = self._partial
         assert message is not None
+        if self._got == len(message):  # its buffer is full, the message is not: double it
+            message += bytes(min(len(message), self._size - len(message)))
         try:
             n, fd = self._receiver.recv_into(self.fd, memoryview(message)[self._got :])
         except BlockingIOError:
@@ -465,7 +472,7 @@ class FrameReader:
         if n == 0:
             return None  # the peer closed the socket part way through a message
         self._got += n
-        if self._got < len(message):
+        if self._got < self._size:
             return []
         self._partial = None
         return [message]  # type: ignore[list-item]  # bytes-like; not copied again
