@@ -254,10 +254,11 @@ class Writer:
     @staticmethod
     def _memo(keys: tuple[Any, ...]) -> Any:
         """How a key tuple is remembered: as itself where its keys are all str; else with
-        their types, since ``1``, ``1.0`` and ``True`` are equal but are stored apart."""
+        their types all the way down, since ``1``, ``1.0`` and ``True`` (and ``(1,)`` and
+        ``(1.0,)``, ``0.0`` and ``-0.0``) are equal but are stored apart."""
         for key in keys:
             if type(key) is not str:
-                return keys, tuple(map(type, keys))
+                return keys, tuple(map(_exact, keys))
         return keys
 
     def _plain_dict(self, keys: list[Any], values: list[Any]) -> int:
@@ -487,6 +488,17 @@ class Writer:
             data = b"".join(blobs)
             np.cumsum(np.fromiter(map(len, blobs), np.int64, n), out=ends[1:])
         return data, ends
+
+
+def _exact(key: Any) -> Any:
+    """What tells ``key`` from the keys equal to it that a dict stores apart: its type,
+    a tuple's items' (recursively), a float's sign bit."""
+    kind = type(key)
+    if kind is tuple:
+        return kind, tuple(map(_exact, key))
+    if kind is float:
+        return kind, L.F64.pack(key)
+    return kind
 
 
 def _buckets(hashes: array) -> array:
