@@ -127,6 +127,10 @@ def create(data: bytes | bytearray, backend: str = "auto") -> Store:
             # to) can change a byte under another's reads, nor shrink it (a SIGBUS there).
             seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        else:
+            # No seals on /dev/shm: the descriptor every process gets (this one's, a forked
+            # child's copy, a spawned child's duplicate) is read-only instead.
+            fd = segment.read_only(fd)
         token = secrets.token_hex(8)
         store = Store(fd, size, token, populate=True)
     except BaseException:
