@@ -98,7 +98,7 @@ structures = st.recursive(
 roots = st.lists(structures) | st.lists(structures).map(tuple) | st.dictionaries(keys, structures)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(roots)
 @example([{(1,): 0}, {(1.0,): 0}])
 @example([{(True, "a"): 0}, {(1, "a"): 0}])
@@ -117,3 +117,105 @@ def test_dicts_with_equal_keys_of_other_types_keep_their_own(first, second):
         shared = share(rows)
         for got, want in zip(shared, rows):
             exact(got, want)
+
+
+# --- whatever pickle takes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda k: {k: 1, "x": 2}, lambda k: {k * i: i for i in range(1, 300)}])
+def test_int_keys_of_any_size(make):
+    """An int key of over 4,300 digits (str() of it raises): stored, found, given back."""
+    key = 10**5000 + 1
+    original = make(key)
+    for shared in (share(original), share([original] * 20)[7]):
+        exact(shared, original)
+        assert key in shared and shared[key] == original[key] and shared.get(key) == original[key]
+        assert key + 1 not in shared
+
+
+def _nested(depth: int):
+    value: object = "leaf"
+    for level in range(depth):
+        value = (
+            [value, level] if level % 3 == 0 else ({"k": value, "n": level} if level % 3 == 1 else (value,))
+        )
+    return value
+
+
+def test_structures_nested_as_deep_as_pickle_takes():
+    """900 levels of lists, dicts and tuples (pickle's own limit here is about 500 lists;
+    share() stopped at about 250)."""
+    original = _nested(900)
+    shared = share([original])
+    got, want = shared[0], original
+    for level in reversed(range(900)):
+        if level % 3 == 0:
+            assert got[1] == want[1] == level
+            got, want = got[0], want[0]
+        elif level % 3 == 1:
+            assert got["n"] == want["n"] == level
+            got, want = got["k"], want["k"]
+        else:
+            got, want = got[0], want[0]
+    assert got == want == "leaf"
+
+
+def _doubling(depth: int, width: int):
+    """A list of ``width`` references to one list, and so on ``depth`` levels down:
+    width**depth paths over depth containers."""
+    value: object = [1.5, "x"]
+    for _ in range(depth):
+        value = [value] * width
+    return value
+
+
+def _records_over(depth: int):
+    """Records whose fields reference the records below, in several columns."""
+    value: object = [1, 2]
+    for _ in range(depth):
+        value = [{"a": value, "b": value, "c": {"d": value}} for _ in range(20)]
+    return value
+
+
+def _walk_same(got, want, rng) -> None:
+    """``got`` equals ``want`` along random paths down to the leaves of a structure too
+    big to compare whole."""
+    for _ in range(20):
+        g, w = got, want
+        while isinstance(w, (dict, list)) and w:
+            assert len(g) == len(w)
+            step = rng.choice(sorted(w)) if isinstance(w, dict) else rng.randrange(len(w))
+            g, w = g[step], w[step]
+        exact(g, w)
+
+
+@pytest.mark.parametrize(
+    ("make", "depth", "bound"),
+    [
+        (lambda d: _doubling(d, 2), 18, 1 << 16),
+        (lambda d: _doubling(d, 20), 6, 1 << 16),
+        (_records_over, 5, 1 << 17),
+    ],
+    ids=["narrow", "wide", "records"],
+)
+def test_a_container_referenced_from_many_places_is_stored_once(make, depth, bound):
+    """As pickle's memo does: the segment holds each container once, not every path to it
+    (2**18 and 20**6 paths here)."""
+    import random
+
+    original = make(depth)
+    shared = share(original)
+    assert len(shared._store.mm) < bound
+    _walk_same(shared, original, random.Random(0))
+
+
+def test_sharing_is_linear_far_past_what_an_expansion_could_hold():
+    """2**60 paths: written in milliseconds, read back along any path."""
+    import random
+
+    original = _doubling(60, 2)
+    shared = share(original)
+    assert len(shared._store.mm) < 1 << 16
+    _walk_same(shared, original, random.Random(1))
+    deep = _records_over(40)
+    _walk_same(share(deep), deep, random.Random(2))
