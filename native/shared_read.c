@@ -368,8 +368,84 @@ static PyObject *build(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssiz
     return out;
 }
 
+PyDoc_STRVAR(item_doc,
+             "item(segment, pos, index, is_tuple, budget, tables, special, owner, too_big)\n\n"
+             "Item index (an int, negative from the end) of the list or tuple whose node is at\n"
+             "byte pos of segment, as build() gives it: one call for a str, int or float of a\n"
+             "packed list. IndexError where it is out of range.");
+
+/* One item of the sequence node at pos: its bounds checked, a packed item decoded here,
+ * a reference's value built as build() builds it. */
+static PyObject *item_of(reader *r, uint64_t pos, PyObject *index, int is_tuple) {
+    const char *kind = is_tuple ? "tuple" : "list";
+    if (!PyIndex_Check(index))
+        return PyErr_Format(PyExc_TypeError, "%s indices must be integers or slices, not %.200s", kind,
+                            Py_TYPE(index)->tp_name);
+    Py_ssize_t i = PyNumber_AsSsize_t(index, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (!in_bounds(r, pos, SEQ_HEAD)) return NULL;
+    int form = r->base[pos];
+    uint64_t n = u64_at(r, pos + 8), data = pos + SEQ_HEAD;
+    if (n > r->size) return corrupt("a list's count exceeds the segment");
+    if (i < 0) i += (Py_ssize_t)n;
+    if (i < 0 || (uint64_t)i >= n) return PyErr_Format(PyExc_IndexError, "%s index out of range", kind);
+    uint64_t k = (uint64_t)i;
+    switch (form) {
+    case F_REFS:
+        if (!in_bounds(r, data + REF_SIZE * k, REF_SIZE)) return NULL;
+        return value(r, data + REF_SIZE * k);
+    case F_INTS: {
+        int64_t v;
+        if (!in_bounds(r, data + 8 * k, 8)) return NULL;
+        memcpy(&v, r->base + data + 8 * k, 8);
+        return PyLong_FromLongLong(v);
+    }
+    case F_FLOATS: {
+        double v;
+        if (!in_bounds(r, data + 8 * k, 8)) return NULL;
+        memcpy(&v, r->base + data + 8 * k, 8);
+        return PyFloat_FromDouble(v);
+    }
+    case F_STRS: {
+        if (!in_bounds(r, data, 8 * (n + 1))) return NULL;
+        uint64_t a = u64_at(r, data + 8 * k), b = u64_at(r, data + 8 * (k + 1));
+        if (b < a) return corrupt("a string ends before it starts");
+        return utf8(r, data + 8 * (n + 1) + a, b - a);
+    }
+    default:
+        return corrupt("a list has an unknown form");
+    }
+}
+
+static PyObject *item(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "item() takes 9 arguments");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    unsigned long long pos = PyLong_AsUnsignedLongLong(args[1]);
+    Py_ssize_t budget = PyLong_AsSsize_t(args[4]);
+    PyObject *out = NULL;
+    if (!PyErr_Occurred()) {
+        if (!PyDict_Check(args[5])) {
+            PyErr_SetString(PyExc_TypeError, "item(): tables must be a dict");
+        } else {
+            reader r = {view.buf, (uint64_t)view.len, budget, args[5], args[6], args[7], 0, 0};
+            out = item_of(&r, pos, args[2], PyObject_IsTrue(args[3]));
+            if (out == NULL && r.too_big && !PyErr_Occurred()) {
+                out = args[8];
+                Py_INCREF(out);
+            }
+        }
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"build", (PyCFunction)(void (*)(void))build, METH_FASTCALL, build_doc},
+    {"item", (PyCFunction)(void (*)(void))item, METH_FASTCALL, item_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,6 +28,7 @@ import numpy as np
 
 import shmloader.memory.shared.layout as L
 from shmloader._shared_read import build as _build
+from shmloader._shared_read import item as _c_item
 from shmloader.errors import CorruptDataError
 from shmloader.memory.shared.store import Store
 
@@ -194,18 +195,23 @@ class _SharedSequence(Sequence):
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return self._kind(self._item(i) for i in range(*index.indices(self._n)))
-        i = operator.index(index)
-        n = self._n
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"{self._kind.__name__} index out of range")
-        if self._form == L.REFS:  # value_at inlined: a dataset's records are read here
-            store = self._store
-            pos = self._pos + L.SEQ_HEAD.size + L.REF_SIZE * i
-            got = _build(store.mm, pos, PLAIN_VALUES, store.record_keys, view_at, store, _TOO_BIG)
-            return view_at(store, pos) if got is _TOO_BIG else got
-        return self._item(i)
+        # One C call: a packed item decoded, a reference's value built (as value_at).
+        store = self._store
+        got = _c_item(
+            store.mm,
+            self._pos,
+            index,
+            self._kind is tuple,
+            PLAIN_VALUES,
+            store.record_keys,
+            view_at,
+            store,
+            _TOO_BIG,
+        )
+        if got is _TOO_BIG:
+            i = operator.index(index)
+            return view_at(store, self._pos + L.SEQ_HEAD.size + L.REF_SIZE * (i + self._n if i < 0 else i))
+        return got
 
     def _item(self, i: int) -> Any:
         form, base = self._form, self._pos + L.SEQ_HEAD.size
