@@ -44,6 +44,8 @@ _unpack_u64 = L.U64.unpack_from
 _unpack_i64 = L.I64.unpack_from
 _unpack_f64 = L.F64.unpack_from
 _unpack_pair = L.PAIR.unpack_from
+_unpack_u32 = L.U32.unpack_from
+_REF_SIZE = L.REF_SIZE
 # The tags view_at decodes in Python: containers (as views), and what the C reader leaves to it.
 _VIEWED_HERE = frozenset((L.RECORD, L.DICT, L.LIST, L.TUPLE, L.ARRAY, L.SCALAR, L.BIGINT))
 
@@ -457,19 +459,17 @@ class SharedDict(Mapping):
                     return entry
             return -1
         mask = self._buckets - 1
-        table = keys + 2 * L.REF_SIZE * n
+        table = keys + 2 * _REF_SIZE * n
         i = h & mask
+        unpack = _unpack_u32
         for _ in range(self._buckets):  # a table the encoder wrote has a free slot: at most half full
-            slot = L.U32.unpack_from(mm, table + 4 * i)[0]
+            slot = unpack(mm, table + 4 * i)[0]
             if not slot:
                 return -1
+            if slot > n:
+                raise _corrupt(f"a bucket of the dict at byte {self._pos} names entry {slot - 1} of {n}")
             entry = slot - 1
-            if entry >= n:
-                raise _corrupt(f"a bucket of the dict at byte {self._pos} names entry {entry} of {n}")
-            if (
-                L.U32.unpack_from(mm, hashes + 4 * entry)[0] == h
-                and value_at(store, keys + L.REF_SIZE * entry) == key
-            ):
+            if unpack(mm, hashes + 4 * entry)[0] == h and value_at(store, keys + _REF_SIZE * entry) == key:
                 return entry
             i = (i + 1) & mask
         raise _corrupt(f"the dict at byte {self._pos} has no free bucket")
