@@ -249,7 +249,11 @@ class _SharedSequence(Sequence):
                 for a, b in itertools.pairwise(ends):
                     if a > b:
                         raise _corrupt(f"an item of a list of str at byte {self._pos} ends before it starts")
-                    yield _utf8(data[a - first : b - first])
+                    try:
+                        item = str(data[a - first : b - first], "utf-8", "surrogatepass")
+                    except UnicodeDecodeError as exc:
+                        raise _corrupt(f"a string's bytes are not utf-8 ({exc})") from exc
+                    yield item
             else:
                 yield from array("q" if form == L.INTS else "d", mm[base + 8 * lo : base + 8 * hi])
 
