@@ -219,3 +219,13 @@ def test_sharing_is_linear_far_past_what_an_expansion_could_hold():
     _walk_same(shared, original, random.Random(1))
     deep = _records_over(40)
     _walk_same(share(deep), deep, random.Random(2))
+
+
+def test_records_sharing_one_sub_dict_store_it_once():
+    """A column of records whose field is one dict (a default, a class table): one node
+    referenced from each record, written in bulk."""
+    meta = {"classes": [f"class {i}" for i in range(50)], "version": 3}
+    rows = [{"path": f"p{i}", "meta": meta} for i in range(2000)]
+    shared = share(rows)
+    assert len(shared._store.mm) < 2000 * 100  # the 50 names once (~900 bytes), not 2,000 times
+    exact(shared, rows)

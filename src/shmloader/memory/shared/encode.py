@@ -79,6 +79,11 @@ class _Retry(Exception):
     unsupported value, a container seen at two levels: maybe a cycle)."""
 
 
+class _Twice(_Retry):
+    """A column written in bulk holds one container more than once: its distinct
+    containers are written once each (see :meth:`Writer._once`)."""
+
+
 def _bad_key(key: Any) -> UnsupportedValue:
     return UnsupportedValue(
         f"a dict key of type {type(key).__name__} ({key!r})",
@@ -416,12 +421,12 @@ class Writer:
         elif kind is type(None):
             out["tag"] = L.NONE
         elif kind is dict:
-            tags, offsets = self._records(values)
+            tags, offsets = self._once(self._records, values)
             out["tag"] = tags
             out["payload"] = offsets
         elif kind is list or kind is tuple:
             out["tag"] = L.LIST if kind is list else L.TUPLE
-            out["payload"] = self._sequences(values)
+            out["payload"] = self._once(self._sequences, values)
         else:  # subclasses, bytes, numpy values, shared views: one by one
             out[:] = np.frombuffer(b"".join(map(self.ref, values)), L.REF_DTYPE)
 
@@ -437,13 +442,26 @@ class Writer:
             raise _Retry
         ids.sort()
         if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
-            raise _Retry
+            raise _Twice
         for level in itertools.chain(self._levels, self._done):
             at = np.searchsorted(level, ids)
             if (level[np.minimum(at, len(level) - 1)] == ids).any():
                 raise _Retry
         self._levels.append(ids)
         self._alive.append(containers)
+
+    def _once(self, write: Callable[[Any], Any], containers: Any) -> Any:
+        """``write(containers)`` (a column of containers, its result an array per
+        container, or a tuple of them), each distinct container written once where the
+        column holds one several times (records sharing one sub-dict: one node, many
+        references)."""
+        try:
+            return write(containers)
+        except _Twice:
+            ids = np.fromiter(map(id, containers), np.int64, len(containers))
+            _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+            got = write([containers[i] for i in first])
+            return tuple(part[inverse] for part in got) if isinstance(got, tuple) else got[inverse]
 
     def _leave(self) -> None:
         """The level entered last is written: its containers join those done."""
