@@ -40,6 +40,7 @@ def structures() -> list[Any]:
         {"path": f"img/{i:05d}.jpg", "label": i % 7, "ann": {"box": [1.0, 2.0, 3.0, 4.5], "crowd": False}}
         for i in range(40)
     ]
+    shared = {"classes": ["a", "b"], "ids": [1, 2], "deep": [[1.5]]}
     return [
         records,
         [f"p{i}" for i in range(30)] + ["ünï", "\ud800x"],
@@ -51,6 +52,8 @@ def structures() -> list[Any]:
         [np.zeros(2, dtype=[("x", "<f4"), ("y", "<i2", (2,))]), np.int64(7)],
         (("t", 1), [("u", 2.0)] * 20, {"nested": {"deep": [[1, 2], [3]]}}),
         [[i, i + 1] for i in range(20)] + [(i,) for i in range(20)],
+        [{"p": i, "meta": shared} for i in range(20)]
+        + [shared, [shared, shared]],  # one node, many references
     ]
 
 
