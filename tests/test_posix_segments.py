@@ -82,6 +82,14 @@ def _leftovers(pids) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if any(n.startswith(f"shmloader-{p}-") for p in pids)]
 
 
+def _unnamed_segments_work() -> bool:
+    fd = segment._unnamed_segment()
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
 _LOOP = """
 import os, sys
 from shmloader.system import segment
@@ -108,7 +116,7 @@ def test_a_create_loop_killed_again_and_again_leaves_nothing_after_the_sweep(pat
             child.send_signal(signal.SIGKILL)
             child.wait(30)
             child.stdout.close()
-        if path == "unnamed":
+        if path == "unnamed" and _unnamed_segments_work():
             assert _leftovers(pids) == []
         left = _leftovers(pids)
         removed = segment.sweep(min_age_s=0)
