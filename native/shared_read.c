@@ -115,7 +115,11 @@ static PyObject *utf8(reader *r, uint64_t off, uint64_t n) {
     return out;
 }
 
-static PyObject *value(reader *r, uint64_t pos);
+/* Every value's reference below: ``limit`` is the offset of the node that holds it (the
+ * segment's size for the root). An encoder writes a container's children before it, so
+ * a container's node lies before the node that refers to it: one at or past it is
+ * corrupt, and no path through a segment can loop. */
+static PyObject *value(reader *r, uint64_t pos, uint64_t limit);
 
 /* The items of a list's or tuple's node at off, into a new list (tuple: converted). */
 static PyObject *sequence(reader *r, uint64_t off, int as_tuple) {
@@ -137,7 +141,7 @@ static PyObject *sequence(reader *r, uint64_t off, int as_tuple) {
     for (uint64_t i = 0; i < n; i++) {
         PyObject *item;
         if (form == F_REFS) {
-            item = value(r, data + REF_SIZE * i);
+            item = value(r, data + REF_SIZE * i, off);
         } else if (form == F_INTS) {
             int64_t v;
             memcpy(&v, r->base + data + 8 * i, 8);
@@ -190,7 +194,7 @@ static PyObject *table_keys(reader *r, uint64_t off) {
     r->budget = (Py_ssize_t)(r->size / 8 + 1);
     PyObject *keys = PyTuple_New((Py_ssize_t)n);
     for (uint64_t i = 0; keys != NULL && i < n; i++) {
-        PyObject *k = value(r, off + 8 + REF_SIZE * i);
+        PyObject *k = value(r, off + 8 + REF_SIZE * i, off);
         if (k == NULL) {
             Py_CLEAR(keys);
             break;
@@ -215,7 +219,8 @@ fail:
 }
 
 /* A dict from n keys (a tuple, or n key references at keys_at) and n value references. */
-static PyObject *mapping(reader *r, PyObject *keys, uint64_t keys_at, uint64_t values_at, uint64_t n) {
+static PyObject *mapping(reader *r, PyObject *keys, uint64_t keys_at, uint64_t values_at, uint64_t n,
+                         uint64_t node) {
     if (!in_bounds(r, values_at, REF_SIZE * n)) return NULL;
     PyObject *out = PyDict_New();
     if (out == NULL) return NULL;
@@ -225,10 +230,10 @@ static PyObject *mapping(reader *r, PyObject *keys, uint64_t keys_at, uint64_t v
             k = PyTuple_GET_ITEM(keys, (Py_ssize_t)i);
             Py_INCREF(k);
         } else {
-            k = value(r, keys_at + REF_SIZE * i);
+            k = value(r, keys_at + REF_SIZE * i, node);
         }
         if (k == NULL) goto fail;
-        PyObject *v = value(r, values_at + REF_SIZE * i);
+        PyObject *v = value(r, values_at + REF_SIZE * i, node);
         if (v == NULL) {
             Py_DECREF(k);
             goto fail;
@@ -247,24 +252,26 @@ fail:
     return NULL;
 }
 
-static PyObject *value_here(reader *r, uint64_t pos);
+static PyObject *value_here(reader *r, uint64_t pos, uint64_t limit);
 
-static PyObject *value(reader *r, uint64_t pos) {
+static PyObject *value(reader *r, uint64_t pos, uint64_t limit) {
     if (r->depth >= MAX_DEPTH) { /* deeper than this: the caller's views read it lazily */
         r->too_big = 1;
         return NULL;
     }
     r->depth++;
-    PyObject *out = value_here(r, pos);
+    PyObject *out = value_here(r, pos, limit);
     r->depth--;
     return out;
 }
 
-static PyObject *value_here(reader *r, uint64_t pos) {
+static PyObject *value_here(reader *r, uint64_t pos, uint64_t limit) {
     if (!in_bounds(r, pos, REF_SIZE) || !spend(r, 1)) return NULL;
     const unsigned char *ref = r->base + pos;
     int tag = ref[0];
     uint64_t payload = u64_at(r, pos + 8);
+    if ((tag == T_LIST || tag == T_TUPLE || tag == T_DICT || tag == T_RECORD) && payload >= limit)
+        return corrupt("a container refers to one at or after itself");
     switch (tag) {
     case T_NONE:
         Py_RETURN_NONE;
@@ -303,13 +310,14 @@ static PyObject *value_here(reader *r, uint64_t pos) {
         uint64_t n = u64_at(r, payload + 8);
         if (n > r->size) return corrupt("a record's count exceeds the segment");
         if (!affords(r, n)) return NULL; /* too big: spare decoding its keys */
+        if (u64_at(r, payload) >= payload) return corrupt("a record's key table lies at or after it");
         PyObject *keys = table_keys(r, u64_at(r, payload));
         if (keys == NULL) return NULL;
         if ((uint64_t)PyTuple_GET_SIZE(keys) != n) {
             Py_DECREF(keys);
             return corrupt("a record's count is not its key table's");
         }
-        PyObject *out = mapping(r, keys, 0, payload + RECORD_HEAD, n);
+        PyObject *out = mapping(r, keys, 0, payload + RECORD_HEAD, n, payload);
         Py_DECREF(keys);
         return out;
     }
@@ -320,7 +328,7 @@ static PyObject *value_here(reader *r, uint64_t pos) {
         if (!affords(r, n)) return NULL;
         uint64_t keys_at = payload + DICT_HEAD + ((4 * n + 7) / 8) * 8;
         if (!in_bounds(r, keys_at, REF_SIZE * n)) return NULL;
-        return mapping(r, NULL, keys_at, keys_at + REF_SIZE * n, n);
+        return mapping(r, NULL, keys_at, keys_at + REF_SIZE * n, n, payload);
     }
     case T_ARRAY:
     case T_SCALAR:
@@ -336,28 +344,30 @@ static PyObject *value_here(reader *r, uint64_t pos) {
 }
 
 PyDoc_STRVAR(build_doc,
-             "build(segment, pos, budget, tables, special, owner, too_big)\n\n"
+             "build(segment, pos, budget, tables, special, owner, too_big, limit)\n\n"
              "The plain value of the reference at byte pos of segment (a buffer): containers\n"
              "as lists, tuples and dicts. too_big where it holds more than budget values in\n"
              "all. tables caches key tables (offset -> tuple of keys); special(owner, pos)\n"
-             "gives the value of an array, a numpy scalar or a big int.");
+             "gives the value of an array, a numpy scalar or a big int. limit: the offset of\n"
+             "the node holding the reference (a container there or past it is corrupt).");
 
 static PyObject *build(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "build() takes 7 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "build() takes 8 arguments");
         return NULL;
     }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     unsigned long long pos = PyLong_AsUnsignedLongLong(args[1]);
     Py_ssize_t budget = PyLong_AsSsize_t(args[2]);
+    unsigned long long limit = PyLong_AsUnsignedLongLong(args[7]);
     PyObject *out = NULL;
     if (!PyErr_Occurred()) {
         if (!PyDict_Check(args[3])) {
             PyErr_SetString(PyExc_TypeError, "build(): tables must be a dict");
         } else {
             reader r = {view.buf, (uint64_t)view.len, budget, args[3], args[4], args[5], 0, 0};
-            out = value(&r, pos);
+            out = value(&r, pos, limit);
             if (out == NULL && r.too_big && !PyErr_Occurred()) {
                 out = args[6];
                 Py_INCREF(out);
@@ -393,7 +403,7 @@ static PyObject *item_of(reader *r, uint64_t pos, PyObject *index, int is_tuple)
     switch (form) {
     case F_REFS:
         if (!in_bounds(r, data + REF_SIZE * k, REF_SIZE)) return NULL;
-        return value(r, data + REF_SIZE * k);
+        return value(r, data + REF_SIZE * k, pos);
     case F_INTS: {
         int64_t v;
         if (!in_bounds(r, data + 8 * k, 8)) return NULL;

@@ -120,7 +120,7 @@ def segment_case(data: bytes, rng: random.Random) -> None:
     mutate(bad, rng)
     store = store_mod.create(bytes(bad))
     read_all(views.view_at(store, L.ROOT))
-    read_all(views.value_at(store, L.ROOT))
+    read_all(views.value_at(store, L.ROOT, store.size))
 
 
 def frames() -> tuple[bytes, list[int]]:

@@ -48,7 +48,8 @@ def segment(data: bytes | bytearray) -> store_mod.Store:
 
 
 def root(data: bytes | bytearray):
-    return views.value_at(segment(data), L.ROOT)
+    store = segment(data)
+    return views.value_at(store, L.ROOT, store.size)
 
 
 def bytes_of(shared) -> bytearray:
@@ -140,7 +141,7 @@ def test_a_list_longer_than_its_segment_is_refused_before_it_is_allocated():
     tracemalloc.start()
     try:
         with pytest.raises(CorruptDataError):
-            views.value_at(store, L.ROOT)
+            views.value_at(store, L.ROOT, store.size)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -328,3 +329,22 @@ def test_seeded_mutations_of_segments_and_frames_give_values_or_one_error():
 @pytest.mark.parametrize("seed", [1, 2])
 def test_long_mutation_run(seed):
     _fuzz(seed, 40_000, 1100)
+
+
+def test_a_container_referring_back_to_itself_is_refused_not_recursed_into():
+    """share() writes a container's children before it; a reference to a container at or
+    past the node holding it (a cycle) is corrupt: whole-structure operations (copy,
+    ==, repr, pickle) end in CorruptDataError, not RecursionError."""
+    data = bytes_of(share([list(range(70)) for _ in range(3)]))
+    outer = L.REF.unpack_from(data, L.ROOT)[1]
+    bad = bytearray(data)
+    L.REF.pack_into(bad, outer + L.SEQ_HEAD.size + L.REF_SIZE, L.LIST, outer)  # item 1: the list itself
+    for read in (
+        lambda v: v.copy(),
+        lambda v: v == [list(range(70))] * 3,
+        repr,
+        lambda v: v[1],
+        lambda v: list(v),
+    ):
+        with deadline(30), pytest.raises(CorruptDataError, match=r"before it|at or after"):
+            read(views.view_at(segment(bad), L.ROOT))

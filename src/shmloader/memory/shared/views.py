@@ -48,6 +48,7 @@ _unpack_u32 = L.U32.unpack_from
 _REF_SIZE = L.REF_SIZE
 # The tags view_at decodes in Python: containers (as views), and what the C reader leaves to it.
 _VIEWED_HERE = frozenset((L.RECORD, L.DICT, L.LIST, L.TUPLE, L.ARRAY, L.SCALAR, L.BIGINT))
+_CONTAINERS = frozenset((L.RECORD, L.DICT, L.LIST, L.TUPLE))
 
 
 _MAX_NDIM = 64  # numpy's own limit: a deeper array node is corrupt
@@ -68,23 +69,28 @@ def _check(store: Store, off: int, length: int, what: str) -> None:
         raise _corrupt(f"{what} ({length} bytes at byte {off}) lies past its end ({store.size} bytes)")
 
 
-def value_at(store: Store, pos: int) -> Any:
-    """The value whose 16-byte reference is at ``pos``: a container of at most
-    :data:`PLAIN_VALUES` values in all as a plain list, tuple or dict (built in one C
-    call), a larger one as a view."""
-    got = _build(store.mm, pos, PLAIN_VALUES, store.record_keys, view_at, store, _TOO_BIG)
-    return view_at(store, pos) if got is _TOO_BIG else got
+def value_at(store: Store, pos: int, limit: int) -> Any:
+    """The value whose 16-byte reference is at ``pos``, in the node at ``limit``: a
+    container of at most :data:`PLAIN_VALUES` values in all as a plain list, tuple or
+    dict (built in one C call), a larger one as a view."""
+    got = _build(store.mm, pos, PLAIN_VALUES, store.record_keys, view_at, store, _TOO_BIG, limit)
+    return view_at(store, pos, limit) if got is _TOO_BIG else got
 
 
-def view_at(store: Store, pos: int) -> Any:
+def view_at(store: Store, pos: int, limit: int | None = None) -> Any:
     """The value whose 16-byte reference is at ``pos``, a container as a view whatever
     its size. The C reader hands arrays, numpy scalars and big ints back here; every
-    other scalar is its to decode."""
+    other scalar is its to decode. ``limit``: the offset of the node holding the
+    reference (None: the root, or a leaf from the C reader). share() writes a container's
+    children before it, so a container at or past ``limit`` is corrupt: no path through
+    a segment loops."""
     mm = store.mm
     tag = mm[pos]
     if tag not in _VIEWED_HERE:
-        return value_at(store, pos)
+        return value_at(store, pos, store.size if limit is None else limit)
     off = _unpack_u64(mm, pos + 8)[0]
+    if limit is not None and off >= limit and tag in _CONTAINERS:
+        raise _corrupt(f"the container at byte {off} is referred to from byte {pos}, before it")
     if tag == L.RECORD:
         return SharedDict(store, off, True)
     if tag == L.DICT:
@@ -212,7 +218,8 @@ class _SharedSequence(Sequence):
         )
         if got is _TOO_BIG:
             i = operator.index(index)
-            return view_at(store, self._pos + L.SEQ_HEAD.size + L.REF_SIZE * (i + self._n if i < 0 else i))
+            at = self._pos + L.SEQ_HEAD.size + L.REF_SIZE * (i + self._n if i < 0 else i)
+            return view_at(store, at, self._pos)
         return got
 
     def _item(self, i: int) -> Any:
@@ -225,7 +232,7 @@ class _SharedSequence(Sequence):
                 raise _corrupt(f"item {i} of a list of str at byte {self._pos} lies outside it")
             return _utf8(mm[blob + a : blob + b])
         if form == L.REFS:
-            return value_at(self._store, base + L.REF_SIZE * i)
+            return value_at(self._store, base + L.REF_SIZE * i, self._pos)
         if form == L.INTS:
             return _unpack_i64(self._store.mm, base + 8 * i)[0]
         return _unpack_f64(self._store.mm, base + 8 * i)[0]
@@ -235,7 +242,7 @@ class _SharedSequence(Sequence):
         if form == L.REFS:
             store = self._store
             for i in range(n):
-                yield value_at(store, base + L.REF_SIZE * i)
+                yield value_at(store, base + L.REF_SIZE * i, self._pos)
             return
         for lo in range(0, n, _CHUNK):
             hi = min(n, lo + _CHUNK)
@@ -426,6 +433,8 @@ class SharedDict(Mapping):
         if record:
             # A record: its keys are its key table's, decoded once per process.
             table = _unpack_u64(store.mm, pos)[0]
+            if table >= pos:
+                raise _corrupt(f"the record at byte {pos} names a key table at or after it ({table})")
             found = store.tables.get(table)
             if found is None:
                 found = _key_table(store, table)
@@ -473,7 +482,10 @@ class SharedDict(Mapping):
             if slot > n:
                 raise _corrupt(f"a bucket of the dict at byte {self._pos} names entry {slot - 1} of {n}")
             entry = slot - 1
-            if unpack(mm, hashes + 4 * entry)[0] == h and value_at(store, keys + _REF_SIZE * entry) == key:
+            if (
+                unpack(mm, hashes + 4 * entry)[0] == h
+                and value_at(store, keys + _REF_SIZE * entry, self._pos) == key
+            ):
                 return entry
             i = (i + 1) & mask
         raise _corrupt(f"the dict at byte {self._pos} has no free bucket")
@@ -481,10 +493,10 @@ class SharedDict(Mapping):
     def _key(self, entry: int) -> Any:
         if self._keys is not None:
             return self._keys[entry]
-        return _key_at(self._store, self._keys_at() + L.REF_SIZE * entry)
+        return _key_at(self._store, self._keys_at() + L.REF_SIZE * entry, self._pos)
 
     def _value(self, entry: int) -> Any:
-        return value_at(self._store, self._values_at + L.REF_SIZE * entry)
+        return value_at(self._store, self._values_at + L.REF_SIZE * entry, self._pos)
 
     def __getitem__(self, key: Any) -> Any:
         index = self._index
@@ -492,7 +504,7 @@ class SharedDict(Mapping):
             entry = index.get(key)
             if entry is None:
                 raise KeyError(key)
-            return value_at(self._store, self._values_at + L.REF_SIZE * entry)
+            return value_at(self._store, self._values_at + L.REF_SIZE * entry, self._pos)
         entry = self._find(key)
         if entry < 0:
             raise KeyError(key)
@@ -522,7 +534,7 @@ class SharedDict(Mapping):
     def _values(self) -> Iterator[Any]:
         store, values = self._store, self._values_at
         for entry in range(self._n):
-            yield value_at(store, values + L.REF_SIZE * entry)
+            yield value_at(store, values + L.REF_SIZE * entry, self._pos)
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, Mapping):
@@ -612,7 +624,7 @@ def _key_table(store: Store, table: int) -> tuple[dict[Any, int], tuple[Any, ...
         _check(store, table, 8, "a key table's count")
         n = _unpack_u64(store.mm, table)[0]
         _check(store, table + 8, L.REF_SIZE * n, "a key table")
-        keys = tuple(_key_at(store, table + 8 + L.REF_SIZE * entry) for entry in range(n))
+        keys = tuple(_key_at(store, table + 8 + L.REF_SIZE * entry, table) for entry in range(n))
         store.record_keys[table] = keys
     try:
         index = {key: entry for entry, key in enumerate(keys)}
@@ -622,13 +634,13 @@ def _key_table(store: Store, table: int) -> tuple[dict[Any, int], tuple[Any, ...
     return found
 
 
-def _key_at(store: Store, pos: int) -> Any:
+def _key_at(store: Store, pos: int, limit: int) -> Any:
     """The dict key whose reference is at ``pos``, as the original's was: a tuple key as
     a tuple (hashable, small). A CorruptDataError for a key no dict could hold."""
     # Built whole, within the segment's budget: each value an encoder writes takes 8
     # bytes or more of it, so a key that builds more was not written by one (a node
     # referenced twice per level would build 2**depth).
-    key = _build(store.mm, pos, store.size // 8 + 1, store.record_keys, view_at, store, _TOO_BIG)
+    key = _build(store.mm, pos, store.size // 8 + 1, store.record_keys, view_at, store, _TOO_BIG, limit)
     if key is _TOO_BIG:
         raise _corrupt(
             f"the dict key at byte {pos} holds more values than the segment has room for, "
