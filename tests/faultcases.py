@@ -775,6 +775,7 @@ def case_security(method: str) -> dict[str, Any]:
 
     real_shm = posix_ipc.SharedMemory
     created: list[dict[str, Any]] = []
+    segment_mod._tmpfile_refused = True  # the named segments (O_TMPFILE makes none)
 
     def recording_shm(name, flags=0, mode=0o600, *args, **kw):
         shm = real_shm(name, flags, mode, *args, **kw)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmloader import DataLoader, share
+from shmloader import CorruptDataError, DataLoader, share
 from shmloader.memory.shared import SharedDict, SharedList, SharedTuple, views
 
 # --- values and types ----------------------------------------------------------------------
@@ -454,17 +454,18 @@ def test_a_corrupt_segment_gives_value_error_not_a_stray_read():
             bad = bytearray(mm)
             bad[offset] = byte
             try:
-                build(bytes(bad), 8, views.PLAIN_VALUES, {}, views.view_at, good._store, None)
-                build(bytes(bad), 8 + 32, views.PLAIN_VALUES, {}, views.view_at, good._store, None)
-            except (ValueError, UnicodeDecodeError, TypeError, OverflowError):
-                pass  # refused with an error; anything else (a crash) fails the test
-    # A list whose item is itself (no encoder writes one): the reader stops at its depth
-    # bound, whatever the budget, and says "too big" (views then read it lazily).
+                build(bytes(bad), 8, views.PLAIN_VALUES, {}, views.view_at, good._store, None, len(bad))
+                build(bytes(bad), 8 + 32, views.PLAIN_VALUES, {}, views.view_at, good._store, None, len(bad))
+            except CorruptDataError:
+                pass  # refused with the one error; anything else (a crash) fails the test
+    # A list whose item is itself (no encoder writes one: children come before their
+    # container): refused, whatever the budget.
     from shmloader.memory.shared import layout as L
 
     cycle = L.MAGIC + L.REF.pack(L.LIST, 24) + L.SEQ_HEAD.pack(L.REFS, 1) + L.REF.pack(L.LIST, 24)
     too_big = object()
-    assert build(cycle, 8, 10**9, {}, views.view_at, good._store, too_big) is too_big
+    with pytest.raises(CorruptDataError, match="at or after itself"):
+        build(cycle, 8, 10**9, {}, views.view_at, good._store, too_big, len(cycle))
 
 
 @pytest.mark.parametrize(

@@ -104,6 +104,17 @@ class BatchKeyError(BatchLayoutError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class CorruptDataError(ShmLoaderError, ValueError):
+    """Bytes shmloader reads back are not what it wrote: a shared structure's segment
+    (:func:`shmloader.share`) whose nodes point outside it, loop, or hold what no encoder
+    writes, or a frame on a worker's socket with an impossible length. The message says
+    what was found where (and, for a frame, which worker sent it). Every such failure is
+    this one type, never a stray read, a hang or another exception: a sealed memfd
+    segment cannot change after ``share()``, so it means an encoder bug, a segment of
+    the ``posix`` backend written by a process of the same user, or stray bytes on a
+    socket. A ``ValueError``: the input's value is wrong."""
+
+
 class StrayStopIteration(ShmLoaderError, RuntimeError):
     """Dataset, sampler-free fetch or collate code raised ``StopIteration`` while a batch
     was made. An epoch ends only when its sampler (or iterable dataset) is exhausted, so

@@ -8,10 +8,13 @@ processes:
   birth, sealed against shrinking and growing once reserved (:func:`reserve`), so no
   process can cut it under a mapping. Its pages are charged to the process's memory
   cgroup, not to the /dev/shm mount: a 64 MB /dev/shm (Docker's default) limits nothing.
-- ``posix``: ``shm_open`` (posix_ipc) with a random name, ``O_EXCL`` and mode 0600,
-  unlinked at once; it lives in /dev/shm and must fit there. Other systems use it, and
-  Linux where ``memfd_create`` is refused (a seccomp profile: ENOSYS, EPERM), once per
-  process.
+- ``posix``: a file in /dev/shm that never has a name where the kernel allows it (Linux:
+  ``O_TMPFILE``), else ``shm_open`` (posix_ipc) with a name that says which process made
+  it (``shmloader-PID-RANDOM``), ``O_EXCL`` and mode 0600, unlinked at once; it lives in
+  /dev/shm and must fit there. A process killed between ``shm_open`` and the unlink
+  leaves an empty file: the first posix segment of every process removes those whose
+  maker is dead (:func:`sweep`). Other systems use it, and Linux where ``memfd_create``
+  is refused (a seccomp profile: ENOSYS, EPERM), once per process.
 
 A segment is made only after :func:`check_room` found the memory there
 (:mod:`shmloader.memory.limits`: reserving past a cgroup's limit would wake the OOM killer).
@@ -24,8 +27,10 @@ import dataclasses
 import errno
 import fcntl
 import os
+import re
 import secrets
 import sys
+import time
 from typing import Any
 
 try:
@@ -38,6 +43,16 @@ from shmloader.memory import limits as memory
 
 _NAME_ATTEMPTS = 16
 _SHM_DIR = "/dev/shm"
+NAME_PREFIX = "shmloader-"  # then the pid of the process that made it, "-", 16 hex digits
+_OUR_NAME = re.compile(r"shmloader-(\d+)-[0-9a-f]{16}")
+# A leftover is swept only this long after it was made: a process of another pid
+# namespace sharing /dev/shm (its pid not visible here) is between create and unlink for
+# microseconds, never a second.
+SWEEP_MIN_AGE_S = 2.0
+# O_TMPFILE refused by /dev/shm's filesystem in this process (an old kernel): named
+# segments, swept, from then on.
+_tmpfile_refused = not (hasattr(os, "O_TMPFILE") and sys.platform.startswith("linux"))
+_swept = False
 
 BACKENDS = ("auto", "memfd", "posix")
 BACKEND_ENV = "SHMLOADER_SHM_BACKEND"  # what "auto" means, where set
@@ -166,14 +181,22 @@ def create(kind: str, *, explicit: bool) -> tuple[int, str]:
 
 
 def _create_unlinked_segment() -> int:
-    """Create a new POSIX segment with a fresh random name (O_EXCL, 0600) and unlink it at once."""
+    """A new POSIX segment that has no name: made without one where the kernel allows it,
+    else with a fresh name (O_EXCL, 0600) unlinked at once."""
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep()
+    fd = _unnamed_segment()
+    if fd is not None:
+        return fd
     if posix_ipc is None:
         raise ShmBackendError(
             "the posix shared-memory backend needs the posix_ipc package, which is not "
             "installed: pip install posix_ipc, or use shm_backend='memfd' (Linux)."
         )
     for _ in range(_NAME_ATTEMPTS):
-        name = f"/shmloader-{os.getpid()}-{secrets.token_hex(8)}"
+        name = f"/{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
         except posix_ipc.ExistentialError:
@@ -188,6 +211,74 @@ def _create_unlinked_segment() -> int:
         f"could not create a shared-memory segment: {_NAME_ATTEMPTS} random names were all "
         "taken. Something is filling /dev/shm with names; inspect it."
     )
+
+
+def _unnamed_segment() -> int | None:
+    """A file in /dev/shm made without a name (``O_TMPFILE``, mode 0600): no process can
+    be killed between its creation and its unlink, since there is none. None where the
+    kernel or /dev/shm's filesystem refuses it (remembered for the process)."""
+    global _tmpfile_refused
+    if _tmpfile_refused:
+        return None
+    try:
+        return os.open(_SHM_DIR, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            raise
+        _tmpfile_refused = True
+        return None
+
+
+def sweep(min_age_s: float = SWEEP_MIN_AGE_S) -> list[str]:
+    """Remove the named segments shmloader left in /dev/shm whose maker is dead (killed
+    between creating one and unlinking it): names of this user's made by a pid that no
+    longer runs, at least ``min_age_s`` old. Never a live process's (a pid that runs
+    again as another process keeps its names until that one ends). The names removed."""
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:
+        return []
+    removed = []
+    uid, now = os.geteuid(), time.time()
+    for name in names:
+        found = _OUR_NAME.fullmatch(name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        path = os.path.join(_SHM_DIR, name)
+        try:
+            st = os.lstat(path)
+            if st.st_uid != uid or now - st.st_mtime < min_age_s:
+                continue
+            os.unlink(path)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+        removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's: alive
+        return True
+    return True
+
+
+def read_only(fd: int) -> int:
+    """A read-only descriptor of the posix segment ``fd``, which is closed: the segment's
+    mode becomes 0400, then it is opened again read-only through /proc. A process holding
+    only the new descriptor cannot write it, shrink it (a SIGBUS in every reader) or map
+    it writable, nor (root aside) open it for writing again through /proc/PID/fd. Where
+    there is no /proc, ``fd`` itself (still writable)."""
+    os.fchmod(fd, 0o400)
+    try:
+        ro = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return fd
+    os.close(fd)
+    return ro
 
 
 def _space_error(budget: memory.Budget, total: int, num_slots: int, slot_bytes: int) -> ShmSpaceError:

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from shmloader.errors import CorruptDataError
 from shmloader.system import fdguard
 from shmloader.system import slots as _slots
 
@@ -107,9 +108,20 @@ def pack(kind: int, slot: int = NO_SLOT, seq: int = 0, payload: bytes = b"") -> 
     return HEADER.pack(kind, slot, seq) + payload
 
 
+def _short(message: Any, what: str, exc: Exception) -> CorruptDataError:
+    """The error for a message too short (or odd) for what its kind says it holds."""
+    return CorruptDataError(
+        f"a message of {len(message)} bytes is too short for {what} ({exc}): the peer wrote "
+        "something else than a frame of this wire"
+    )
+
+
 def unpack(message: Any) -> tuple[int, int, int]:
     """A message's (kind, slot, seq); its payload is ``body(message)``."""
-    return HEADER.unpack_from(message)
+    try:
+        return HEADER.unpack_from(message)
+    except struct.error as exc:
+        raise _short(message, "a header", exc) from exc
 
 
 def body(message: Any) -> Any:
@@ -132,7 +144,10 @@ def ready_frame(slot: int, seq: int, fetch_ns: int, collate_ns: int, idle_ns: in
 
 def ready_clocks(message: Any) -> tuple[int, int, int]:
     """A RES_READY message's (fetch_ns, collate_ns, idle_ns)."""
-    return _CLOCKS.unpack_from(message, HEADER_BYTES)
+    try:
+        return _CLOCKS.unpack_from(message, HEADER_BYTES)
+    except struct.error as exc:
+        raise _short(message, "a batch's clocks", exc) from exc
 
 
 def task_wake_frame() -> bytes:
@@ -153,7 +168,10 @@ def channel_frame(offset: int, size: int) -> bytes:
 
 def channel_info(message: Any) -> tuple[int, int]:
     """A TASK_CHANNEL message's (offset, size)."""
-    return _I64X2.unpack_from(message, HEADER_BYTES)
+    try:
+        return _I64X2.unpack_from(message, HEADER_BYTES)
+    except struct.error as exc:
+        raise _short(message, "a channel's place", exc) from exc
 
 
 def ring_frame(num_slots: int, slot_bytes: int) -> bytes:
@@ -163,7 +181,10 @@ def ring_frame(num_slots: int, slot_bytes: int) -> bytes:
 
 def ring_info(message: Any) -> tuple[int, int]:
     """A TASK_RING message's (num_slots, slot_bytes)."""
-    return _I64X2.unpack_from(message, HEADER_BYTES)
+    try:
+        return _I64X2.unpack_from(message, HEADER_BYTES)
+    except struct.error as exc:
+        raise _short(message, "a ring's size", exc) from exc
 
 
 def epoch_frame(
@@ -185,7 +206,10 @@ def epoch_frame(
 
 def epoch_info(message: Any) -> tuple[int, bool, int | None, int | None]:
     """A TASK_EPOCH message's ``(seed, reseed, epoch_seed, shared_seed)`` (see epoch_frame)."""
-    seed, flags, epoch, shared = _EPOCH.unpack_from(message, HEADER_BYTES)
+    try:
+        seed, flags, epoch, shared = _EPOCH.unpack_from(message, HEADER_BYTES)
+    except struct.error as exc:
+        raise _short(message, "an epoch's seeds", exc) from exc
     return (
         seed,
         bool(flags & _RESEED),
@@ -206,7 +230,10 @@ def size_payload(slot_bytes: int, rest: bytes = b"") -> bytes:
 
 def needed_bytes(payload: Any) -> int:
     """The slot bytes a RES_SEGMENT / RES_PICKLED payload says its batch needs."""
-    return _I64.unpack_from(payload)[0]
+    try:
+        return _I64.unpack_from(payload)[0]
+    except struct.error as exc:
+        raise _short(payload, "a batch's size", exc) from exc
 
 
 def pickled_batch(payload: Any) -> Any:
@@ -298,6 +325,20 @@ def read_header(ring: Any, slot: int) -> SlotHeader:
 _LEN = struct.Struct("!i")  # Connection's frame length; -1: an 8-byte length follows
 _LEN64 = struct.Struct("!Q")
 _READ_CHUNK = 1 << 16
+# A message's buffer is made whole up to this size, then doubled as its bytes arrive: a
+# length read from stray bytes costs no more memory than the bytes that came.
+_GROW_FROM = 1 << 26
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 1 << 48
+
+
+# No frame is longer than the machine's memory: a longer length is stray bytes, not a frame.
+MAX_FRAME = _memory_bytes()
 
 
 def frame(message: bytes) -> bytes:
@@ -330,20 +371,29 @@ class FrameReader:
     time its frame is returned; descriptors queue in the order of their frames.
     """
 
-    __slots__ = ("_fds", "_got", "_head", "_partial", "_receiver", "fd")
+    __slots__ = ("_error", "_fds", "_got", "_head", "_partial", "_receiver", "_size", "fd", "peer")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, peer: str = "the peer") -> None:
+        """``peer``: who writes to ``fd`` ("worker 3"), named by a protocol error."""
         self.fd = fd
+        self.peer = peer
+        self._error: CorruptDataError | None = None  # the stream's protocol error, once found
         self._receiver = _slots.Receiver(_READ_CHUNK)
         self._fds: deque[int] = deque()
         self._head = b""  # the start of a frame whose length is cut off
         self._partial: bytearray | None = None  # a message being completed
         self._got = 0  # its bytes received so far
+        self._size = 0  # its length: its buffer grows to it as bytes arrive (see _GROW_FROM)
 
     def read(self) -> list[bytes] | None:
         """The messages completed by one read (an empty list when it brought only part of
         one, or nothing on a non-blocking socket); None at EOF, or when the peer died part
-        way through a message."""
+        way through a message. A :class:`~shmloader.errors.CorruptDataError` naming the
+        peer where a frame's length is impossible (negative, or more than the machine's
+        memory): bytes that are no frame, after which the stream cannot be followed (every
+        later read raises it again)."""
+        if self._error is not None:
+            raise self._error
         if self._partial is not None:
             return self._continue()
         try:
@@ -385,9 +435,13 @@ class FrameReader:
                     break
                 size = _LEN64.unpack_from(data, start)[0]
                 start += 8
+            if not 0 <= size <= MAX_FRAME:
+                self._error = self._bad_length(size)
+                raise self._error
             have = end - start
             if have < size:  # the rest of this message is still on its way
-                self._partial = message = bytearray(size)
+                self._partial = message = bytearray(min(size, max(have, _GROW_FROM)))
+                self._size = size
                 message[:have] = data[start:end]
                 self._got = have
                 break
@@ -395,10 +449,20 @@ class FrameReader:
             messages.append(data[start:pos])
         return messages
 
+    def _bad_length(self, size: int) -> CorruptDataError:
+        return CorruptDataError(
+            f"{self.peer} sent bytes that are not a frame on its socket (descriptor {self.fd}): "
+            f"a frame of {size} bytes (a length is 0 to {MAX_FRAME}, the machine's memory). "
+            "Something else wrote to the socket (a library of the dataset writing to an "
+            "inherited descriptor?); the stream cannot be followed from here."
+        )
+
     def _continue(self) -> list[bytes] | None:
         """Read more of the cut-off message, into its buffer; it alone when complete."""
         message = self._partial
         assert message is not None
+        if self._got == len(message):  # its buffer is full, the message is not: double it
+            message += bytes(min(len(message), self._size - len(message)))
         try:
             n, fd = self._receiver.recv_into(self.fd, memoryview(message)[self._got :])
         except BlockingIOError:
@@ -408,7 +472,7 @@ class FrameReader:
         if n == 0:
             return None  # the peer closed the socket part way through a message
         self._got += n
-        if self._got < len(message):
+        if self._got < self._size:
             return []
         self._partial = None
         return [message]  # type: ignore[list-item]  # bytes-like; not copied again
@@ -522,6 +586,7 @@ def send_frame_with_fd(sock: int, framed: bytes, fd: int) -> None:
 # pickled (how torch sends them to its workers: np.longlong, a type of its own beside
 # np.int64 here, comes back as np.int64).
 _SCALAR_CHARS = {np.dtype(c).type: ord(pickle.loads(pickle.dumps(np.dtype(c))).char) for c in "?bBhHiIlLqQ"}
+_SCALAR_CHAR_SET = frozenset(map(chr, _SCALAR_CHARS.values()))
 
 
 def task_payload(indices: Any) -> tuple[int, bytes]:
@@ -563,6 +628,12 @@ def task_keys(kind: int, payload: Any) -> Any:
     """The sample keys of a TASK_SCALARS or TASK_KEYS payload, as :func:`task_payload`
     was given them."""
     if kind == TASK_SCALARS:
-        char, n = _I64X2.unpack_from(payload)
-        return list(np.frombuffer(payload, np.dtype(chr(char)), n, 16))
+        try:
+            char, n = _I64X2.unpack_from(payload)
+            dtype = np.dtype(chr(char))
+            if dtype.char not in _SCALAR_CHAR_SET:
+                raise ValueError(f"{dtype} is no integer or bool type")
+            return list(np.frombuffer(payload, dtype, n, 16))
+        except (struct.error, ValueError, TypeError, OverflowError) as exc:
+            raise _short(payload, "a batch's keys", exc) from exc
     return pickle.loads(payload)

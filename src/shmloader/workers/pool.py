@@ -66,7 +66,7 @@ class WorkerHandle:
         self.proc = proc
         self.conn = conn
         self.fd = conn.fileno()
-        self.reader = wire.FrameReader(self.fd)
+        self.reader = wire.FrameReader(self.fd, f"worker {wid}")
         self.frames_read = 0  # frames read from the worker (the stamps of its queued results count them)
         # Non-blocking from here on: no write to a worker may block the consumer's loop.
         self.writer = wire.FrameWriter(self.fd)

@@ -166,7 +166,7 @@ class _Worker:
         self.cfg = config
         self.conn = conn
         self.fd = conn.fileno()
-        self.reader = wire.FrameReader(self.fd)
+        self.reader = wire.FrameReader(self.fd, "the consumer")
         self.ring = config.ring
         self.placements = Placements(_VIEW_CACHE_SIZE)
         self.views: dict[tuple[int, Placement], list] = {}  # (slot, placement) -> views of the slot

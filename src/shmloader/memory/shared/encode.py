@@ -12,6 +12,12 @@ list in another. Per value, Python runs a few iterations of C loops instead of a
 calls. Anything unusual (a subclass, bytes, a numpy array, a big int) is written one
 value at a time, as is any column where something goes wrong: the value-by-value walk
 names the place of an unsupported value and finds cycles.
+
+A container met again (the same object, by identity, as pickle's memo finds it) is
+written once and referenced from each place: a structure that shares sub-containers
+costs its size, not the size of its expansion. The value-by-value walk remembers every
+container it wrote; a column written in bulk that meets one written before (or the same
+one twice) is written value by value instead.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import gc
 import itertools
 import struct
+import sys
 import zlib
 from array import array
 from collections.abc import Callable, Mapping
@@ -37,6 +44,12 @@ _BULK = 16
 _CRC_S = zlib.crc32(b"s")  # a str key's canonical bytes start with b"s" (layout.key_bytes)
 _U64 = np.uint64
 _SCALARS = {str, int, float, bool, type(None), bytes}
+# share() takes structures nested this deep (pickle's own limit lies below): the walk
+# recurses a few Python frames per level, so the recursion limit is raised to that while
+# it runs (Python-to-Python calls do not grow the C stack).
+MAX_NESTING = 1000
+_FRAMES_PER_LEVEL = 6
+_DONE_RUNS = 16  # runs of written containers' ids kept apart before they are merged
 
 
 def _word(head: bytes) -> np.uint64:
@@ -66,10 +79,16 @@ class _Retry(Exception):
     unsupported value, a container seen at two levels: maybe a cycle)."""
 
 
+class _Twice(_Retry):
+    """A column written in bulk holds one container more than once: its distinct
+    containers are written once each (see :meth:`Writer._once`)."""
+
+
 def _bad_key(key: Any) -> UnsupportedValue:
     return UnsupportedValue(
         f"a dict key of type {type(key).__name__} ({key!r})",
-        "dict keys may be str, bytes, int, float, bool, None, numpy scalars or tuples of them.",
+        f"dict keys may be str, bytes, int, float, bool, None, numpy scalars or tuples of them "
+        f"(nested at most {L.KEY_DEPTH} deep).",
     )
 
 
@@ -83,6 +102,16 @@ class Writer:
         self._open: set[int] = set()  # containers being written: one met again is a cycle
         self._bulk_depth = 0  # columns being written in bulk, one inside another
         self._levels: list[np.ndarray] = []  # the ids of the containers of those columns
+        # Containers written value by value: id -> (their reference, the container, kept
+        # alive so that its id names it until the end).
+        self._written: dict[int, tuple[bytes, Any]] = {}
+        # The ids of every container written so far (sorted runs; the latest ones written
+        # value by value are in _written_ids until a column is written in bulk), and the
+        # containers written in bulk, kept alive.
+        self._done: list[np.ndarray] = []
+        self._written_ids: list[int] = []
+        self._alive: list[Any] = []
+        self._keys_depth = 0  # > 0 while dict keys are written: written whole, no memo
 
     def finish(self, root: Any) -> bytearray:
         # The walk makes millions of short-lived tuples and lists and no cycle: the cyclic
@@ -90,9 +119,17 @@ class Writer:
         # caller's (large) structure again and again.
         collecting = gc.isenabled()
         gc.disable()
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, _stack_depth() + _FRAMES_PER_LEVEL * MAX_NESTING + 100))
         try:
             ref = self.ref(root)
+        except RecursionError as exc:
+            raise RecursionError(
+                f"share() met a structure nested more than about {MAX_NESTING} levels deep: "
+                "store deeper levels apart (a list of nodes and their children's indices)."
+            ) from exc
         finally:
+            sys.setrecursionlimit(limit)
             if collecting:
                 gc.enable()
         self.buf[L.ROOT : L.ROOT + L.REF_SIZE] = ref
@@ -138,11 +175,11 @@ class Writer:
         from shmloader.memory.shared.views import SharedDict, SharedList, SharedTuple
 
         if isinstance(value, (list, SharedList)):  # a list subclass is stored as a list
-            return L.REF.pack(L.LIST, self._guarded(self._sequence, value))
+            return self._container(value, L.LIST, self._sequence)
         if t is tuple or t is SharedTuple:
-            return L.REF.pack(L.TUPLE, self._guarded(self._sequence, value))
+            return self._container(value, L.TUPLE, self._sequence)
         if isinstance(value, (dict, SharedDict)):  # an OrderedDict, a defaultdict: as a dict
-            return L.REF.pack(*self._guarded(self._dict, value))
+            return self._container(value, None, self._dict)
         # Subclasses of the scalar types (an IntEnum, numpy.str_) are stored as their base.
         if isinstance(value, int):
             return self.ref(int(value))
@@ -163,6 +200,23 @@ class Writer:
             f"a value of type {t.__module__}.{t.__qualname__}",
             f"it stores {SUPPORTED}. Convert the value first (e.g. a set to a sorted list).",
         )
+
+    def _container(self, value: Any, tag: int | None, write: Any) -> bytes:
+        """The reference of a list, tuple or dict: the one written already where this
+        object was met before (outside dict keys, which a reader builds whole)."""
+        key = id(value)
+        if not self._keys_depth:
+            found = self._written.get(key)
+            if found is not None:
+                return found[0]
+        if tag is None:
+            ref = L.REF.pack(*self._guarded(write, value))
+        else:
+            ref = L.REF.pack(tag, self._guarded(write, value))
+        if not self._keys_depth:
+            self._written[key] = (ref, value)
+            self._written_ids.append(key)
+        return ref
 
     def _guarded(self, write: Any, value: Any) -> Any:
         key = id(value)
@@ -246,17 +300,22 @@ class Writer:
                 L.key_bytes(key)
             except TypeError:
                 raise _bad_key(key) from None
-        refs = b"".join(map(self.ref, keys))
+        self._keys_depth += 1
+        try:
+            refs = b"".join(map(self.ref, keys))
+        finally:
+            self._keys_depth -= 1
         found = self._tables[memo] = self.node(L.U64.pack(len(keys)), refs)
         return found
 
     @staticmethod
     def _memo(keys: tuple[Any, ...]) -> Any:
         """How a key tuple is remembered: as itself where its keys are all str; else with
-        their types, since ``1``, ``1.0`` and ``True`` are equal but are stored apart."""
+        their types all the way down, since ``1``, ``1.0`` and ``True`` (and ``(1,)`` and
+        ``(1.0,)``, ``0.0`` and ``-0.0``) are equal but are stored apart."""
         for key in keys:
             if type(key) is not str:
-                return keys, tuple(map(type, keys))
+                return keys, tuple(map(_exact, keys))
         return keys
 
     def _plain_dict(self, keys: list[Any], values: list[Any]) -> int:
@@ -272,7 +331,11 @@ class Writer:
                     hashes.append(L.key_hash(key))
                 except TypeError:
                     raise _bad_key(key) from None
-        key_refs = self._column(keys, lambda i: f"[{keys[i]!r}] (key)")
+        self._keys_depth += 1
+        try:
+            key_refs = self._column(keys, lambda i: f"[{keys[i]!r}] (key)")
+        finally:
+            self._keys_depth -= 1
         value_refs = self._column(values, lambda i: f"[{keys[i]!r}]")
         buckets = _buckets(hashes) if n > L.SMALL_DICT else array("I")
         hash_bytes = hashes.tobytes()
@@ -295,12 +358,15 @@ class Writer:
             if self._bulk_depth:
                 return self._bulk(values)
             self._bulk_depth = 1
+            self._flush_written()
+            done = list(self._done)
             try:
                 return self._bulk(values)
             except (_Retry, UnsupportedValue):
                 # Written one by one instead: the walk names the place of what cannot be
-                # stored, and tells a cycle from a container met twice.
-                pass
+                # stored, tells a cycle from a container met twice, and references a
+                # container written before. (What this try wrote stays unreferenced.)
+                self._done = done
             finally:
                 self._bulk_depth = 0
         refs = []
@@ -355,33 +421,61 @@ class Writer:
         elif kind is type(None):
             out["tag"] = L.NONE
         elif kind is dict:
-            tags, offsets = self._records(values)
+            tags, offsets = self._once(self._records, values)
             out["tag"] = tags
             out["payload"] = offsets
         elif kind is list or kind is tuple:
             out["tag"] = L.LIST if kind is list else L.TUPLE
-            out["payload"] = self._sequences(values)
+            out["payload"] = self._once(self._sequences, values)
         else:  # subclasses, bytes, numpy values, shared views: one by one
             out[:] = np.frombuffer(b"".join(map(self.ref, values)), L.REF_DTYPE)
 
     def _enter(self, containers: Any) -> None:
-        """Mark a level of containers as being written (until :meth:`_leave`). One already
-        open (an ancestor, or a container met at another level) is left to the
-        value-by-value walk, which tells a cycle from a structure that merely shares a
-        container. Levels are kept as sorted arrays of ids: sets of a million ids cost
+        """Mark a level of containers as being written (until :meth:`_leave`). One met
+        before (an ancestor, a container written already or at another level, the same
+        one twice in this level) is left to the value-by-value walk, which tells a cycle
+        from a structure that merely shares a container, and references what it wrote
+        before. Levels are kept as sorted arrays of ids: sets of a million ids cost
         several times more to build and to search."""
         ids = np.fromiter(map(id, containers), np.int64, len(containers))
         if self._open and np.isin(ids, np.fromiter(self._open, np.int64, len(self._open))).any():
             raise _Retry
-        for level in self._levels:
+        ids.sort()
+        if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
+            raise _Twice
+        for level in itertools.chain(self._levels, self._done):
             at = np.searchsorted(level, ids)
             if (level[np.minimum(at, len(level) - 1)] == ids).any():
                 raise _Retry
-        ids.sort()
         self._levels.append(ids)
+        self._alive.append(containers)
+
+    def _once(self, write: Callable[[Any], Any], containers: Any) -> Any:
+        """``write(containers)`` (a column of containers, its result an array per
+        container, or a tuple of them), each distinct container written once where the
+        column holds one several times (records sharing one sub-dict: one node, many
+        references)."""
+        try:
+            return write(containers)
+        except _Twice:
+            ids = np.fromiter(map(id, containers), np.int64, len(containers))
+            _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+            got = write([containers[i] for i in first])
+            return tuple(part[inverse] for part in got) if isinstance(got, tuple) else got[inverse]
 
     def _leave(self) -> None:
-        self._levels.pop()
+        """The level entered last is written: its containers join those done."""
+        self._done.append(self._levels.pop())
+        if len(self._done) > _DONE_RUNS:
+            self._done = [np.sort(np.concatenate(self._done))]
+
+    def _flush_written(self) -> None:
+        """The containers written value by value since the last call join those done."""
+        if self._written_ids:
+            self._done.append(np.sort(np.array(self._written_ids, np.int64)))
+            self._written_ids.clear()
+            if len(self._done) > _DONE_RUNS:
+                self._done = [np.sort(np.concatenate(self._done))]
 
     def _records(self, dicts: Any) -> tuple[np.ndarray, np.ndarray]:
         """Write a column of dicts: those with the same key tuple as records sharing one
@@ -486,6 +580,25 @@ class Writer:
             data = b"".join(blobs)
             np.cumsum(np.fromiter(map(len, blobs), np.int64, n), out=ends[1:])
         return data, ends
+
+
+def _stack_depth() -> int:
+    """The frames on this thread's stack now."""
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    return depth
+
+
+def _exact(key: Any) -> Any:
+    """What tells ``key`` from the keys equal to it that a dict stores apart: its type,
+    a tuple's items' (recursively), a float's sign bit."""
+    kind = type(key)
+    if kind is tuple:
+        return kind, tuple(map(_exact, key))
+    if kind is float:
+        return kind, L.F64.pack(key)
+    return kind
 
 
 def _buckets(hashes: array) -> array:

@@ -75,6 +75,7 @@ SMALL_DICT = 8  # up to this many keys a lookup scans the hashes: no buckets to 
 # bound that memory; other dicts carry their own keys and buckets.
 RECORD_KEYS = 256
 MAX_TABLES = 1024
+KEY_DEPTH = 64  # tuples in a dict key nest at most this deep (the C reader's bound is 100)
 ARRAY_ALIGN = 64  # numpy arrays' data start on a cache line, as numpy's own allocations do
 
 
@@ -83,28 +84,36 @@ def pad(n: int, to: int = 8) -> int:
     return -(-n // to) * to
 
 
-def key_bytes(key: Any) -> bytes:
+def key_bytes(key: Any, depth: int = 0) -> bytes:
     """The canonical bytes of a dict key: equal keys (``1``, ``1.0``, ``True``;
     ``"a"`` and ``numpy.str_("a")``) give equal bytes, so their CRC-32 finds them in
-    any process. A TypeError for a key of another type (it cannot be stored)."""
+    any process. A TypeError for a key of another type (it cannot be stored), or tuples
+    nested more than :data:`KEY_DEPTH` deep (a reader builds a key whole, in one call)."""
     if isinstance(key, str):
         return b"s" + key.encode("utf-8", "surrogatepass")
     if isinstance(key, np.generic):
         return key_bytes(key.item())
     if isinstance(key, int):  # bool too: True == 1
-        return b"i" + str(int(key)).encode()
+        return _int_bytes(int(key))
     if isinstance(key, float):
         if key.is_integer():
-            return b"i" + str(int(key)).encode()
+            return _int_bytes(int(key))
         return b"f" + F64.pack(key)
     if isinstance(key, bytes):
         return b"b" + key
     if key is None:
         return b"n"
     if isinstance(key, tuple):
-        parts = [key_bytes(k) for k in key]
+        if depth >= KEY_DEPTH:
+            raise TypeError(f"a tuple nested more than {KEY_DEPTH} deep")
+        parts = [key_bytes(k, depth + 1) for k in key]
         return b"t" + b"".join(U64.pack(len(p)) + p for p in parts)
     raise TypeError(type(key).__name__)
+
+
+def _int_bytes(value: int) -> bytes:
+    # Its bytes, not its decimal digits: str() of an int of over 4,300 digits raises.
+    return b"i" + value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
 
 
 def key_hash(key: Any) -> int:

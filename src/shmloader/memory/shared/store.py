@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 import shmloader.memory.shared.layout as L
-from shmloader.errors import ShmSpaceError
+from shmloader.errors import CorruptDataError, ShmSpaceError
 from shmloader.memory import limits
 from shmloader.system import segment
 
@@ -57,7 +57,14 @@ class Store:
         """The dtype a description in this segment names (parsed once)."""
         found = self._dtypes.get(description)
         if found is None:
-            found = self._dtypes[description] = L.dtype_from_description(description)
+            try:
+                found = L.dtype_from_description(description)
+            except Exception as exc:  # any text share() did not write: none is a dtype
+                raise CorruptDataError(
+                    f"a shared structure's segment is corrupt: {description[:80]!r} is not "
+                    f"a dtype ({type(exc).__name__}: {exc})."
+                ) from exc
+            self._dtypes[description] = found
         return found
 
     def __del__(self) -> None:
@@ -120,6 +127,10 @@ def create(data: bytes | bytearray, backend: str = "auto") -> Store:
             # to) can change a byte under another's reads, nor shrink it (a SIGBUS there).
             seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        else:
+            # No seals on /dev/shm: the descriptor every process gets (this one's, a forked
+            # child's copy, a spawned child's duplicate) is read-only instead.
+            fd = segment.read_only(fd)
         token = secrets.token_hex(8)
         store = Store(fd, size, token, populate=True)
     except BaseException:

@@ -28,6 +28,8 @@ import numpy as np
 
 import shmloader.memory.shared.layout as L
 from shmloader._shared_read import build as _build
+from shmloader._shared_read import item as _c_item
+from shmloader.errors import CorruptDataError
 from shmloader.memory.shared.store import Store
 
 _CHUNK = 4096  # items decoded per read while iterating a packed list
@@ -42,27 +44,53 @@ _unpack_u64 = L.U64.unpack_from
 _unpack_i64 = L.I64.unpack_from
 _unpack_f64 = L.F64.unpack_from
 _unpack_pair = L.PAIR.unpack_from
+_unpack_u32 = L.U32.unpack_from
+_REF_SIZE = L.REF_SIZE
 # The tags view_at decodes in Python: containers (as views), and what the C reader leaves to it.
 _VIEWED_HERE = frozenset((L.RECORD, L.DICT, L.LIST, L.TUPLE, L.ARRAY, L.SCALAR, L.BIGINT))
+_CONTAINERS = frozenset((L.RECORD, L.DICT, L.LIST, L.TUPLE))
 
 
-def value_at(store: Store, pos: int) -> Any:
-    """The value whose 16-byte reference is at ``pos``: a container of at most
-    :data:`PLAIN_VALUES` values in all as a plain list, tuple or dict (built in one C
-    call), a larger one as a view."""
-    got = _build(store.mm, pos, PLAIN_VALUES, store.record_keys, view_at, store, _TOO_BIG)
-    return view_at(store, pos) if got is _TOO_BIG else got
+_MAX_NDIM = 64  # numpy's own limit: a deeper array node is corrupt
 
 
-def view_at(store: Store, pos: int) -> Any:
+def _corrupt(what: str) -> CorruptDataError:
+    return CorruptDataError(
+        f"a shared structure's segment is corrupt: {what}. shmloader.share() never writes "
+        "this; a memfd segment is sealed, so another process of this user wrote to a "
+        "'posix' segment, or share() has a bug: please report it."
+    )
+
+
+def _check(store: Store, off: int, length: int, what: str) -> None:
+    """A CorruptDataError unless the ``length`` bytes at ``off`` lie inside the segment
+    (Python ints: no sum overflows)."""
+    if off < 0 or length < 0 or off + length > store.size:
+        raise _corrupt(f"{what} ({length} bytes at byte {off}) lies past its end ({store.size} bytes)")
+
+
+def value_at(store: Store, pos: int, limit: int) -> Any:
+    """The value whose 16-byte reference is at ``pos``, in the node at ``limit``: a
+    container of at most :data:`PLAIN_VALUES` values in all as a plain list, tuple or
+    dict (built in one C call), a larger one as a view."""
+    got = _build(store.mm, pos, PLAIN_VALUES, store.record_keys, view_at, store, _TOO_BIG, limit)
+    return view_at(store, pos, limit) if got is _TOO_BIG else got
+
+
+def view_at(store: Store, pos: int, limit: int | None = None) -> Any:
     """The value whose 16-byte reference is at ``pos``, a container as a view whatever
     its size. The C reader hands arrays, numpy scalars and big ints back here; every
-    other scalar is its to decode."""
+    other scalar is its to decode. ``limit``: the offset of the node holding the
+    reference (None: the root, or a leaf from the C reader). share() writes a container's
+    children before it, so a container at or past ``limit`` is corrupt: no path through
+    a segment loops."""
     mm = store.mm
     tag = mm[pos]
     if tag not in _VIEWED_HERE:
-        return value_at(store, pos)
+        return value_at(store, pos, store.size if limit is None else limit)
     off = _unpack_u64(mm, pos + 8)[0]
+    if limit is not None and off >= limit and tag in _CONTAINERS:
+        raise _corrupt(f"the container at byte {off} is referred to from byte {pos}, before it")
     if tag == L.RECORD:
         return SharedDict(store, off, True)
     if tag == L.DICT:
@@ -75,18 +103,42 @@ def view_at(store: Store, pos: int) -> Any:
         return _array(store, off)
     if tag == L.SCALAR:
         return _array(store, off)[()]
-    n = _unpack_u64(mm, off)[0]  # L.BIGINT
+    _check(store, off, 8, "a big int's length")  # L.BIGINT
+    n = _unpack_u64(mm, off)[0]
+    _check(store, off + 8, n, "a big int's bytes")
     return int.from_bytes(mm[off + 8 : off + 8 + n], "little", signed=True)
 
 
 def _array(store: Store, off: int) -> np.ndarray:
+    """The read-only array of the node at ``off``, every field checked against the
+    segment first: numpy's own check of ``offset`` against the buffer overflows."""
     mm = store.mm
+    _check(store, off, L.ARRAY_HEAD.size, "an array's head")
     ndim, descr_len, data_off, _ = L.ARRAY_HEAD.unpack_from(mm, off)
     start = off + L.ARRAY_HEAD.size
+    if ndim > _MAX_NDIM:
+        raise _corrupt(f"an array at byte {off} has {ndim} dimensions")
+    _check(store, start, 8 * ndim + descr_len, "an array's shape and dtype")
     shape = struct.unpack_from(f"={ndim}Q", mm, start)
-    descr = mm[start + 8 * ndim : start + 8 * ndim + descr_len]
-    # A read-only mapping gives a read-only array: numpy refuses writes to it.
-    return np.ndarray(shape, store.dtype(descr), buffer=mm, offset=data_off)
+    dtype = store.dtype(mm[start + 8 * ndim : start + 8 * ndim + descr_len])
+    if dtype.hasobject:
+        raise _corrupt(f"an array at byte {off} has dtype {dtype}, of Python objects")
+    nbytes = dtype.itemsize
+    for extent in shape:
+        nbytes *= extent
+    _check(store, data_off, nbytes, f"the data of an array of shape {shape} and dtype {dtype}")
+    try:
+        # A read-only mapping gives a read-only array: numpy refuses writes to it.
+        return np.ndarray(shape, dtype, buffer=mm, offset=data_off)
+    except (ValueError, TypeError) as exc:  # a subarray dtype past numpy's dimensions
+        raise _corrupt(f"an array at byte {off} cannot be made ({exc})") from exc
+
+
+def _utf8(data: bytes) -> str:
+    try:
+        return str(data, "utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise _corrupt(f"a string's bytes are not utf-8 ({exc})") from exc
 
 
 def _refuse(kind: str, what: str, remedy: str) -> TypeError:
@@ -133,7 +185,17 @@ class _SharedSequence(Sequence):
     def __init__(self, store: Store, pos: int) -> None:
         self._store = store
         self._pos = pos
-        self._form, self._n = L.SEQ_HEAD.unpack_from(store.mm, pos)
+        _check(store, pos, L.SEQ_HEAD.size, "a list's head")
+        self._form, self._n = form, n = L.SEQ_HEAD.unpack_from(store.mm, pos)
+        if form > L.FLOATS:
+            raise _corrupt(f"a list at byte {pos} has the unknown form {form}")
+        # Its items (a STRS list: its n + 1 ends) lie in the segment: reads index them unchecked.
+        _check(
+            store,
+            pos + L.SEQ_HEAD.size,
+            (L.REF_SIZE if form == L.REFS else 8) * n + 8 * (form == L.STRS),
+            "a list's items",
+        )
 
     def __len__(self) -> int:
         return self._n
@@ -141,18 +203,24 @@ class _SharedSequence(Sequence):
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return self._kind(self._item(i) for i in range(*index.indices(self._n)))
-        i = operator.index(index)
-        n = self._n
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"{self._kind.__name__} index out of range")
-        if self._form == L.REFS:  # value_at inlined: a dataset's records are read here
-            store = self._store
-            pos = self._pos + L.SEQ_HEAD.size + L.REF_SIZE * i
-            got = _build(store.mm, pos, PLAIN_VALUES, store.record_keys, view_at, store, _TOO_BIG)
-            return view_at(store, pos) if got is _TOO_BIG else got
-        return self._item(i)
+        # One C call: a packed item decoded, a reference's value built (as value_at).
+        store = self._store
+        got = _c_item(
+            store.mm,
+            self._pos,
+            index,
+            self._kind is tuple,
+            PLAIN_VALUES,
+            store.record_keys,
+            view_at,
+            store,
+            _TOO_BIG,
+        )
+        if got is _TOO_BIG:
+            i = operator.index(index)
+            at = self._pos + L.SEQ_HEAD.size + L.REF_SIZE * (i + self._n if i < 0 else i)
+            return view_at(store, at, self._pos)
+        return got
 
     def _item(self, i: int) -> Any:
         form, base = self._form, self._pos + L.SEQ_HEAD.size
@@ -160,9 +228,11 @@ class _SharedSequence(Sequence):
             mm = self._store.mm
             a, b = _unpack_pair(mm, base + 8 * i)
             blob = base + 8 * (self._n + 1)
-            return str(mm[blob + a : blob + b], "utf-8", "surrogatepass")
+            if a > b or blob + b > self._store.size:
+                raise _corrupt(f"item {i} of a list of str at byte {self._pos} lies outside it")
+            return _utf8(mm[blob + a : blob + b])
         if form == L.REFS:
-            return value_at(self._store, base + L.REF_SIZE * i)
+            return value_at(self._store, base + L.REF_SIZE * i, self._pos)
         if form == L.INTS:
             return _unpack_i64(self._store.mm, base + 8 * i)[0]
         return _unpack_f64(self._store.mm, base + 8 * i)[0]
@@ -172,17 +242,25 @@ class _SharedSequence(Sequence):
         if form == L.REFS:
             store = self._store
             for i in range(n):
-                yield value_at(store, base + L.REF_SIZE * i)
+                yield value_at(store, base + L.REF_SIZE * i, self._pos)
             return
         for lo in range(0, n, _CHUNK):
             hi = min(n, lo + _CHUNK)
             if form == L.STRS:
                 ends = array("Q", mm[base + 8 * lo : base + 8 * (hi + 1)])
                 blob = base + 8 * (n + 1)
-                data = mm[blob + ends[0] : blob + ends[-1]]
                 first = ends[0]
+                if blob + ends[-1] > self._store.size or first > ends[-1]:
+                    raise _corrupt(f"items {lo}-{hi} of a list of str at byte {self._pos} lie outside it")
+                data = mm[blob + first : blob + ends[-1]]
                 for a, b in itertools.pairwise(ends):
-                    yield str(data[a - first : b - first], "utf-8", "surrogatepass")
+                    if a > b:
+                        raise _corrupt(f"an item of a list of str at byte {self._pos} ends before it starts")
+                    try:
+                        item = str(data[a - first : b - first], "utf-8", "surrogatepass")
+                    except UnicodeDecodeError as exc:
+                        raise _corrupt(f"a string's bytes are not utf-8 ({exc})") from exc
+                    yield item
             else:
                 yield from array("q" if form == L.INTS else "d", mm[base + 8 * lo : base + 8 * hi])
 
@@ -351,19 +429,26 @@ class SharedDict(Mapping):
     def __init__(self, store: Store, pos: int, record: bool = False) -> None:
         self._store = store
         self._pos = pos
+        _check(store, pos, L.RECORD_HEAD.size, "a dict's head")
         if record:
             # A record: its keys are its key table's, decoded once per process.
             table = _unpack_u64(store.mm, pos)[0]
+            if table >= pos:
+                raise _corrupt(f"the record at byte {pos} names a key table at or after it ({table})")
             found = store.tables.get(table)
             if found is None:
                 found = _key_table(store, table)
             self._index, self._keys, self._n = found
             self._buckets = 0
             self._values_at = pos + L.RECORD_HEAD.size
+            _check(store, self._values_at, L.REF_SIZE * self._n, "a record's values")
         else:
             self._index = self._keys = None
-            self._n, self._buckets = L.DICT_HEAD.unpack_from(store.mm, pos)
-            self._values_at = self._keys_at() + L.REF_SIZE * self._n
+            self._n, self._buckets = n, buckets = L.DICT_HEAD.unpack_from(store.mm, pos)
+            if buckets & (buckets - 1) or (buckets and buckets <= n) or (n > L.SMALL_DICT and not buckets):
+                raise _corrupt(f"a dict at byte {pos} has {n} keys and {buckets} buckets")
+            self._values_at = self._keys_at() + L.REF_SIZE * n
+            _check(store, pos, self._values_at + L.REF_SIZE * n + 4 * buckets - pos, "a dict")
 
     def _keys_at(self) -> int:
         return self._pos + L.DICT_HEAD.size + L.pad(4 * self._n)
@@ -387,29 +472,31 @@ class SharedDict(Mapping):
                     return entry
             return -1
         mask = self._buckets - 1
-        table = keys + 2 * L.REF_SIZE * n
+        table = keys + 2 * _REF_SIZE * n
         i = h & mask
-        while True:
-            slot = L.U32.unpack_from(mm, table + 4 * i)[0]
+        unpack = _unpack_u32
+        for _ in range(self._buckets):  # a table the encoder wrote has a free slot: at most half full
+            slot = unpack(mm, table + 4 * i)[0]
             if not slot:
                 return -1
+            if slot > n:
+                raise _corrupt(f"a bucket of the dict at byte {self._pos} names entry {slot - 1} of {n}")
             entry = slot - 1
             if (
-                L.U32.unpack_from(mm, hashes + 4 * entry)[0] == h
-                and value_at(store, keys + L.REF_SIZE * entry) == key
+                unpack(mm, hashes + 4 * entry)[0] == h
+                and value_at(store, keys + _REF_SIZE * entry, self._pos) == key
             ):
                 return entry
             i = (i + 1) & mask
+        raise _corrupt(f"the dict at byte {self._pos} has no free bucket")
 
     def _key(self, entry: int) -> Any:
         if self._keys is not None:
             return self._keys[entry]
-        key = value_at(self._store, self._keys_at() + L.REF_SIZE * entry)
-        # A key comes back as the original's was: a tuple key as a tuple (hashable, small).
-        return key.copy() if isinstance(key, SharedTuple) else key
+        return _key_at(self._store, self._keys_at() + L.REF_SIZE * entry, self._pos)
 
     def _value(self, entry: int) -> Any:
-        return value_at(self._store, self._values_at + L.REF_SIZE * entry)
+        return value_at(self._store, self._values_at + L.REF_SIZE * entry, self._pos)
 
     def __getitem__(self, key: Any) -> Any:
         index = self._index
@@ -417,7 +504,7 @@ class SharedDict(Mapping):
             entry = index.get(key)
             if entry is None:
                 raise KeyError(key)
-            return value_at(self._store, self._values_at + L.REF_SIZE * entry)
+            return value_at(self._store, self._values_at + L.REF_SIZE * entry, self._pos)
         entry = self._find(key)
         if entry < 0:
             raise KeyError(key)
@@ -447,7 +534,7 @@ class SharedDict(Mapping):
     def _values(self) -> Iterator[Any]:
         store, values = self._store, self._values_at
         for entry in range(self._n):
-            yield value_at(store, values + L.REF_SIZE * entry)
+            yield value_at(store, values + L.REF_SIZE * entry, self._pos)
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, Mapping):
@@ -534,14 +621,37 @@ def _key_table(store: Store, table: int) -> tuple[dict[Any, int], tuple[Any, ...
     for both readers: the C reader's cache (``store.record_keys``) holds the same tuple."""
     keys = store.record_keys.get(table)
     if keys is None:
+        _check(store, table, 8, "a key table's count")
         n = _unpack_u64(store.mm, table)[0]
-        found_keys = []
-        for entry in range(n):
-            key = value_at(store, table + 8 + L.REF_SIZE * entry)
-            found_keys.append(key.copy() if isinstance(key, SharedTuple) else key)
-        keys = store.record_keys[table] = tuple(found_keys)
-    found = store.tables[table] = ({key: entry for entry, key in enumerate(keys)}, keys, len(keys))
+        _check(store, table + 8, L.REF_SIZE * n, "a key table")
+        keys = tuple(_key_at(store, table + 8 + L.REF_SIZE * entry, table) for entry in range(n))
+        store.record_keys[table] = keys
+    try:
+        index = {key: entry for entry, key in enumerate(keys)}
+    except TypeError as exc:
+        raise _corrupt(f"a key of the key table at byte {table} is unhashable ({exc})") from exc
+    found = store.tables[table] = (index, keys, len(keys))
     return found
+
+
+def _key_at(store: Store, pos: int, limit: int) -> Any:
+    """The dict key whose reference is at ``pos``, as the original's was: a tuple key as
+    a tuple (hashable, small). A CorruptDataError for a key no dict could hold."""
+    # Built whole, within the segment's budget: each value an encoder writes takes 8
+    # bytes or more of it, so a key that builds more was not written by one (a node
+    # referenced twice per level would build 2**depth).
+    key = _build(store.mm, pos, store.size // 8 + 1, store.record_keys, view_at, store, _TOO_BIG, limit)
+    if key is _TOO_BIG:
+        raise _corrupt(
+            f"the dict key at byte {pos} holds more values than the segment has room for, "
+            f"or is nested more than {L.KEY_DEPTH} deep"
+        )
+    if type(key) is not str:
+        try:
+            hash(key)
+        except TypeError as exc:
+            raise _corrupt(f"a dict key at byte {pos} is unhashable ({exc})") from exc
+    return key
 
 
 class _Values(ValuesView):
