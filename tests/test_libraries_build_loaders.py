@@ -13,6 +13,7 @@ torch's DataLoader as the oracle.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -246,6 +247,35 @@ def test_iterator_workers_are_processes_as_torchs(persistent):
         assert not any(w.is_alive() for w in my_it._workers)
     theirs._iterator = None
     mine._iterator = None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_held_past_the_iterator_join_as_torchs(persistent):
+    """torch's test_partial_workers: the list read from a live iterator outlives it; after
+    a break and ``del``, each worker joins, is not alive and takes terminate() and kill()."""
+
+    def held(make: Any) -> tuple:
+        loader = make(Squares(), batch_size=2, num_workers=2, persistent_workers=persistent)
+        it = iter(loader)
+        workers = it._workers
+        for i, _ in enumerate(it):
+            if i == 1:
+                break
+        del it
+        loader._iterator = None  # (persistent: the loader holds the iterator)
+        gc.collect()
+        for w in workers:
+            w.join(10)
+        states = [w.is_alive() for w in workers]
+        for w in workers:
+            w.terminate()
+            w.kill()
+        return states, [w.exitcode is not None for w in workers]
+
+    want = held(lambda *a, **k: TORCH_LOADER(*a, multiprocessing_context="fork", **k))
+    got = held(shmloader.DataLoader)
+    assert got == want == ([False, False], [True, True])
 
 
 _TEARDOWN = """

@@ -39,7 +39,7 @@ from shmloader.epoch.tuning import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
 from shmloader.system import forks
 from shmloader.transport import wire
-from shmloader.workers.pool import ExitedProcess, WorkerHandle, WorkerPool
+from shmloader.workers.pool import WorkerHandle, WorkerPool, WorkerProcess
 
 if TYPE_CHECKING:
     from shmloader.runtime import LoaderRuntime
@@ -102,7 +102,7 @@ class MultiProcessIter:
         self._start_epoch = start
         self._pid = os.getpid()
         self.closed = False
-        self._exited: list[ExitedProcess] = []  # the workers, once close() stopped them
+        self._exited: list[WorkerProcess] = []  # the workers, once close() stopped them
         self.plan: _state.EpochPlan | None = None
         self.epoch_done = False
         self._idle = True  # until the first next() of an epoch and after close(): __next__'s one check
@@ -163,15 +163,16 @@ class MultiProcessIter:
 
     @property
     def _workers(self) -> list[Any]:
-        """torch's (private) name for the iterator's worker processes, each with ``pid``,
-        ``is_alive()``, ``join()`` and ``exitcode`` (code written for torch's iterator reads
-        them). torch's iterator starts its workers at ``iter()``: read before the first
-        ``next()``, this begins the epoch now, as that ``next()`` would. After
-        :meth:`close`, the processes that ran, exited."""
+        """torch's (private) name for the iterator's worker processes: a
+        :class:`~shmloader.workers.pool.WorkerProcess` each (``pid``, ``exitcode``,
+        ``is_alive()``, ``join()``, ``terminate()``, ``kill()``), which stays usable after
+        the iterator closed (code written for torch's iterator joins them then). torch's
+        iterator starts its workers at ``iter()``: read before the first ``next()``, this
+        begins the epoch now, as that ``next()`` would."""
         if self.closed:
             return list(self._exited)
         self.start()
-        return [w.proc for w in self._pool.workers]
+        return [w.view for w in self._pool.workers]
 
     def worker_pids(self) -> list[int]:
         """The process ids of the running workers, by id."""
@@ -450,7 +451,7 @@ class MultiProcessIter:
         self._pool.stop(graceful)
         self._rings.stop()
         self._inflight.free_all()  # the workers are gone: what they were given is free
-        self._exited = [ExitedProcess.of(w.proc) for w in self._pool.workers]
+        self._exited = [w.view for w in self._pool.workers]
         self._pool.release()
         _live_iterators.discard(self)
 

@@ -58,12 +58,13 @@ class WorkerHandle:
     """One worker process, the consumer's end of its socket and its channel (task and
     result queues in shared memory: see channel.py; the first frame sends it)."""
 
-    __slots__ = ("channel", "conn", "fd", "frames_read", "id", "proc", "reader", "start_by", "writer")
+    __slots__ = ("channel", "conn", "fd", "frames_read", "id", "proc", "reader", "start_by", "view", "writer")
 
     def __init__(self, wid: int, proc: Any, conn: Any, channel: Channel | None = None) -> None:
         """``channel``: made beforehand (:meth:`WorkerPool.start`), else made here."""
         self.id = wid
         self.proc = proc
+        self.view = WorkerProcess(proc)  # what torch's name for the workers hands out
         self.conn = conn
         self.fd = conn.fileno()
         self.reader = wire.FrameReader(self.fd, f"worker {wid}")
@@ -82,23 +83,47 @@ class WorkerHandle:
             self.channel.close_fd()  # (the writer keeps a duplicate if the frame waits)
 
 
-class ExitedProcess(NamedTuple):
-    """A stopped worker process as ``multiprocessing.Process`` reads once it exited (its
-    process object is closed by then): ``pid``, ``exitcode``, ``is_alive()`` False."""
+class WorkerProcess:
+    """A worker process as torch's iterator hands it out (its private ``_workers``):
+    ``pid``, ``exitcode``, ``is_alive()``, ``join()``, ``terminate()``, ``kill()``. Code
+    written for torch's iterator holds these past the iterator's end; the pool closes its
+    process objects when it releases them, so the view then answers from the exit it saw
+    (not alive, nothing to wait for or signal)."""
 
-    pid: int | None
-    exitcode: int | None
+    __slots__ = ("_exitcode", "_proc", "pid")
 
-    @classmethod
-    def of(cls, proc: Any) -> ExitedProcess:
-        """The record of ``proc``, a stopped (not yet closed) process."""
-        return cls(proc.pid, proc.exitcode)
+    def __init__(self, proc: Any) -> None:
+        self._proc: Any = proc
+        self.pid: int | None = proc.pid
+        self._exitcode: int | None = None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.exitcode if self._proc is not None else self._exitcode
 
     def is_alive(self) -> bool:
-        return False
+        return self._proc is not None and self._proc.is_alive()
 
     def join(self, timeout: float | None = None) -> None:
-        """Nothing to wait for: the process was reaped when it stopped."""
+        if self._proc is not None:
+            self._proc.join(timeout)
+
+    def terminate(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+
+    def detach(self) -> None:
+        """The process is reaped and its object about to be closed: keep its exit code."""
+        if self._proc is not None:
+            self._exitcode = self._proc.exitcode
+            self._proc = None
+
+    def __repr__(self) -> str:
+        return f"<WorkerProcess pid={self.pid} exitcode={self.exitcode}>"
 
 
 class _Prepared(NamedTuple):
@@ -261,6 +286,7 @@ class WorkerPool:
         # (Out of the list whatever happens next: its socket is closed, its process reaped.)
         index = self.workers.index(old)
         del self.workers[index]
+        old.view.detach()
         try:
             old.proc.close()
         except ValueError:
@@ -468,6 +494,7 @@ class WorkerPool:
     def release(self) -> None:
         """Forget the stopped workers (their process objects closed where they exited)."""
         for w in self.workers:
+            w.view.detach()
             try:
                 w.proc.close()
             except ValueError:
