@@ -245,19 +245,21 @@ def draw_for_iter(config: Sampling, cursor: Cursor, now: Now, new_workers: bool)
         cursor.loaded_base = False
         if now.num_workers > 0 and config.own_shuffle:
             draws.order, draws.indices, tail = _draws.draw_order(config.sampler)
-            draws.owe(tail, _tail_due(config, now))
+            draws.owe(tail, _tail_due(len(draws.indices), config, now))
             draws.pay_due(0)  # torch's sampler ran out while its prefetch was primed
     return draws
 
 
-def _tail_due(config: Sampling, now: Now) -> int:
+def _tail_due(order_len: int, config: Sampling, now: Now) -> int:
     """After how many batches handed out the loader's shuffle makes its last draw
     (:class:`~shmloader.sampling.draws.Tail`) as torch's does: its iterator asks the index
     sampler for index list ``i`` (from 0) as it hands out batch ``i - lead`` (``lead``:
     ``prefetch_factor * num_workers`` lists sent ahead when it is made, none in the main
     process), and the list that finds the shuffle exhausted is number
-    ``len(sampler) // batch_size`` (with or without drop_last)."""
-    exhausting = len(config.sampler) // (config.batch_size or 1)
+    ``len(sampler) // batch_size`` (with or without drop_last). ``order_len``: the length
+    of the order drawn, which is ``len(sampler)``, read from it rather than from the
+    dataset's ``__len__`` again (torch reads it a set number of times an epoch)."""
+    exhausting = order_len // (config.batch_size or 1)
     workers = now.num_workers if isinstance(now.num_workers, int) else 0
     lead = now.prefetch_factor * workers if workers > 0 else 0
     return exhausting + 1 - lead
@@ -388,12 +390,14 @@ def _order_of(draws: Draws, config: Sampling, now: Now) -> list[int]:
     sampler = config.sampler
     if draws.order is None:
         draws.order, draws.indices, tail = _draws.draw_order(sampler)
-        draws.owe(tail, _tail_due(config, now))
+        draws.owe(tail, _tail_due(len(draws.indices), config, now))
     elif draws.indices is None:
         draws.indices = _draws.replay_order(sampler, draws.order)
         if draws.tail_resumed and sampler.generator is not None:
             # (due as in the saved run: begin_epoch counts what that run had consumed)
-            draws.owe(_draws.order_tail(sampler, sampler.generator), _tail_due(config, now))
+            draws.owe(
+                _draws.order_tail(sampler, sampler.generator), _tail_due(len(draws.indices), config, now)
+            )
     return draws.indices
 
 
