@@ -250,8 +250,8 @@ def test_forked_workers_are_told_what_the_consumer_knows(monkeypatch):
 def test_a_new_ring_reads_the_memory_budget_once(monkeypatch):
     """The leases' check of a new ring and the ring's own check before it reserves share
     one reading of the budget (cgroup and /proc files: read while the first batch waits)."""
-    from shmloader.memory import limits as memory
     from shmloader.memory.leases import Leases
+    from shmloader.system import limits as memory
 
     leases = Leases(8, None, None, {"rings_created": 0}, num_workers=2)
     reads = []

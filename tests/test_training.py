@@ -21,7 +21,7 @@ import pytest
 
 import shmloader
 from shmloader import DataLoader, Dataset, IterableDataset, get_shard_info, get_worker_info, sample_rng
-from shmloader.interop import pinning
+from shmloader.batch import pinning
 from shmloader.system import slots as _slots
 
 from . import datasets as D
