@@ -418,7 +418,7 @@ def test_a_container_sees_its_own_cgroup_at_the_mount_root(tmp_path):
 
 
 def _own_v1_memory_cgroup() -> str:
-    v1, _ = memory._own_cgroups("/proc/self/cgroup")
+    v1, _ = memory.own_cgroups("/proc/self/cgroup")
     base = os.path.join(memory.CGROUP_ROOT, "memory")
     if v1 is None or not os.path.isfile(os.path.join(base, "cgroup.procs")):
         pytest.skip(

@@ -240,6 +240,7 @@ def test_forked_workers_are_told_what_the_consumer_knows(monkeypatch):
     from shmloader.batch import recipe as fetch
     from shmloader.workers import seeding
 
+    # A spy must replace the probe the module calls itself: only then does a call in a worker show.
     monkeypatch.setattr(seeding, "_cpu_only", _only_in(os.getpid(), seeding._cpu_only))
     monkeypatch.setattr(fetch, "is_datapipe", _only_in(os.getpid(), fetch.is_datapipe))
     dl = DataLoader(Tagged(16, 4), batch_size=4, num_workers=2, multiprocessing_context="fork")

@@ -199,7 +199,7 @@ class FakeHost:
 
 def assert_pending_slots_held(pinner):
     """Every released slot whose copies may still run stays leased (HELD)."""
-    for event, states, slot in list(pinner._pending):
+    for event, states, slot in pinner.waiting():
         if not event.complete:
             assert states.load(slot) == _slots.HELD
 
