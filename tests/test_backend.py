@@ -27,9 +27,9 @@ import pytest
 from shmloader import doctor
 from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
 from shmloader.memory import leases, sizing
-from shmloader.memory import limits as memory
 from shmloader.memory import ring as ring_mod
 from shmloader.memory.ring import Ring, ring_bytes
+from shmloader.system import limits as memory
 from shmloader.system import segment
 
 from . import datasets as D
@@ -418,7 +418,7 @@ def test_a_container_sees_its_own_cgroup_at_the_mount_root(tmp_path):
 
 
 def _own_v1_memory_cgroup() -> str:
-    v1, _ = memory._own_cgroups("/proc/self/cgroup")
+    v1, _ = memory.own_cgroups("/proc/self/cgroup")
     base = os.path.join(memory.CGROUP_ROOT, "memory")
     if v1 is None or not os.path.isfile(os.path.join(base, "cgroup.procs")):
         pytest.skip(
@@ -477,7 +477,7 @@ def test_cgroup_v1_limit_is_read_for_real():
             """
             import json
             from shmloader import doctor
-            from shmloader.memory import limits as memory
+            from shmloader.system import limits as memory
             cg = memory.cgroup_limit()
             b = memory.budget("memfd")
             print(json.dumps([cg.version, cg.path, cg.limit, cg.headroom, b.limit, b.bytes,

@@ -240,6 +240,7 @@ def test_forked_workers_are_told_what_the_consumer_knows(monkeypatch):
     from shmloader.batch import recipe as fetch
     from shmloader.workers import seeding
 
+    # A spy must replace the probe the module calls itself: only then does a call in a worker show.
     monkeypatch.setattr(seeding, "_cpu_only", _only_in(os.getpid(), seeding._cpu_only))
     monkeypatch.setattr(fetch, "is_datapipe", _only_in(os.getpid(), fetch.is_datapipe))
     dl = DataLoader(Tagged(16, 4), batch_size=4, num_workers=2, multiprocessing_context="fork")
@@ -250,8 +251,8 @@ def test_forked_workers_are_told_what_the_consumer_knows(monkeypatch):
 def test_a_new_ring_reads_the_memory_budget_once(monkeypatch):
     """The leases' check of a new ring and the ring's own check before it reserves share
     one reading of the budget (cgroup and /proc files: read while the first batch waits)."""
-    from shmloader.memory import limits as memory
     from shmloader.memory.leases import Leases
+    from shmloader.system import limits as memory
 
     leases = Leases(8, None, None, {"rings_created": 0}, num_workers=2)
     reads = []

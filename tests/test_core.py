@@ -272,6 +272,7 @@ def test_a_consumer_waiting_for_slow_batches_blocks_instead_of_spinning(monkeypa
     if futex and not slots.HAS_FUTEX:
         pytest.skip("no futex in this build")
     yielding = [0.0, 0]
+    # A spy on the private yield: the budgets it grants are seen nowhere else.
     original = Collector._yield_for
 
     def timed(self, window_ns):

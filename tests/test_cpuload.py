@@ -196,6 +196,7 @@ def test_the_consumer_tells_every_worker_the_verdict(request, monkeypatch, busy)
     it waits, and yields itself only on a quiet machine."""
     request.getfixturevalue("busy_machine" if busy else "quiet_machine")
     yields = []
+    # A spy on the private yield: how long the consumer yields is seen nowhere else.
     original = collector_module.Collector._yield_for
 
     def counted(self, window_ns):

@@ -233,8 +233,10 @@ def test_persistent_workers_switch_epochs_at_the_first_next():
     it = iter(dl)
     take(it, 1)  # an epoch left midway
     pids = [w.proc.pid for w in it.workers]
+    kept = dl.persistent_iterator
     again = iter(dl)
-    assert again._it is it._it and dl.state_dict()["epoch"] == 1 and dl.state_dict()["consumed"] == 0
+    assert dl.persistent_iterator is kept, "the same iterator, kept between epochs"
+    assert dl.state_dict()["epoch"] == 1 and dl.state_dict()["consumed"] == 0
     assert values(again) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert [w.proc.pid for w in it.workers] == pids, "the same workers"
     dl.shutdown()

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 
 def test_every_owner_registered_in_its_place():
-    assert set(forks._before) == set(forks.BEFORE)
-    assert set(forks._after_in_parent) == set(forks.AFTER_IN_PARENT)
-    assert set(forks._after_in_child) == set(forks.AFTER_IN_CHILD)
+    assert set(forks.registered("before")) == set(forks.BEFORE)
+    assert set(forks.registered("after_in_parent")) == set(forks.AFTER_IN_PARENT)
+    assert set(forks.registered("after_in_child")) == set(forks.AFTER_IN_CHILD)
     for name in {*forks.BEFORE, *forks.AFTER_IN_PARENT, *forks.AFTER_IN_CHILD}:
         assert name in sys.modules
 
@@ -28,24 +28,32 @@ def test_a_name_without_a_place_is_refused():
         forks.register("elsewhere", after_in_child=lambda: None)
 
 
-def _fork_and_record(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -> tuple[list, list]:
+def _fork_and_record(fail: str | None = None) -> tuple[list, list]:
     """Fork once with every hook wrapped to note (phase, name); the hook named ``fail``
-    raises instead in the child. Returns what ran in the parent and in the child."""
+    raises instead in the child. Returns what ran in the parent and in the child; the
+    hooks are registered back as they were."""
     ran: list[tuple[str, str]] = []
-    for phase, hooks in (
-        ("before", forks._before),
-        ("after_in_parent", forks._after_in_parent),
-        ("after_in_child", forks._after_in_child),
-    ):
-        for name, hook in list(hooks.items()):
+    originals = {phase: forks.registered(phase) for phase in ("before", "after_in_parent", "after_in_child")}
+    try:
+        for phase, hooks in originals.items():
+            for name, hook in hooks.items():
 
-            def noted(phase: str = phase, name: str = name, hook=hook) -> None:
-                ran.append((phase, name))
-                if phase == "after_in_child" and name == fail:
-                    raise RuntimeError("a hook that fails")
-                hook()
+                def noted(phase: str = phase, name: str = name, hook=hook) -> None:
+                    ran.append((phase, name))
+                    if phase == "after_in_child" and name == fail:
+                        raise RuntimeError("a hook that fails")
+                    hook()
 
-            monkeypatch.setitem(hooks, name, noted)
+                forks.register(name, **{phase: noted})
+        return ran, _fork_and_read(ran)
+    finally:
+        for phase, hooks in originals.items():
+            for name, hook in hooks.items():
+                forks.register(name, **{phase: hook})
+
+
+def _fork_and_read(ran: list[tuple[str, str]]) -> list:
+    """Fork; the child writes ``ran`` as it is there and exits. What the child wrote."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: report what ran, never return
@@ -58,20 +66,20 @@ def _fork_and_record(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -
     with os.fdopen(r, "rb") as reader:
         child = ast.literal_eval(reader.read().decode())
     os.waitpid(pid, 0)
-    return ran, child
+    return child
 
 
 def _expected(after: str, order: tuple[str, ...]) -> list[tuple[str, str]]:
     return [("before", n) for n in forks.BEFORE] + [(after, n) for n in order]
 
 
-def test_hooks_run_in_the_declared_order(monkeypatch):
-    parent, child = _fork_and_record(monkeypatch)
+def test_hooks_run_in_the_declared_order():
+    parent, child = _fork_and_record()
     assert parent == _expected("after_in_parent", forks.AFTER_IN_PARENT)
     assert child == _expected("after_in_child", forks.AFTER_IN_CHILD)
 
 
-def test_a_failing_hook_leaves_the_others_running(monkeypatch):
+def test_a_failing_hook_leaves_the_others_running():
     first = forks.AFTER_IN_CHILD[0]
-    _, child = _fork_and_record(monkeypatch, fail=first)
+    _, child = _fork_and_record(fail=first)
     assert child == _expected("after_in_child", forks.AFTER_IN_CHILD)

@@ -198,7 +198,7 @@ def test_pinned_small_leaves_are_page_locked_copies(monkeypatch):
     """pin_memory=True: a label handed out apart is copied into page-locked memory (torch's
     loader pins every tensor); the images stay views of the page-locked ring."""
     pytest.importorskip("torch")
-    from shmloader.interop import pinning
+    from shmloader.batch import pinning
 
     host = RecordingHost()
     monkeypatch.setattr(

@@ -268,6 +268,7 @@ def test_records_share_one_key_table():
     assert shared[1] != shared[2] and shared[1] == original[1] and shared[5] == original[5]
     assert pickle.loads(pickle.dumps(shared[10])) == original[10]
     # One key table for the many records with the same keys: few decoded by the reads above.
+    # White-box (the store's key-table cache has no public view): few tables decoded.
     assert len(shared._store.tables) <= 8
 
 
@@ -448,6 +449,7 @@ def test_a_corrupt_segment_gives_value_error_not_a_stray_read():
     from shmloader._shared_read import build
 
     good = share([{"path": "p", "n": [1.0, 2.0]}])
+    # White-box: the C reader is called as the views call it, with their private store.
     mm = bytearray(good._store.mm)
     for offset in range(len(mm)):
         for byte in (0xFF, 0x7F):

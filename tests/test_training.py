@@ -21,7 +21,7 @@ import pytest
 
 import shmloader
 from shmloader import DataLoader, Dataset, IterableDataset, get_shard_info, get_worker_info, sample_rng
-from shmloader.interop import pinning
+from shmloader.batch import pinning
 from shmloader.system import slots as _slots
 
 from . import datasets as D
@@ -199,7 +199,7 @@ class FakeHost:
 
 def assert_pending_slots_held(pinner):
     """Every released slot whose copies may still run stays leased (HELD)."""
-    for event, states, slot in list(pinner._pending):
+    for event, states, slot in pinner.waiting():
         if not event.complete:
             assert states.load(slot) == _slots.HELD
 

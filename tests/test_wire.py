@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
+from shmloader.memory.ring import NO_SLOT
 from shmloader.transport import wire
 
 pytestmark = pytest.mark.timeout(60)
@@ -96,7 +97,7 @@ def test_frames_decode_what_they_encode():
     for framed in frames:
         wire.send_frame(a.fileno(), framed)
     ring_msg, epoch_msg, kept_msg, stop_msg = reader.read()
-    assert wire.unpack(ring_msg) == (wire.TASK_RING, wire.NO_SLOT, 0)
+    assert wire.unpack(ring_msg) == (wire.TASK_RING, NO_SLOT, 0)
     assert wire.ring_info(ring_msg) == (12, 1 << 40)
     assert wire.epoch_seed(epoch_msg) == 5 and wire.epoch_info(epoch_msg) == (5, True, None, None)
     assert wire.epoch_info(kept_msg) == (2**63 + 5, False, 0, 2**62)

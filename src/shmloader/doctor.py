@@ -20,8 +20,8 @@ import types
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shmloader.memory.limits import mib, shm_problem  # imports nothing else of the package
 from shmloader.system.cores import usable_cores  # (nor this)
+from shmloader.system.limits import mib, shm_problem  # imports nothing else of the package
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -132,9 +132,9 @@ def check_memory(workers: int, batch_bytes: int, backend: str = "auto") -> Check
     """Whether the default ring fits what the loader lets its first ring take (half of
     what the backend can give, less a margin for the processes: sizing.first_ring_room):
     OK, WARN (the ring gets fewer slots), FAIL (not even the minimum fits)."""
-    from shmloader.memory import limits as memory
     from shmloader.memory import sizing
     from shmloader.memory.ring import ring_bytes
+    from shmloader.system import limits as memory
     from shmloader.system.segment import resolve_backend
 
     budget = memory.budget(resolve_backend(backend))

@@ -14,6 +14,7 @@ cannot be rebuilt).
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -174,6 +175,16 @@ def _rebuild_worker_died(
     cls: type[WorkerDiedError] = WorkerDiedError,
 ) -> WorkerDiedError:
     return cls(message, worker_id=worker_id, pid=pid, exitcode=exitcode)
+
+
+def user_stacklevel() -> int:
+    """The stacklevel of the first caller outside this package (the user's loop), so a
+    warning points at the user's line, not at the loader's insides."""
+    package = os.path.dirname(os.path.abspath(__file__))  # shmloader/, where this module is
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # ResourceWarnings are ignored by Python's default filters; this one says why a training

@@ -24,6 +24,7 @@ from shmloader.interop import torchcompat
 from shmloader.memory.ring import Ring
 from shmloader.runtime import LoaderRuntime
 from shmloader.sampling import distributed as _dist
+from shmloader.sampling.position import Now
 
 # What torch's DataLoader refuses to change after construction (the epoch plan reads them).
 _FIXED_AFTER_INIT = frozenset(
@@ -254,7 +255,7 @@ class DataLoader(Generic[T_co]):
         when it is dropped)."""
         if not config.own_batching or config.batch_sampler is None:
             return  # no batch sampler, or the user's
-        whole = _state.Now(num_workers=config.num_workers, generator=config.generator)  # type: ignore[arg-type]
+        whole = Now(num_workers=config.num_workers, generator=config.generator)  # type: ignore[arg-type]
         upcoming = functools.partial(_state.upcoming_batches, config, self._runtime.cursor, whole)
         config.batch_sampler.follow(upcoming)
 

@@ -16,15 +16,15 @@ import time
 import weakref
 from typing import Any
 
+from shmloader.batch import pinning as _pinning
 from shmloader.batch import recipe as fetch
 from shmloader.config import LoaderConfig
-from shmloader.epoch import state as _state
-from shmloader.interop import pinning as _pinning
 from shmloader.memory import leases as _leases
 from shmloader.memory import sizing
 from shmloader.memory.watch import MemoryWatch
 from shmloader.sampling import distributed as _dist
 from shmloader.sampling import draws as _draws
+from shmloader.sampling.position import Cursor, Now
 from shmloader.tuning import autotune
 from shmloader.tuning.timing import Timing
 from shmloader.vision.torchvision_choice import ImagesChoice
@@ -55,7 +55,7 @@ class LoaderRuntime:
     ``pin_memory`` (None: off, or no CUDA). ``leases``: the rings, slot claims and leases
     (:class:`~shmloader.memory.leases.Leases`). ``tuner``: the autotuner of
     ``num_workers``/``prefetch_factor`` ``"auto"``, or None. ``cursor``: the epoch cursor
-    (:class:`~shmloader.epoch.state.Cursor`). ``iterable_len``: an iterable dataset's
+    (:class:`~shmloader.sampling.position.Cursor`). ``iterable_len``: an iterable dataset's
     length when ``len(loader)`` was last called (torch's warning compares with it).
     ``memory``: the workers' memory and the copy-on-read warning
     (:class:`~shmloader.memory.watch.MemoryWatch`)."""
@@ -86,7 +86,7 @@ class LoaderRuntime:
         self.tuner = autotune.Tuner.of(config.tuner) if config.tuner is not None else None
         # Where every epoch's order and worker seeds come from, the next epoch, a loaded
         # position. Nothing is drawn here (see draws.py): torch's loader draws at iter().
-        self.cursor = _state.Cursor(
+        self.cursor = Cursor(
             seeds=None if config.torch_rng else _draws.SeedSource(config.seed, config.generator)
         )
         self.iterable_len: int | None = None
@@ -105,14 +105,14 @@ class LoaderRuntime:
             raise ReferenceError("the DataLoader of this runtime was garbage collected")
         return loader
 
-    def now(self) -> _state.Now:
+    def now(self) -> Now:
         """The loader's settings that may have changed since it was made, read now: the
         worker count in use, the rank and world size it shards by, ``generator``,
         ``in_order`` and the prefetch in use."""
         loader = self._loader()
         rank, world = _dist.detect(loader.distributed, self.config.rank, self.config.world_size)
         prefetch = loader.prefetch_factor
-        return _state.Now(
+        return Now(
             num_workers=loader.num_workers,
             rank=rank,
             world_size=world,

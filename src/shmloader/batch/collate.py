@@ -36,6 +36,7 @@ from shmloader.batch.layout import (
     dtype_key,
     read_layout,
 )
+from shmloader.batch.pinning import torch_can_hold
 from shmloader.batch.scalars import (
     TEXT_TYPES,
     scalar_array,
@@ -46,7 +47,6 @@ from shmloader.batch.scalars import (
 )
 from shmloader.context import get_worker_info
 from shmloader.errors import BatchKeyError, BatchLayoutError, BatchTypeError
-from shmloader.interop.pinning import torch_can_hold
 
 
 class Leaf:

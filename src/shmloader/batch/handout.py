@@ -13,21 +13,31 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from shmloader.batch import pinning as _pinning
 from shmloader.batch.layout import APART_MIN_BYTES, decode, make_apart_reader, make_reader
-from shmloader.interop import pinning as _pinning
 from shmloader.memory import leases as _leases
 from shmloader.system import slots as _slots
 from shmloader.transport import wire
-from shmloader.workers.failures import WorkerFailure, rebuild_error
-
-if TYPE_CHECKING:
-    from shmloader.runtime import LoaderRuntime
+from shmloader.transport.failures import WorkerFailure, rebuild_error
 
 _LAYOUT_CACHE_SIZE = 1024  # readers kept, one per distinct batch structure (skeleton)
+
+
+class Counted(Protocol):
+    """What the hand-out reads of the loader's working parts
+    (a :class:`~shmloader.runtime.LoaderRuntime` is one)."""
+
+    @property
+    def pinner(self) -> _pinning.RingPinner | None:
+        """The CUDA pinner of ``pin_memory=True`` (None: batches are not pinned)."""
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The loader's counters, which the hand-out adds its batches to."""
 
 
 class Handout:
@@ -37,7 +47,7 @@ class Handout:
 
     __slots__ = ("_loader", "_runtime", "copy", "readers")
 
-    def __init__(self, loader: Any, runtime: LoaderRuntime, copy: bool) -> None:
+    def __init__(self, loader: Any, runtime: Counted, copy: bool) -> None:
         self._loader = loader
         self._runtime = runtime
         self.copy = copy

@@ -38,11 +38,11 @@ from shmloader.batch.collate import (
     gather,
     plan,
 )
+from shmloader.batch.pinning import numpy_only_error
 from shmloader.batch.placement import Placements
 from shmloader.batch.scalars import torch_tensor_type
 from shmloader.batch.tree import tree_map
 from shmloader.errors import BatchKeyError, BatchTypeError, StrayStopIteration
-from shmloader.interop.pinning import numpy_only_error
 from shmloader.interop.torchcollate import honoured_map
 
 _AS_IS = object()  # Batch.tree when the batch must be built from its leaves

@@ -33,7 +33,7 @@ from shmloader.epoch.collector import Collector
 from shmloader.epoch.courier import Courier
 from shmloader.epoch.inflight import InFlight
 from shmloader.epoch.rings import RingKeeper
-from shmloader.epoch.state import EpochPlan
+from shmloader.sampling.position import EpochPlan
 from shmloader.system import slots as _slots
 from shmloader.workers.pool import WorkerPool
 

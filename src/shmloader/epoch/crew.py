@@ -17,8 +17,8 @@ from typing import Any
 from shmloader.batch.recipe import Recipe
 from shmloader.epoch import state as _state
 from shmloader.epoch.rings import RingKeeper
-from shmloader.epoch.state import EpochPlan
 from shmloader.memory.watch import MemoryWatch
+from shmloader.sampling.position import EpochPlan
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 from shmloader.workers.worker import WorkerConfig, worker_main
 

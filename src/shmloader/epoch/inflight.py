@@ -20,9 +20,9 @@ from typing import Any
 from shmloader.epoch.courier import Courier
 from shmloader.epoch.rings import RingKeeper
 from shmloader.epoch.scheduler import Scheduler
-from shmloader.epoch.state import EpochPlan
 from shmloader.memory import leases as _leases
-from shmloader.memory.ring import Ring
+from shmloader.memory.ring import NO_SLOT, Ring
+from shmloader.sampling.position import EpochPlan
 from shmloader.transport import wire
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 
@@ -171,7 +171,7 @@ class InFlight:
         if task is not None:
             self.scheduler.answered(worker.id)
             _leases.give_back(task.ring, task.slot)
-            task.slot = wire.NO_SLOT
+            task.slot = NO_SLOT
         return task
 
     def retire(self, worker: WorkerHandle, kind: int, payload: bytes) -> None:
@@ -181,10 +181,10 @@ class InFlight:
         tasks = [self.tasks.pop(seq) for seq in mine]
         for task in tasks:
             _leases.give_back(task.ring, task.slot)
-            task.slot = wire.NO_SLOT
+            task.slot = NO_SLOT
         self.scheduler.retire(worker.id)
         seq = mine[0] if mine else self.scheduler.rcvd_seq
-        task = tasks[0] if tasks else Task(seq, worker, wire.NO_SLOT, None, None)
+        task = tasks[0] if tasks else Task(seq, worker, NO_SLOT, None, None)
         self.scheduler.put(seq, (kind, task, payload))
 
     # --- questions -----------------------------------------------------------------------

@@ -14,10 +14,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shmloader import context
+from shmloader.batch import pinning as _pinning
 from shmloader.batch import recipe as fetch
 from shmloader.epoch import state as _state
-from shmloader.interop import pinning as _pinning
 from shmloader.sampling import distributed as _dist
+from shmloader.sampling.position import EpochPlan
+from shmloader.workers.resume import open_iterable
 
 if TYPE_CHECKING:
     from shmloader.runtime import LoaderRuntime
@@ -27,7 +29,7 @@ class InProcessIter:
     """num_workers=0: fetch and collate in this process; same batches as with workers.
     A :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
 
-    def __init__(self, loader: Any, runtime: LoaderRuntime, start: Callable[[Any], _state.EpochPlan]) -> None:
+    def __init__(self, loader: Any, runtime: LoaderRuntime, start: Callable[[Any], EpochPlan]) -> None:
         """An epoch of ``loader`` (read for its public attributes), working with its
         ``runtime``; ``start`` (state.epoch_starter) begins the epoch at the first
         ``next()``, so iter() alone moves nothing."""
@@ -35,7 +37,7 @@ class InProcessIter:
         self._runtime = runtime
         self._start_epoch = start
         self._seq = 0
-        self.plan: _state.EpochPlan | None = None
+        self.plan: EpochPlan | None = None
         self._draws: Any = None  # the running epoch's draws (torch's RNG)
         self.epoch_done = False
         # torch's check: an iterable dataset yielding more batches than the samples its
@@ -65,7 +67,7 @@ class InProcessIter:
         if config.iterable:
             # A torch DataPipe is seeded and sharded as torch's main process does it.
             fetch.prepare_datapipe(config.dataset, plan.shared_seed, world, rank)
-            self._source = _state.open_iterable(config.dataset, plan.workers[0] if plan.workers else None)
+            self._source = open_iterable(config.dataset, plan.workers[0] if plan.workers else None)
         else:
             self._source = _state.index_sequence(config, plan)
 

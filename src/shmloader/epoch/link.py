@@ -17,6 +17,7 @@ from shmloader.epoch.crew import WorkerSpec
 from shmloader.epoch.inprocess import iterable_len_limit, warn_len_exceeded
 from shmloader.memory.leases import Leases
 from shmloader.memory.watch import MemoryWatch
+from shmloader.sampling.position import EpochPlan
 from shmloader.system.startmethod import worker_context
 from shmloader.tuning.autotune import Tuner
 from shmloader.tuning.timing import Timing
@@ -122,11 +123,11 @@ class LoaderLink:
     def warn_len_exceeded(self, yielded: int) -> None:
         warn_len_exceeded(self._runtime, yielded, self._loader.num_workers)
 
-    def index_sequence(self, plan: _state.EpochPlan) -> Iterator[Any] | None:
+    def index_sequence(self, plan: EpochPlan) -> Iterator[Any] | None:
         """The epoch's index lists (None: an iterable dataset)."""
         return None if self._loader.iterable else _state.index_sequence(self._runtime.config, plan)
 
-    def plan_next(self) -> tuple[_state.EpochPlan, Iterator[Any]] | None:
+    def plan_next(self) -> tuple[EpochPlan, Iterator[Any]] | None:
         runtime = self._runtime
         return _state.plan_ahead(runtime.config, runtime.cursor, runtime.now())
 

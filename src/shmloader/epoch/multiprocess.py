@@ -26,7 +26,6 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shmloader.epoch import state as _state
 from shmloader.epoch.ahead import Ahead
 from shmloader.epoch.collector import Collector
 from shmloader.epoch.courier import Courier
@@ -37,6 +36,7 @@ from shmloader.epoch.restarts import Restarts
 from shmloader.epoch.rings import RingKeeper
 from shmloader.epoch.tuning import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
+from shmloader.sampling.position import EpochPlan
 from shmloader.system import forks
 from shmloader.transport import wire
 from shmloader.workers.pool import WorkerHandle, WorkerPool, WorkerProcess
@@ -93,7 +93,7 @@ class MultiProcessIter:
     persistent); a :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
 
     def __init__(
-        self, loader: Any, runtime: LoaderRuntime, start: Callable[[Any], _state.EpochPlan], copy: bool
+        self, loader: Any, runtime: LoaderRuntime, start: Callable[[Any], EpochPlan], copy: bool
     ) -> None:
         # Nothing starts here: the first next() calls ``start`` (state.epoch_starter) to
         # begin the epoch and starts the workers, so iter() alone moves nothing.
@@ -103,7 +103,7 @@ class MultiProcessIter:
         self._pid = os.getpid()
         self.closed = False
         self._exited: list[WorkerProcess] = []  # the workers, once close() stopped them
-        self.plan: _state.EpochPlan | None = None
+        self.plan: EpochPlan | None = None
         self.epoch_done = False
         self._idle = True  # until the first next() of an epoch and after close(): __next__'s one check
         self._launched = False  # the workers were started (once per iterator)
@@ -257,7 +257,7 @@ class MultiProcessIter:
             self.close()  # as in __next__: the epoch cannot start, leave nothing running
             raise
 
-    def _next_epoch_on_workers(self, plan: _state.EpochPlan) -> None:
+    def _next_epoch_on_workers(self, plan: EpochPlan) -> None:
         """Start ``plan``'s epoch on the running workers and ring (nothing in flight)."""
         self._inflight.free_results()
         self._begin_epoch(plan)
@@ -272,14 +272,14 @@ class MultiProcessIter:
             self.close()  # as in __next__: the epoch cannot start, leave nothing running
             raise
 
-    def _begin_epoch(self, plan: _state.EpochPlan) -> None:
+    def _begin_epoch(self, plan: EpochPlan) -> None:
         """``plan``'s epoch begins with nothing in flight: its tasks from the first."""
         source = self._link.index_sequence(plan)
         self._rings.new_epoch(self._launched)
         self._inflight.begin(plan, source)
         self._epoch_began(plan)
 
-    def _epoch_began(self, plan: _state.EpochPlan) -> None:
+    def _epoch_began(self, plan: EpochPlan) -> None:
         """The bookkeeping of every epoch's start, however its tasks went out."""
         self.plan = plan
         self.epoch_done = False
@@ -423,7 +423,7 @@ class MultiProcessIter:
         else:
             self.close()
 
-    def reset(self, start: Callable[[Any], _state.EpochPlan], copy: bool) -> None:
+    def reset(self, start: Callable[[Any], EpochPlan], copy: bool) -> None:
         """Persistent workers: the next epoch runs on the same workers and ring. Like
         ``__init__`` it moves nothing: the epoch begins at the next ``next()``."""
         self._start_epoch = start

@@ -23,7 +23,7 @@ from shmloader.epoch import state as _state
 from shmloader.epoch.crew import Crew
 from shmloader.epoch.inflight import InFlight
 from shmloader.errors import WorkerRestartWarning, WorkerStartError
-from shmloader.workers.failures import describe_exit
+from shmloader.transport.failures import describe_exit
 from shmloader.workers.pool import WorkerHandle, death_point
 
 # Forked workers replaced for being stuck in their fork (Restarts.replace_stuck) before an

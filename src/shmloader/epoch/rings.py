@@ -19,10 +19,9 @@ from __future__ import annotations
 from shmloader.epoch.courier import Courier
 from shmloader.memory import leases as _leases
 from shmloader.memory.leases import Leases
-from shmloader.memory.ring import Ring
+from shmloader.memory.ring import NO_SLOT, Ring
 from shmloader.memory.ringmaker import BACKGROUND_MIN_BATCH_BYTES, RingMaker
 from shmloader.system import slots as _slots
-from shmloader.transport import wire
 from shmloader.workers.worker import WorkerConfig
 
 
@@ -98,7 +97,7 @@ class RingKeeper:
         forked child): the workers get it before the task that uses it."""
         ring = self.ring
         if ring is None:
-            return wire.NO_SLOT
+            return NO_SLOT
         # Each worker looks first in its own share of the slots: a worker keeps writing the
         # few slots it already faulted in (pages are mapped per process), instead of every
         # worker faulting in every slot.
@@ -113,7 +112,7 @@ class RingKeeper:
         and it is handed out only on the new worker's result); a slot of a retired ring
         goes back and the task gets one of the current ring (the only one the new worker
         knows)."""
-        if slot != wire.NO_SLOT and ring is self.ring and ring is not None:
+        if slot != NO_SLOT and ring is self.ring and ring is not None:
             ring.states.store(slot, _slots.ASSIGNED)
             return ring, slot
         _leases.give_back(ring, slot)

@@ -19,14 +19,16 @@ the worker produces), or by fast-forwarding past the samples it had delivered.
 The state is plain Python data (dicts, lists, ints, strings), safe in a torch checkpoint
 (``torch.load(..., weights_only=True)``).
 
-The contract between the pieces: the loader holds a :class:`Cursor` (this module's
-record of where it is between and within epochs) and gives each call its
+The contract between the pieces: the loader holds a
+:class:`~shmloader.sampling.position.Cursor` (its record of where it is between and
+within epochs, which only this module moves) and gives each call its
 :class:`~shmloader.config.LoaderConfig` (a :class:`Sampling`: what is fixed when it is
-made: dataset, samplers, batching) and, where the call reads them, its settings :class:`Now` (what may change
-later: the worker count, rank and world size, ``generator``, ``in_order``); nothing here
-sees the loader. The loader's own shuffle is told its epoch's order through its method
-``set_next_order``. The iterator of the running epoch is a :class:`Positioned`: it tells
-how many batches it handed out, and per shard how far each one got.
+made: dataset, samplers, batching) and, where the call reads them, its settings
+:class:`~shmloader.sampling.position.Now` (what may change later: the worker count,
+rank and world size, ``generator``, ``in_order``); nothing here sees the loader. The
+loader's own shuffle is told its epoch's order through its method ``set_next_order``.
+The iterator of the running epoch is a :class:`Positioned`: it tells how many batches
+it handed out, and per shard how far each one got.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from itertools import islice
 from typing import Any, Protocol
 
@@ -43,8 +45,10 @@ from shmloader.interop import torchcompat
 from shmloader.sampling import distributed as _dist
 from shmloader.sampling import draws as _draws
 from shmloader.sampling.draws import Draws, SeedSource
+from shmloader.sampling.position import Cursor, EpochPlan, Now
 from shmloader.sampling.rng import derive_epoch_seed, order_rng
 from shmloader.sampling.sampler import SequentialSampler
+from shmloader.workers.resume import is_stateful
 
 FORMAT = "shmloader.DataLoader"
 VERSION = 1
@@ -91,81 +95,6 @@ class Sampling(Protocol):
         """The loader made its batch sampler: positions count samples, not batches."""
 
 
-@dataclass(frozen=True)
-class Now:
-    """A loader's settings that may change after it was made, as read for one call: the
-    worker count in use (``"auto"``, or torch's writable ``num_workers``), the rank and
-    world size it shards by (read at each epoch: a loader made before torch.distributed
-    is initialized shards once it is), and torch's writable ``generator`` and
-    ``in_order``."""
-
-    num_workers: int
-    rank: int = 0
-    world_size: int = 1
-    generator: Any = None
-    in_order: bool = True
-    prefetch_factor: int = 0  # batches per worker torch's iterator sends ahead (0 without workers)
-
-
-@dataclass
-class EpochPlan:
-    """What one iteration of a loader loads: decided by :func:`begin_epoch`."""
-
-    epoch: int
-    epoch_seed: int
-    rank: int
-    world_size: int
-    unit: str  # "samples", "batches" (user batch_sampler) or "iterable"
-    start: int = 0  # units of the global order consumed before this iteration began
-    step: int = 1  # units one batch of one rank covers: the per-rank batch size, or 1
-    order_len: int | None = None  # length of the epoch's global order, when known
-    presharded: bool = False  # the sampler already yields one rank's share
-    # Iterable datasets: one record per local worker {"samples": n, "state": obj or None}
-    # as loaded, and the worker the first batch comes from.
-    workers: list[dict[str, Any]] | None = None
-    start_worker: int = 0
-    stateful: bool = False  # the iterable dataset has shmloader_state_dict / shmloader_load_state_dict
-    shard_states: dict[int, Any] = field(default_factory=dict)
-    # It continues a loaded position from inside its epoch: when that position was the
-    # epoch's end (nothing left), the iterator begins the next epoch instead.
-    resumed: bool = False
-    batches: int | None = None  # batches this iteration yields (map-style, length known)
-    # torch's RNG: what it drew for this iteration (None under the seed scheme).
-    draws: Draws | None = None
-    reseed: bool = True  # the workers seed their RNGs at this epoch (see Draws.reseed)
-    sample_seed: int = 0  # the epoch's seed for sample_rng (the epoch seed, but see begin_epoch)
-    shared_seed: int = 0  # a DataPipe graph's shared seed (the epoch seed, or torch's draw)
-
-
-@dataclass
-class Cursor:
-    """Where a loader is between and within epochs (the loader holds one; only this
-    module reads or moves it).
-
-    Under torch's RNG (``seeds`` None) each iterator draws what torch's would when it is
-    made (:func:`draw_for_iter`) and its epoch is a function of those draws. Under the
-    seed scheme every epoch's order and worker seeds are functions of ``seed`` and the
-    epoch; with a numpy ``generator=``, ``seed`` is drawn again from it at each epoch, so
-    reseeding the generator before an epoch repeats it."""
-
-    seeds: SeedSource | None  # the seed scheme's source; None: torch's RNG decides
-    seed: int | None = None  # the seed scheme's seed (None until the first epoch draws it)
-    next_epoch: int = 0  # the epoch the next iter() loads (set_epoch, or one more)
-    resume: dict[str, Any] | None = None  # a loaded position, for the next iter()
-    plan: EpochPlan | None = None  # the running (or last) epoch
-    live: weakref.ref | None = None  # its iterator (or a pending one), which state_dict() asks
-    pending: Draws | None = None  # torch's RNG: what iter() drew for ``live``, until it begins
-    workers_base: int | None = None  # torch's RNG: the base seed the running workers got
-    # torch's RNG, persistent workers: workers_base is a loaded run's, whose workers the
-    # next ones continue (they take its base seed instead of drawing one).
-    loaded_base: bool = False
-
-    @property
-    def torch_rng(self) -> bool:
-        """Whether torch's RNG decides (see :mod:`shmloader.sampling.draws`)."""
-        return self.seeds is None
-
-
 class Positioned(Protocol):
     """What an epoch's iterator tells :func:`state_dict`."""
 
@@ -183,15 +112,6 @@ class Positioned(Protocol):
     def shards_exhausted(self) -> bool:
         """Iterable datasets: every shard is known to have run out and everything it
         produced was handed out (the next ``next()`` raises StopIteration)."""
-
-
-def is_stateful(dataset: Any) -> bool:
-    """Whether an iterable dataset saves and restores its own position for the loader:
-    ``shmloader_state_dict`` and ``shmloader_load_state_dict`` (never a ``state_dict`` the
-    dataset has for itself: torch's loader calls none)."""
-    return callable(getattr(dataset, "shmloader_state_dict", None)) and callable(
-        getattr(dataset, "shmloader_load_state_dict", None)
-    )
 
 
 def stateful_hint(dataset: Any) -> str:
@@ -786,20 +706,6 @@ def _check_iterable(settings: Now, state: dict[str, Any]) -> None:
             f"{now[0]} of {now[1]} with {now[2]}. Resume with the same rank, world size and "
             "num_workers (each shard's dataset copy splits its data by those numbers)."
         )
-
-
-def open_iterable(dataset: Any, record: dict[str, Any] | None) -> Iterator[Any]:
-    """``iter(dataset)`` positioned where ``record`` (a worker's saved record) left it:
-    the dataset's own state is loaded first when saved, else the delivered samples are
-    skipped."""
-    if record is not None and record.get("state") is not None and is_stateful(dataset):
-        dataset.shmloader_load_state_dict(record["state"])
-        return iter(dataset)
-    it = iter(dataset)
-    skip = int(record["samples"]) if record is not None else 0
-    if skip:
-        next(islice(it, skip, skip), None)
-    return it
 
 
 def worker_resume(plan: EpochPlan | None, wid: int) -> dict[str, Any] | None:

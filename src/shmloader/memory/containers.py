@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from shmloader.memory.limits import mib
 from shmloader.memory.shared import SharedDict, SharedList, SharedTuple, share
+from shmloader.system.limits import mib
 
 # A container is large from this estimated size: smaller ones cost little per worker.
 LARGE_BYTES = 16 << 20

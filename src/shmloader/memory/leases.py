@@ -39,14 +39,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from shmloader.errors import RingLimitError, ShmSpaceError
-from shmloader.memory import limits as memory
 from shmloader.memory import sizing
-from shmloader.memory.ring import Ring, populate_supported, ring_bytes
+from shmloader.memory.ring import NO_SLOT, Ring, populate_supported, ring_bytes
 from shmloader.memory.sizing import half_budget, slot_bytes_for
 from shmloader.system import forks
+from shmloader.system import limits as memory
 from shmloader.system import slots as _slots
 from shmloader.system.segment import check_usable, resolve_backend, shm_free_bytes
-from shmloader.transport.wire import NO_SLOT
 
 # --- leases -------------------------------------------------------------------------------
 

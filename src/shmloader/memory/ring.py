@@ -10,7 +10,7 @@ default on Linux, or ``posix``); neither ever has a name anyone else can open, a
 kernel frees its memory when the last descriptor and mapping are gone.
 
 A ring is made only after checking that the memory is there
-(:mod:`shmloader.memory.limits`: reserving past a cgroup's limit would wake the OOM killer), and
+(:mod:`shmloader.system.limits`: reserving past a cgroup's limit would wake the OOM killer), and
 its pages are reserved before anything writes to them, so running short is an error,
 never a SIGBUS or a kill on a later write:
 
@@ -44,12 +44,13 @@ from typing import Any
 import numpy as np
 
 from shmloader.errors import ShmSpaceError
-from shmloader.memory import limits as memory
 from shmloader.system import fdguard, segment
+from shmloader.system import limits as memory
 from shmloader.system.slots import FREE, Mapping, StateArray
-from shmloader.transport.wire import HEADER_WORDS  # the slot header's words (see wire.SlotHeader)
 
 PAGE_BYTES = 4096
+HEADER_WORDS = 8  # int64 words per slot in a ring's header area (what they hold: wire.SlotHeader)
+NO_SLOT = -1  # the slot number that names no slot (a frame about no slot, no ring made yet)
 # A ring's slots hold its first batch x SLOT_HEADROOM + SLOT_SLACK_BYTES (see sizing):
 SLOT_HEADROOM = 1.25  # so batches that vary a little fit
 SLOT_SLACK_BYTES = 4096  # the layout, its numbers and small object leaves

@@ -3,8 +3,8 @@
 Used by the leases (:mod:`shmloader.memory.leases`, which make the rings), ``shmloader doctor``
 and ``shmloader bench`` (which report what a loader would make). The bound on a loader's
 rings is ``max_shm_bytes`` (default: half of what the backend can give,
-:mod:`shmloader.memory.limits`); each ring also leaves a margin of what is there when it is made
-(:func:`shmloader.memory.limits.ring_room`, with :func:`margin_reserve`). The first ring gets
+:mod:`shmloader.system.limits`); each ring also leaves a margin of what is there when it is made
+(:func:`shmloader.system.limits.ring_room`, with :func:`margin_reserve`). The first ring gets
 fewer slots than the default where memory is short, down to one in flight per worker
 plus two (:func:`min_num_slots`), with one :class:`~shmloader.errors.RingSizeWarning`
 (:class:`SizeWarnings`: emitted from the consumer's thread even for a ring made on
@@ -15,19 +15,17 @@ another); when not even those fit, the error names the limit that binds first
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
 
-from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError
-from shmloader.memory import limits as memory
+from shmloader.errors import RingLimitError, RingSizeWarning, ShmSpaceError, user_stacklevel
 from shmloader.memory.ring import (
     SLOT_HEADROOM,
     SLOT_SLACK_BYTES,
     ring_bytes,
 )
+from shmloader.system import limits as memory
 
 HELD_SLOTS_RESERVE = 4  # slots for batches the consumer still holds (the current one,
 # the previous one still bound to the loop variable during next(), a few more)
@@ -57,9 +55,9 @@ def min_num_slots(num_workers: int) -> int:
 
 def default_max_shm_bytes(backend: str = "auto") -> int:
     """The default bound on a loader's rings: half of what ``backend`` can give now
-    (:func:`shmloader.memory.limits.budget`: the machine's available memory, the cgroup's
+    (:func:`shmloader.system.limits.budget`: the machine's available memory, the cgroup's
     headroom and, for posix, /dev/shm's free space). Each ring is also held to what is
-    there when it is made, less a margin (:func:`shmloader.memory.limits.ring_room`), which keeps
+    there when it is made, less a margin (:func:`shmloader.system.limits.ring_room`), which keeps
     the cgroup's OOM killer away from the processes."""
     from shmloader.system.segment import resolve_backend
 
@@ -81,7 +79,7 @@ def margin_reserve(num_workers: int, slot_bytes: int) -> int:
     """What the processes allocate beside a ring of ``slot_bytes`` slots once it is made:
     about one batch (the batch such a slot was sized for) per worker, which holds its
     samples while it collates the next one. Kept free, with 32 MiB more, by
-    :func:`shmloader.memory.limits.ring_room`. (Under a cgroup limit the peak is the
+    :func:`shmloader.system.limits.ring_room`. (Under a cgroup limit the peak is the
     usage when the ring was made, plus the ring, plus one batch per worker. The consumer
     hands out views of the ring and needs no batch of its own: reserving one for it too
     would refuse limits under which torch's DataLoader works.)"""
@@ -230,13 +228,3 @@ class SizeWarnings:
         """Emit the warnings kept so far (from the consumer's thread)."""
         while self._deferred:
             warnings.warn(self._deferred.pop(0), RingSizeWarning, stacklevel=user_stacklevel())
-
-
-def user_stacklevel() -> int:
-    """The stacklevel of the first caller outside this package (the user's loop), so a
-    warning points at the user's line, not at the loader's insides."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # shmloader/, above memory/
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level

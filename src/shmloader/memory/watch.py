@@ -33,11 +33,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from shmloader.errors import CopyOnReadWarning
+from shmloader.errors import CopyOnReadWarning, user_stacklevel
 from shmloader.memory import containers as _containers
-from shmloader.memory.limits import mib
-from shmloader.memory.sizing import user_stacklevel
 from shmloader.memory.usage import ProcessMemory, exclusive_share, process_memory
+from shmloader.system.limits import mib
 
 FIRST_CHECK_S = 0.5
 MAX_INTERVAL_S = 16.0

@@ -76,6 +76,16 @@ def register(
         hooks[name] = hook
 
 
+def registered(phase: str) -> dict[str, Hook]:
+    """The hooks registered for ``phase`` ("before", "after_in_parent" or
+    "after_in_child"), by name: a copy, in no particular order (the tuples above give it).
+    Raises ValueError for another phase."""
+    hooks = {"before": _before, "after_in_parent": _after_in_parent, "after_in_child": _after_in_child}
+    if phase not in hooks:
+        raise ValueError(f"{phase!r} is not a fork phase: give one of {sorted(hooks)}")
+    return dict(hooks[phase])
+
+
 class _Place:
     """One place in a phase's order: calls the hook registered there, if any."""
 

@@ -17,7 +17,7 @@ processes:
   is refused (a seccomp profile: ENOSYS, EPERM), once per process.
 
 A segment is made only after :func:`check_room` found the memory there
-(:mod:`shmloader.memory.limits`: reserving past a cgroup's limit would wake the OOM killer).
+(:mod:`shmloader.system.limits`: reserving past a cgroup's limit would wake the OOM killer).
 :mod:`shmloader.memory.ring` lays slots out in it.
 """
 
@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - a system without it uses memfd only
     posix_ipc = None
 
 from shmloader.errors import ShmBackendError, ShmSpaceError
-from shmloader.memory import limits as memory
+from shmloader.system import limits as memory
 
 _NAME_ATTEMPTS = 16
 _SHM_DIR = "/dev/shm"

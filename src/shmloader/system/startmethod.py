@@ -17,7 +17,7 @@ import sys
 import warnings
 from typing import Any
 
-from shmloader.memory.sizing import user_stacklevel
+from shmloader.errors import user_stacklevel
 
 _warned = [False]  # the switch was announced in this process
 

@@ -37,12 +37,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shmloader.errors import CorruptDataError
+from shmloader.memory.ring import HEADER_WORDS, NO_SLOT
 from shmloader.system import fdguard
 from shmloader.system import slots as _slots
 
 HEADER = struct.Struct("<Bxxxiq")  # kind, slot (-1: none), batch sequence number
 HEADER_BYTES = HEADER.size
-NO_SLOT = -1
 
 
 class Kind(enum.IntEnum):
@@ -242,8 +242,6 @@ def pickled_batch(payload: Any) -> Any:
 
 
 # --- the slot header ----------------------------------------------------------------------
-
-HEADER_WORDS = 8  # int64 words per slot in a ring's header area (ring.py reserves them)
 
 
 class SlotHeader(NamedTuple):

@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shmloader.memory import limits as memory
 from shmloader.memory import sizing
+from shmloader.system import limits as memory
 from shmloader.system.cores import affinity_cpus, usable_cores
 from shmloader.tuning.timing import DATA_BOUND_SHARE, WORKERS_SATURATED, Timing
 

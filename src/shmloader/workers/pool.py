@@ -39,7 +39,7 @@ from shmloader.memory.leases import own_forks
 from shmloader.system import fdguard
 from shmloader.transport import wire
 from shmloader.transport.channel import Channel
-from shmloader.workers.failures import describe_exit, short_indices
+from shmloader.transport.failures import describe_exit, short_indices
 
 JOIN_TIMEOUT_S = 5.0  # how long a graceful stop waits for workers to exit before killing them
 KILL_JOIN_TIMEOUT_S = 2.0  # and for a killed worker to be reaped

@@ -26,7 +26,7 @@ from shmloader.batch.collate import array_views, build_in_memory
 from shmloader.batch.placement import Placement, Placements
 from shmloader.context import WorkerInfo, set_worker_epoch_seed, set_worker_info
 from shmloader.errors import BatchLayoutError, StrayStopIteration
-from shmloader.memory.ring import Ring, attach_fd
+from shmloader.memory.ring import NO_SLOT, Ring, attach_fd
 from shmloader.system import slots as _slots
 from shmloader.system.process import ParentDeath, die_with_parent, use_batch_policy, yield_cpu
 from shmloader.transport import wire
@@ -36,10 +36,11 @@ from shmloader.transport.channel import (
     TASK_SPIN_NS,
     Channel,
 )
+from shmloader.transport.failures import WorkerFailure
 from shmloader.transport.yielding import YIELD_MAX_NS, YieldWindow
 from shmloader.workers import seeding
-from shmloader.workers.failures import WorkerFailure
 from shmloader.workers.policy import PolicyTuner
+from shmloader.workers.resume import open_iterable
 
 _RESULT_WAKE = wire.result_wake_frame()
 _VIEW_CACHE_SIZE = 1024  # entries of the placement, skeleton and view caches (ragged batches: one per shape)
@@ -78,7 +79,7 @@ class WorkerConfig:
     use_pdeathsig: bool
     rank: int = 0  # the loader's rank and world size (worker info, global shard ids)
     world_size: int = 1
-    resume: dict | None = None  # iterable: this shard's saved record (see state.open_iterable)
+    resume: dict | None = None  # iterable: this shard's saved record (see resume.open_iterable)
     # The epoch's seed for sample_rng and a DataPipe's shared seed, where they are not
     # ``seed - worker_id`` (see wire.epoch_frame).
     epoch_seed: int | None = None
@@ -455,8 +456,6 @@ class _Worker:
                 if self.cfg.resume is None:
                     self.iterator = iter(self.cfg.dataset)
                 else:  # the first epoch after load_state_dict: continue where the shard was
-                    from shmloader.epoch.state import open_iterable
-
                     resume, self.cfg.resume = self.cfg.resume, None
                     self.iterator = open_iterable(self.cfg.dataset, resume)
             except StopIteration as exc:  # from the dataset's __iter__: not an end of data
@@ -482,8 +481,8 @@ class _Worker:
         layout = placed.layout
         ring = self.ring
         total = content.total
-        if slot == wire.NO_SLOT or ring is None or total > ring.slot_bytes:
-            if slot != wire.NO_SLOT and ring is not None and self.cfg.fixed_slot_bytes:
+        if slot == NO_SLOT or ring is None or total > ring.slot_bytes:
+            if slot != NO_SLOT and ring is not None and self.cfg.fixed_slot_bytes:
                 raise BatchLayoutError(
                     f"batch {seq} needs {total} bytes but slots hold {ring.slot_bytes} "
                     f"(slot_bytes was fixed). Pass a larger slot_bytes (at least {total}), "

@@ -22,8 +22,7 @@ import numpy as np
 
 import shmloader.memory.shared.layout as L
 from shmloader.errors import CorruptDataError, ShmSpaceError
-from shmloader.memory import limits
-from shmloader.system import segment
+from shmloader.system import limits, segment
 
 # The stores mapped in this process, by token: a segment that arrives twice (two pickles
 # through one process start) is mapped once.

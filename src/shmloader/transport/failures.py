@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shmloader.errors import KeyErrorMessage, StrayStopIteration, WorkerError
-from shmloader.memory.limits import cgroup_limit
+from shmloader.system.limits import cgroup_limit
 
 
 @dataclass

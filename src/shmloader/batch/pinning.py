@@ -210,6 +210,11 @@ class RingPinner:
         """Slots released by the consumer whose copies may still run."""
         return len(self._pending)
 
+    def waiting(self) -> list[tuple[Any, Any, int]]:
+        """The slots released by the consumer whose copies may still run, oldest first:
+        (the host's event recorded at the release, the ring's slot states, the slot); a copy."""
+        return list(self._pending)
+
 
 _MADV_DOFORK = 11  # linux/mman.h: inherit across fork (undoes MADV_DONTFORK, 10)
 

@@ -173,7 +173,7 @@ def _reclaimable(stat: dict[str, int], prefix: str, mapped_key: str) -> int:
     return max(inactive, unmapped)
 
 
-def _own_cgroups(proc_cgroup: str) -> tuple[str | None, str | None]:
+def own_cgroups(proc_cgroup: str) -> tuple[str | None, str | None]:
     """(v1 memory cgroup path, v2 unified path) of this process, None where absent."""
     v1 = v2 = None
     text = _read(proc_cgroup)
@@ -303,7 +303,7 @@ def cgroup_limit(
     mounted, else v2), or None where no limit applies or none can be read. The
     hierarchies are found in ``mountinfo``; ``root`` instead says they are mounted at
     ``root/memory`` (v1) and ``root`` (v2), each rooted at "/" (tests, odd systems)."""
-    v1, v2 = _own_cgroups(proc_cgroup)
+    v1, v2 = own_cgroups(proc_cgroup)
     if root is not None:
         m1 = (os.path.join(root, "memory"), "/") if os.path.isdir(os.path.join(root, "memory")) else None
         m2: tuple[str, str] | None = (root, "/")
