@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gc
 import importlib.machinery
 import os
 import re
 import sys
+import tempfile
 import time
 
 import psutil
@@ -246,6 +249,31 @@ def _gc_unfreeze_after_module():
     gc.unfreeze()
 
 
+# A test that leaves /dev/shm entries on purpose for a while (a create loop killed at random
+# moments: tests/test_posix_segments.py) holds this lock exclusively (dev_shm_to_myself); the
+# leak check of every test holds it shared, so no test of another pytest worker, running at
+# the same time, takes those entries for its own leaks.
+_SHM_LOCK_PATH = os.path.join(tempfile.gettempdir(), "shmloader-tests-dev-shm.lock")
+_shm_lock_fd: list[int] = []
+
+
+def _shm_lock() -> int:
+    if not _shm_lock_fd:
+        _shm_lock_fd.append(os.open(_SHM_LOCK_PATH, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o666))
+    return _shm_lock_fd[0]
+
+
+@contextlib.contextmanager
+def dev_shm_to_myself():
+    """Within the block no other test's leak check runs (see ``_SHM_LOCK_PATH``)."""
+    fd = _shm_lock()
+    fcntl.flock(fd, fcntl.LOCK_EX)  # (upgrades this test's shared hold)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail a test that leaves a worker process, a descriptor or a /dev/shm entry behind."""
@@ -257,6 +285,15 @@ def no_leaks():
     # test's own garbage, reference cycles included, is collected as before; so is what
     # outlives a test, once its module is done (see _gc_unfreeze_after_module).
     gc.freeze()
+    fcntl.flock(_shm_lock(), fcntl.LOCK_SH)
+    try:
+        yield from _checked_for_leaks()
+    finally:
+        fcntl.flock(_shm_lock(), fcntl.LOCK_UN)
+
+
+def _checked_for_leaks():
+    """:func:`no_leaks`'s body: the state before the test, the test, the checks after."""
     children, shm, fds = _children(), _shm_entries(), _fds()
     yield
     gc.collect()
