@@ -274,6 +274,19 @@ def w6_missing(torch_dl: Any | None) -> str | None:
     return None
 
 
+def skipped(
+    res: ConfigResult, why: str, peers: tuple[str, ...], steps: int, progress: Progress
+) -> ConfigResult:
+    """``res`` for a workload that cannot run here (``why``): a skipped row per peer, a
+    note, and the progress steps it would have taken."""
+    label = res.config.label
+    res.rows = [Row(name, status=f"skipped: {why}") for name in peers]
+    res.notes.append(f"{label} skipped: {why}")
+    for _ in range(steps):
+        progress.step(f"{label} skipped")
+    return res
+
+
 def w6_steps(repeat: int) -> int:
     """Progress steps of :func:`measure_w6`: the dataset, then warm-up and timed runs of
     the long runs and of the fresh passes (and their decode limit)."""
@@ -331,11 +344,7 @@ def measure_w6(
     res = ConfigResult(cfg, wl.description, wl.batch_size, wl.batch_size * (W6_SIZE * W6_SIZE * 3 + 8), 0)
     why = w6_missing(torch_dl)
     if why is not None:
-        res.rows = [Row(name, status=f"skipped: {why}") for name in PEERS]
-        res.notes.append(f"{cfg.label} skipped: {why}")
-        for _ in range(w6_steps(repeat)):
-            progress.step(f"{cfg.label} skipped")
-        return res
+        return skipped(res, why, PEERS, w6_steps(repeat), progress)
     folder = Path(root) if root is not None else image_folder(count, image_size)
     if not (folder / ".complete").exists():
         progress.out(f"{cfg.label}: writing {count} synthetic JPEGs to {folder} (once, a few minutes)")

@@ -24,11 +24,11 @@ import os
 import statistics
 from typing import Any
 
-from shmloader.bench.jpeg import W6_IMAGE_SIZE, EpochPeer, ensure_images, image_folder
+from shmloader.bench.jpeg import W6_IMAGE_SIZE, EpochPeer, ensure_images, image_folder, skipped
 from shmloader.bench.machine import load1
 from shmloader.bench.peers import close_peers, summarize, time_peers
 from shmloader.bench.progress import Progress
-from shmloader.bench.results import ConfigResult, Row
+from shmloader.bench.results import ConfigResult
 from shmloader.bench.workloads import WORKLOADS, Config
 
 __all__ = ["PEERS", "W9_COUNT", "measure_w9", "w9_missing", "w9_steps"]
@@ -87,11 +87,7 @@ def measure_w9(cfg: Config, *, repeat: int, torch_dl: Any | None, progress: Prog
     res = ConfigResult(cfg, wl.description, wl.batch_size, wl.batch_size * (3 * W9_SIZE * W9_SIZE * 4 + 8), 0)
     why = w9_missing(torch_dl)
     if why is not None:
-        res.rows = [Row(name, status=f"skipped: {why}") for name in PEERS]
-        res.notes.append(f"{cfg.label} skipped: {why}")
-        for _ in range(w9_steps(repeat)):
-            progress.step(f"{cfg.label} skipped")
-        return res
+        return skipped(res, why, PEERS, w9_steps(repeat), progress)
     folder = image_folder(W9_COUNT, W6_IMAGE_SIZE)
     if not (folder / ".complete").exists():
         progress.out(f"{cfg.label}: writing {W9_COUNT} synthetic JPEGs to {folder} (once)")
