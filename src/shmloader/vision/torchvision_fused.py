@@ -5,7 +5,8 @@
 ``DatasetFolder`` whose pipeline :func:`~shmloader.vision.torchvision_plan.recognize`
 accepted. Per sample, for a JPEG that Pillow opens as RGB or grayscale:
 
-1. the file is read and its header parsed by Pillow (``Image.open`` decodes nothing);
+1. the file is read and its header parsed (:mod:`shmloader.vision.jpeg_header`, or
+   Pillow's ``Image.open`` where its layout is not the plain one; nothing is decoded);
 2. when the first op is ``RandomResizedCrop``, its box is drawn by the op's own code on
    that header-only image (the same torch RNG calls, in the same order, as in
    ``dataset[index]``), only that box is decoded (libjpeg-turbo, Pillow's own library
@@ -18,10 +19,11 @@ accepted. Per sample, for a JPEG that Pillow opens as RGB or grayscale:
 Every other file (PNG, GIF, CMYK JPEG, ...) is decided before any random draw and goes
 through ``dataset[index]`` itself, its tensor copied into the row: the batch is exact
 either way. ``fast`` (``images="fast"``): the box is decoded at 1/2, 1/4 or 1/8 scale where
-it is that many times the output, with libjpeg-turbo's fast IDCT, and resampled by
-torch's antialiased bilinear kernel (:mod:`shmloader.vision.resample`): the same crops and
-flips, pixels within a small tolerance of torchvision's (docs/vision.md), for the
-pipelines ``RandomResizedCrop`` (bilinear) then at most ``RandomHorizontalFlip``.
+it is that many times the output (with Pillow's accurate IDCT: the fast one saves no
+time here and costs a level of error), and resampled by torch's antialiased bilinear
+kernel (:mod:`shmloader.vision.resample`): the same crops and flips, pixels within a
+small tolerance of torchvision's (docs/vision.md), for the pipelines
+``RandomResizedCrop`` (bilinear) then at most ``RandomHorizontalFlip``.
 """
 
 from __future__ import annotations
@@ -32,13 +34,17 @@ from typing import Any
 import numpy as np
 
 from shmloader.batch.writeinto import ArraySpec
-from shmloader.vision import pil_resample, region
+from shmloader.vision import jpeg_header, pil_resample, region
 from shmloader.vision.resample import int_box, resample_into
 from shmloader.vision.torchvision_plan import FusedPlan
 
 __all__ = ["FusedFolder", "fallback_count"]
 
 _JPEG_END = b"\xff\xd9"
+# fast: a crop is decoded at 1/f scale only where it is at least this many times f times the
+# output on both sides (at 1x, crops of 2-4x the output came out up to 2.2 levels off per
+# image on the varied test images: benchmarks/HISTORY.md).
+_REDUCED_SCALE_MARGIN = 1.0
 
 
 class FusedFolder:
@@ -125,20 +131,26 @@ class FusedFolder:
                     self._resampler.resize(region, self._resized)
                     flip = self._ops.flip_drawn(head[1]) if len(head) > 1 else False
                     return self._resized, flip
-                pil = self._ops.resized_crop(self._whole(img).crop((left, top, left + w, top + h)), op, h, w)
+                whole = self._whole(data, img)
+                pil = self._ops.resized_crop(whole.crop((left, top, left + w, top + h)), op, h, w)
             else:
                 pil = self._ops.resized_crop(self._crop(data, img, left, top, w, h), op, h, w)
             rest = head[1:]
         else:
-            pil = self._whole(img)
+            pil = self._whole(data, img)
             rest = head
         for op in rest:
             pil = op(pil)
         return np.asarray(pil), False
 
     @staticmethod
-    def _whole(img: Any) -> Any:
-        """``pil_loader``'s image: decoded by Pillow, in RGB."""
+    def _whole(data: bytes, img: Any) -> Any:
+        """``pil_loader``'s image: decoded by Pillow, in RGB (the file opened by Pillow
+        where ``img`` holds only its header)."""
+        if jpeg_header.is_header_image(img):
+            from PIL import Image
+
+            img = Image.open(io.BytesIO(data))
         return img.convert("RGB") if img.mode != "RGB" else _loaded(img)
 
     def _region(self, data: bytes, img: Any, left: int, top: int, w: int, h: int) -> np.ndarray | None:
@@ -165,7 +177,7 @@ class FusedFolder:
         pixels = self._region(data, img, left, top, w, h)
         if pixels is not None:
             return Image.frombuffer("RGB", (w, h), pixels, "raw", "RGB", 0, 1)
-        return self._whole(img).crop((left, top, left + w, top + h))
+        return self._whole(data, img).crop((left, top, left + w, top + h))
 
     def _fast_crop(
         self, data: bytes, img: Any, op: Any, box: tuple[int, int, int, int]
@@ -176,7 +188,8 @@ class FusedFolder:
         left, top, w, h = box
         oh, ow = self.plan.shape[1:]
         factor = 1
-        while factor < 8 and w >= 2 * factor * ow and h >= 2 * factor * oh:
+        reach = _REDUCED_SCALE_MARGIN * 2
+        while factor < 8 and w >= reach * factor * ow and h >= reach * factor * oh:
             factor *= 2
         width, height = img.size
         sw, sh = -(-width // factor), -(-height // factor)
@@ -186,12 +199,12 @@ class FusedFolder:
         got = None
         if decoder is not None and data.endswith(_JPEG_END):
             bounds = (max(kx0 - 1, 0), ky0, min(kx1 + 1, sw), ky1)
-            got = decoder.decode(data, factor, bounds, True, False, self._scratch, (kx0, kx1))
+            got = decoder.decode(data, factor, bounds, False, False, self._scratch, (kx0, kx1))
         if got is not None and (got[1], got[0].shape[1]) == (kx0, kx1 - kx0):
             pixels, self._scratch = got[0], got[5]
             local = (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0]))
         else:  # not region-decodable: whole, at full scale
-            pixels = np.asarray(self._whole(img))
+            pixels = np.asarray(self._whole(data, img))
             local = (float(left), float(top), float(left + w), float(top + h))
         flip = self._ops.flip_drawn(self.plan.head[1]) if len(self.plan.head) > 1 else False
         resample_into(pixels, local, self._resized, False, False, "torch")
@@ -233,11 +246,15 @@ def fallback_count(dataset: Any, limit: int = 500) -> tuple[int, int]:
 
 def _jpeg_header(data: bytes) -> Any:
     """The header-only Pillow image of a JPEG that decodes exactly by region or whole
-    (Pillow's JPEG, mode RGB or L), else None."""
+    (Pillow's JPEG, mode RGB or L), else None: read from its markers where their layout
+    is plain (:mod:`shmloader.vision.jpeg_header`), else by ``Image.open``."""
     from PIL import Image, UnidentifiedImageError
 
     if not data.startswith(b"\xff\xd8"):
         return None
+    parsed = jpeg_header.parse(data, Image.MAX_IMAGE_PIXELS)
+    if parsed is not None:
+        return jpeg_header.header_image(parsed[:2], parsed[2])
     try:
         img = Image.open(io.BytesIO(data))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
