@@ -51,10 +51,12 @@ static void shmpil_axis_free(shmpil_axis *a) {
     a->w = NULL;
 }
 
-/* The weights of an axis of n_in inputs resampled to n_out outputs; 0 on success. */
-static int shmpil_axis_make(int n_in, int n_out, shmpil_axis *a) {
-    float span = (float)n_in; /* Pillow carries the box edges as floats */
-    double scale = (double)span / n_out;
+/* The weights of the span lo_edge .. hi_edge of an axis of n_in inputs resampled to n_out
+ * outputs (the whole axis: 0 .. n_in); 0 on success. */
+static int shmpil_axis_make(int n_in, double lo_edge, double hi_edge, int n_out, shmpil_axis *a) {
+    float lo = (float)lo_edge, hi_f = (float)hi_edge; /* Pillow carries the box edges as floats */
+    double start = lo;
+    double scale = (double)(float)(hi_f - lo) / n_out; /* and their span, a float too */
     double reach = scale < 1.0 ? 1.0 : scale;
     double inverse = 1.0 / reach;
     int taps = (int)ceil(reach) * 2 + 1;
@@ -69,7 +71,7 @@ static int shmpil_axis_make(int n_in, int n_out, shmpil_axis *a) {
     }
     a->count = a->first + n_out;
     for (int o = 0; o < n_out; o++) {
-        double centre = (o + 0.5) * scale;
+        double centre = start + (o + 0.5) * scale;
         int lo = (int)(centre - reach + 0.5);
         int hi = (int)(centre + reach + 0.5);
         double sum = 0.0;
@@ -248,14 +250,26 @@ static void shmpil_pass_vertical(const uint8_t *src, int values, int row0, const
     shmpil_vertical(src, values, row0, a, out_h, dst, acc);
 }
 
+int shmpil_bilinear_rgb_box(const uint8_t *src, int w_in, int h_in, double x0, double y0, double x1, double y1,
+                            uint8_t *dst, int out_w, int out_h, int vertical_first_rule);
+
 /* Image.resize((out_w, out_h), BILINEAR) of the w_in x h_in RGB image src (rows of
  * w_in * 3 bytes) into dst (out_h rows of out_w * 3 bytes). 0 on success, -1 when out
  * of memory. The passes run in Pillow's order: horizontal first, except where the
  * height shrinks by more than twice as many pixels as the width does (Pillow 13). */
 int shmpil_bilinear_rgb(const uint8_t *src, int w_in, int h_in, uint8_t *dst, int out_w, int out_h,
                         int vertical_first_rule) {
+    return shmpil_bilinear_rgb_box(src, w_in, h_in, 0.0, 0.0, w_in, h_in, dst, out_w, out_h, vertical_first_rule);
+}
+
+/* The same of the box x0 .. x1, y0 .. y1 of src (fractional pixel edges, as
+ * Image.resize(size, BILINEAR, box=...)): each output sample's filter is centred in the
+ * box, and reads src's pixels around it, stopping at src's edges. */
+int shmpil_bilinear_rgb_box(const uint8_t *src, int w_in, int h_in, double x0, double y0, double x1, double y1,
+                            uint8_t *dst, int out_w, int out_h, int vertical_first_rule) {
     size_t src_len = (size_t)w_in * h_in * 3;
-    int across = out_w != w_in, down = out_h != h_in;
+    int across = out_w != w_in || x0 != 0.0 || x1 != w_in;
+    int down = out_h != h_in || y0 != 0.0 || y1 != h_in;
     int vertical_first = vertical_first_rule && (h_in - out_h) > 0 && (h_in - out_h) > (w_in - out_w) * 2;
     shmpil_axis v = {0}, h = {0};
     uint8_t *mid = NULL;
@@ -265,8 +279,8 @@ int shmpil_bilinear_rgb(const uint8_t *src, int w_in, int h_in, uint8_t *dst, in
         memcpy(dst, src, (size_t)w_in * h_in * 3);
         return 0;
     }
-    if (down && shmpil_axis_make(h_in, out_h, &v) != 0) goto done;
-    if (across && shmpil_axis_make(w_in, out_w, &h) != 0) goto done;
+    if (down && shmpil_axis_make(h_in, y0, y1, out_h, &v) != 0) goto done;
+    if (across && shmpil_axis_make(w_in, x0, x1, out_w, &h) != 0) goto done;
     if (down) {
         acc = malloc(sizeof(int32_t) * (size_t)(out_w > w_in ? out_w : w_in) * 3);
         if (acc == NULL) goto done;

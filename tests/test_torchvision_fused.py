@@ -130,9 +130,50 @@ def test_fast_within_tolerance(varied):
     _, ref, after_ref = epochs(torch.utils.data.DataLoader, dataset, 0, n_epochs=2)
     loader, got, after_got = epochs(DataLoader, dataset, 0, n_epochs=2, images="fast")
     assert torch.equal(after_ref, after_got)  # the same draws: the same crops and flips
-    diffs = [(x0 - x1).abs().mean().item() for e0, e1 in zip(ref, got) for (x0, _), (x1, _) in zip(e0, e1)]
-    assert max(diffs) <= 2 / 255, diffs
+    assert max(per_image_differences(ref, got)) <= 2 / 255
     assert loader.stats()["images"]["active"] and loader.stats()["images"]["mode"] == "fast"
+
+
+def per_image_differences(ref, got) -> list[float]:
+    """The mean absolute difference of each image of two loaders' epochs."""
+    out = []
+    for epoch_ref, epoch_got in zip(ref, got, strict=True):
+        for (x0, y0), (x1, y1) in zip(epoch_ref, epoch_got, strict=True):
+            assert torch.equal(y0, y1)
+            out += (x0 - x1).abs().mean(dim=(1, 2, 3)).tolist()
+    return out
+
+
+def test_fast_decodes_reduced_from_one_and_a_half_times(tmp_path, monkeypatch):
+    """Crops 1.5-1.6 times the output on both sides are decoded at 1/2 scale and resampled
+    from their fractional edges: within the tolerance, the same crops and flips."""
+    from shmloader.vision import region
+
+    rng = np.random.default_rng(5)
+    for i in range(12):
+        folder = tmp_path / f"class{i % 2}"
+        folder.mkdir(exist_ok=True)
+        Image.fromarray(synth_image(rng, 375, 500, i % 3)).save(folder / f"img{i:02d}.jpg", quality=90)
+    # sides of 342-361 px: 1.53-1.61 times 224
+    crop = T.RandomResizedCrop(224, scale=(0.64, 0.68), ratio=(0.98, 1.02))
+    dataset = datasets.ImageFolder(str(tmp_path), T.Compose([crop, T.RandomHorizontalFlip(), T.ToTensor()]))
+    factors = []
+    decode = region.RegionDecoder.decode
+
+    def spy(self, data, factor, *args, **kwargs):
+        factors.append(factor)
+        return decode(self, data, factor, *args, **kwargs)
+
+    monkeypatch.setattr(region.RegionDecoder, "decode", spy)
+    _, ref, after_ref = epochs(torch.utils.data.DataLoader, dataset, 0, n_epochs=2)
+    assert factors == []  # torch's own code decodes with Pillow
+    _, got, after_got = epochs(DataLoader, dataset, 0, n_epochs=2, images="fast")
+    if region.decoder() is None or resampler() is None:
+        pytest.skip("the C helper (shmloader._jpeg) or its libjpeg-turbo is not available here")
+    assert torch.equal(after_ref, after_got)
+    assert factors == [2] * 24
+    diffs = per_image_differences(ref, got)
+    assert max(diffs) <= 2 / 255 and min(diffs) > 0  # not the full-scale path's pixels
 
 
 def test_unrecognized_op_runs_as_written(varied):
@@ -218,6 +259,25 @@ def test_resampler_matches_pillow():
         got = np.empty_like(want)
         checked.resize(src, got)
         assert np.array_equal(got, want), (w, h, ow, oh)
+
+
+def test_resampler_box_matches_pillow():
+    """The fractional-box resize images="fast" resamples reduced-scale boxes with is
+    Pillow's ``resize(box=...)``, bit for bit."""
+    checked = resampler()
+    if checked is None:
+        pytest.skip("the C helper (shmloader._jpeg) is not built here")
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        w, h = (int(v) for v in rng.integers(2, 400, 2))
+        x0, y0 = rng.uniform(0, w / 3), rng.uniform(0, h / 3)
+        box = (x0, y0, rng.uniform(x0 + 1, w), rng.uniform(y0 + 1, h))
+        ow, oh = (int(v) for v in rng.integers(1, 300, 2))
+        src = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        want = np.asarray(Image.fromarray(src).resize((ow, oh), Image.BILINEAR, box=box))
+        got = np.empty_like(want)
+        checked.resize_box(src, box, got)
+        assert np.array_equal(got, want), (w, h, box, ow, oh)
 
 
 def test_without_torchvision_nothing_changes():

@@ -46,6 +46,33 @@ class PilBilinear:
         if status != 0:
             raise MemoryError(f"cannot allocate the buffers to resize a {w_in}x{h_in} image to {ow}x{oh}")
 
+    def resize_box(self, src: np.ndarray, box: tuple[float, float, float, float], dst: np.ndarray) -> None:
+        """``Image.fromarray(src).resize(dst's size, BILINEAR, box=box)`` into ``dst`` (both
+        C-contiguous (h, w, 3) uint8; ``box`` (x0, y0, x1, y1) in ``src``'s pixels, fractional
+        edges allowed): the filter stops at ``src``'s edges, not the box's. Pillow's weights
+        and arithmetic (bit-exact against Pillow 13 in the tests); unlike :meth:`resize`,
+        not checked at run time: ``images="fast"`` uses it, whose pixels are within a
+        tolerance of torchvision's, not exact."""
+        h_in, w_in = src.shape[:2]
+        oh, ow = dst.shape[:2]
+        ffi = self._ffi
+        x0, y0, x1, y1 = (float(v) for v in box)
+        status = self._lib.shmpil_bilinear_rgb_box(
+            ffi.from_buffer(src),
+            w_in,
+            h_in,
+            x0,
+            y0,
+            x1,
+            y1,
+            ffi.from_buffer(dst),
+            ow,
+            oh,
+            int(self.vertical_first_rule),
+        )
+        if status != 0:
+            raise MemoryError(f"cannot allocate the buffers to resize a {w_in}x{h_in} image to {ow}x{oh}")
+
     def levels(self, src: np.ndarray, table: np.ndarray, row: np.ndarray, flip: bool) -> None:
         """``row[c, y, x] = table[c, src[y, x, c]]`` (mirrored left-right when ``flip``):
         ``src`` C-contiguous (h, w, 3) uint8, ``table`` (3, 256) float32, ``row``

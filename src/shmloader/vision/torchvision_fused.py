@@ -18,33 +18,36 @@ accepted. Per sample, for a JPEG that Pillow opens as RGB or grayscale:
 
 Every other file (PNG, GIF, CMYK JPEG, ...) is decided before any random draw and goes
 through ``dataset[index]`` itself, its tensor copied into the row: the batch is exact
-either way. ``fast`` (``images="fast"``): the box is decoded at 1/2, 1/4 or 1/8 scale where
-it is that many times the output (with Pillow's accurate IDCT: the fast one saves no
-time here and costs a level of error), and resampled by torch's antialiased bilinear
-kernel (:mod:`shmloader.vision.resample`): the same crops and flips, pixels within a
-small tolerance of torchvision's (docs/vision.md), for the pipelines
-``RandomResizedCrop`` (bilinear) then at most ``RandomHorizontalFlip``.
+either way. ``fast`` (``images="fast"``), for the pipelines ``RandomResizedCrop``
+(bilinear) then at most ``RandomHorizontalFlip``: the same crops and flips; a box at least
+1.5 times the output on both sides is decoded at 1/2 scale (1/4 from 3 times, 1/8 from 6)
+and resampled from its fractional edges there by Pillow's filter (``resize_box``); a
+smaller one is decoded at full scale (Pillow's accurate IDCT: the fast one saved no time
+and cost a level of error) and resampled by torch's antialiased bilinear kernel
+(:mod:`shmloader.vision.resample`). Pixels are within a small tolerance of
+torchvision's (docs/vision.md).
 """
 
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import numpy as np
 
 from shmloader.batch.writeinto import ArraySpec
 from shmloader.vision import jpeg_header, pil_resample, region
-from shmloader.vision.resample import int_box, resample_into
+from shmloader.vision.resample import resample_into
 from shmloader.vision.torchvision_plan import FusedPlan
 
 __all__ = ["FusedFolder", "fallback_count"]
 
 _JPEG_END = b"\xff\xd9"
-# fast: a crop is decoded at 1/f scale only where it is at least this many times f times the
-# output on both sides (at 1x, crops of 2-4x the output came out up to 2.2 levels off per
-# image on the varied test images: benchmarks/HISTORY.md).
-_REDUCED_SCALE_MARGIN = 1.0
+# fast: a box is decoded at 1/f scale where it is at least this many times f times the output
+# on both sides, so that the decoded box is upsampled by at most 1/0.75 (its error per image
+# against torchvision's, measured: benchmarks/HISTORY.md, docs/vision.md).
+_REDUCED_SCALE_MARGIN = 0.75
 
 
 class FusedFolder:
@@ -182,33 +185,65 @@ class FusedFolder:
     def _fast_crop(
         self, data: bytes, img: Any, op: Any, box: tuple[int, int, int, int]
     ) -> tuple[np.ndarray, bool]:
-        """``images="fast"``: the box decoded at a reduced DCT scale where it is at least
-        that many times the output, resampled by torch into the plan's size; and the flip
+        """``images="fast"``: the box decoded by region, at a reduced DCT scale where it is
+        large enough (:meth:`_reduced_factor`), resampled into the plan's size; and the flip
         drawn after it."""
         left, top, w, h = box
-        oh, ow = self.plan.shape[1:]
-        factor = 1
-        reach = _REDUCED_SCALE_MARGIN * 2
-        while factor < 8 and w >= reach * factor * ow and h >= reach * factor * oh:
-            factor *= 2
-        width, height = img.size
-        sw, sh = -(-width // factor), -(-height // factor)
-        sbox = (left * sw / width, top * sh / height, (left + w) * sw / width, (top + h) * sh / height)
-        kx0, ky0, kx1, ky1 = int_box(sbox, sw, sh)
-        decoder = region.decoder()
-        got = None
-        if decoder is not None and data.endswith(_JPEG_END):
-            bounds = (max(kx0 - 1, 0), ky0, min(kx1 + 1, sw), ky1)
-            got = decoder.decode(data, factor, bounds, False, False, self._scratch, (kx0, kx1))
-        if got is not None and (got[1], got[0].shape[1]) == (kx0, kx1 - kx0):
-            pixels, self._scratch = got[0], got[5]
+        factor = self._reduced_factor(w, h)
+        pixels = self._fast_region(data, img, factor, box) if factor > 1 else None
+        if pixels is not None:  # the box's fractional edges at 1/factor, resampled from them
+            box_at = (left / factor, top / factor, (left + w) / factor, (top + h) / factor)
+            hull_x0, hull_y0 = math.floor(box_at[0]), math.floor(box_at[1])
+            local = (box_at[0] - hull_x0, box_at[1] - hull_y0, box_at[2] - hull_x0, box_at[3] - hull_y0)
+            flip = self._flip_drawn()
+            self._resampler.resize_box(pixels, local, self._resized)
+            return self._resized, flip
+        pixels = self._fast_region(data, img, 1, box)
+        if pixels is not None:
             local = (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0]))
         else:  # not region-decodable: whole, at full scale
             pixels = np.asarray(self._whole(data, img))
             local = (float(left), float(top), float(left + w), float(top + h))
-        flip = self._ops.flip_drawn(self.plan.head[1]) if len(self.plan.head) > 1 else False
+        flip = self._flip_drawn()
         resample_into(pixels, local, self._resized, False, False, "torch")
         return self._resized, flip  # (mirrored as the tensor ops' table is written)
+
+    def _reduced_factor(self, w: int, h: int) -> int:
+        """The DCT scale 1/f (f 1, 2, 4 or 8) ``fast`` decodes a w x h box at: the largest
+        f for which the box is at least ``_REDUCED_SCALE_MARGIN`` times f times the output
+        on both sides (f = 2 from 1.5 times); 1 without the C resampler (the fractional box
+        needs it)."""
+        if self._resampler is None:
+            return 1
+        oh, ow = self.plan.shape[1:]
+        factor = 1
+        while factor < 8 and min(w / ow, h / oh) >= _REDUCED_SCALE_MARGIN * factor * 2:
+            factor *= 2
+        return factor
+
+    def _fast_region(
+        self, data: bytes, img: Any, factor: int, box: tuple[int, int, int, int]
+    ) -> np.ndarray | None:
+        """The whole pixels covering ``box`` in the image decoded at 1/``factor``, C-contiguous,
+        or None where the region decoder does not apply."""
+        decoder = region.decoder()
+        if decoder is None or not data.endswith(_JPEG_END):
+            return None
+        left, top, w, h = box
+        width, height = img.size
+        sw, sh = -(-width // factor), -(-height // factor)
+        kx0, ky0 = left // factor, top // factor
+        kx1, ky1 = min(-(-(left + w) // factor), sw), min(-(-(top + h) // factor), sh)
+        bounds = (max(kx0 - 1, 0), ky0, min(kx1 + 1, sw), ky1)
+        got = decoder.decode(data, factor, bounds, False, False, self._scratch, (kx0, kx1))
+        if got is None or (got[1], got[0].shape[1]) != (kx0, kx1 - kx0):
+            return None
+        self._scratch = got[5]
+        return got[0]
+
+    def _flip_drawn(self) -> bool:
+        head = self.plan.head
+        return self._ops.flip_drawn(head[1]) if len(head) > 1 else False
 
     def _tensor_ops(self, pixels: np.ndarray, row: np.ndarray, flip: bool) -> None:
         """The tensor ops' values of (H, W, 3) uint8 ``pixels`` (mirrored when ``flip``),
