@@ -280,6 +280,50 @@ def test_resampler_box_matches_pillow():
         assert np.array_equal(got, want), (w, h, box, ow, oh)
 
 
+@pytest.mark.parametrize("api", ["v1", "v2"])
+def test_crop_draw_is_torchvisions(api):
+    """The fused path's box and coin are the ops' own draws, the generator's state after
+    them included, on sizes and arguments that take every branch; a draw that differs from
+    the op's is refused, and the check leaves the generator as it found it."""
+    from shmloader.vision import crop_draw, jpeg_header
+
+    ns = T if api == "v1" else v2
+
+    def own_box(op, width, height):
+        img = jpeg_header.header_image((width, height), "RGB")
+        if api == "v1":
+            return op.get_params(img, op.scale, op.ratio)
+        params = op.make_params([img])
+        return params["top"], params["left"], params["height"], params["width"]
+
+    def own_flip(op):
+        return bool(torch.rand(1) < op.p)
+
+    crops = [ns.RandomResizedCrop(224), ns.RandomResizedCrop(64, scale=(0.5, 0.55), ratio=(0.2, 5.0))]
+    crops.append(ns.RandomResizedCrop(32, scale=(0.95, 1.0), ratio=(3.0, 4.0)))  # tries fail: fallbacks
+    for crop in crops:
+        for flip in (ns.RandomHorizontalFlip(), ns.RandomHorizontalFlip(0.3), None):
+            before = torch.get_rng_state()
+            draw = crop_draw.checked_draw(crop, flip, own_box, own_flip)
+            assert draw is not None and torch.equal(before, torch.get_rng_state())
+            for seed in range(8):
+                for size in ((500, 375), (640, 427), (20, 900), (900, 20), (2, 3)):
+                    torch.manual_seed(seed)
+                    want = own_box(crop, *size), flip is not None and own_flip(flip)
+                    after = torch.rand(1)
+                    torch.manual_seed(seed)
+                    assert (draw.box(*size), draw.flip()) == want
+                    assert torch.equal(torch.rand(1), after)
+
+    def one_more_draw(op, width, height):
+        torch.rand(1)
+        return own_box(op, width, height)
+
+    before = torch.get_rng_state()
+    assert crop_draw.checked_draw(crops[0], None, one_more_draw, own_flip) is None
+    assert torch.equal(before, torch.get_rng_state())
+
+
 def test_without_torchvision_nothing_changes():
     code = (
         "import sys; sys.modules['torchvision'] = None\n"

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.batch.writeinto import ArraySpec
-from shmloader.vision import jpeg_header, pil_resample, region
+from shmloader.vision import crop_draw, jpeg_header, pil_resample, region
 from shmloader.vision.resample import resample_into
 from shmloader.vision.torchvision_plan import FusedPlan
 
@@ -91,6 +91,12 @@ class FusedFolder:
         self._resampler = checked if crop_then_flip else None
         float32 = plan.table is not None and plan.table.dtype == np.float32
         self._levels = checked if float32 else None
+        # The crop's box and the flip's coin drawn without torchvision's per-call overhead,
+        # where that gives its draws exactly (checked here; else its own code draws them).
+        self._draw = None
+        if crop_then_flip:
+            flip_op = head[1] if len(head) > 1 else None
+            self._draw = crop_draw.checked_draw(head[0], flip_op, self._own_box, self._ops.flip_drawn)
 
     def sample_spec(self) -> tuple[ArraySpec, ArraySpec]:
         """The image (C, H, W) of the plan's dtype and the int64 target."""
@@ -125,15 +131,17 @@ class FusedFolder:
         head = self.plan.head
         if self._crop_first:
             op = head[0]
-            top, left, h, w = self._ops.crop_params(op, img)
+            if self._draw is not None:
+                top, left, h, w = self._draw.box(*img.size)
+            else:
+                top, left, h, w = self._ops.crop_params(op, img)
             if self._fast:
                 return self._fast_crop(data, img, op, (left, top, w, h))
             if self._resampler is not None:
                 region = self._region(data, img, left, top, w, h)
                 if region is not None:
                     self._resampler.resize(region, self._resized)
-                    flip = self._ops.flip_drawn(head[1]) if len(head) > 1 else False
-                    return self._resized, flip
+                    return self._resized, self._flip_drawn()
                 whole = self._whole(data, img)
                 pil = self._ops.resized_crop(whole.crop((left, top, left + w, top + h)), op, h, w)
             else:
@@ -242,8 +250,15 @@ class FusedFolder:
         return got[0]
 
     def _flip_drawn(self) -> bool:
+        """The flip's coin of a crop-then-flip pipeline (False without a flip: no draw)."""
+        if self._draw is not None:
+            return self._draw.flip()
         head = self.plan.head
         return self._ops.flip_drawn(head[1]) if len(head) > 1 else False
+
+    def _own_box(self, op: Any, width: int, height: int) -> tuple[int, int, int, int]:
+        """The op's own box for a ``width`` x ``height`` image (what ``_draw`` is checked against)."""
+        return self._ops.crop_params(op, jpeg_header.header_image((width, height), "RGB"))
 
     def _tensor_ops(self, pixels: np.ndarray, row: np.ndarray, flip: bool) -> None:
         """The tensor ops' values of (H, W, 3) uint8 ``pixels`` (mirrored when ``flip``),
