@@ -7,9 +7,10 @@ accepted. Per sample, for a JPEG that Pillow opens as RGB or grayscale:
 
 1. the file is read and its header parsed (:mod:`shmloader.vision.jpeg_header`, or
    Pillow's ``Image.open`` where its layout is not the plain one; nothing is decoded);
-2. when the first op is ``RandomResizedCrop``, its box is drawn by the op's own code on
-   that header-only image (the same torch RNG calls, in the same order, as in
-   ``dataset[index]``), only that box is decoded (libjpeg-turbo, Pillow's own library
+2. when the first op is ``RandomResizedCrop``, its box is drawn on that header-only image
+   with the same torch RNG calls, in the same order, as in ``dataset[index]`` (by
+   :mod:`shmloader.vision.crop_draw` where it is checked equal to the op's own code,
+   else by that code), only that box is decoded (libjpeg-turbo, Pillow's own library
    and settings: :mod:`shmloader.vision.region`), and the op's own ``resized_crop``
    runs on it; otherwise Pillow decodes the image whole, as ``pil_loader`` does;
 3. the other geometric ops run as they are (torchvision's code on the PIL image);
@@ -22,10 +23,10 @@ either way. ``fast`` (``images="fast"``), for the pipelines ``RandomResizedCrop`
 (bilinear) then at most ``RandomHorizontalFlip``: the same crops and flips; a box at least
 1.5 times the output on both sides is decoded at 1/2 scale (1/4 from 3 times, 1/8 from 6)
 and resampled from its fractional edges there by Pillow's filter (``resize_box``); a
-smaller one is decoded at full scale (Pillow's accurate IDCT: the fast one saved no time
-and cost a level of error) and resampled by torch's antialiased bilinear kernel
-(:mod:`shmloader.vision.resample`). Pixels are within a small tolerance of
-torchvision's (docs/vision.md).
+smaller one is decoded at full scale (Pillow's accurate IDCT, as ``auto``: on these
+crops the fast one is no faster and less accurate) and resampled by torch's antialiased
+bilinear kernel (:mod:`shmloader.vision.resample`). Pixels are within a small tolerance
+of torchvision's (docs/vision.md).
 """
 
 from __future__ import annotations
