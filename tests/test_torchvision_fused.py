@@ -324,6 +324,22 @@ def test_crop_draw_is_torchvisions(api):
     assert torch.equal(before, torch.get_rng_state())
 
 
+def test_crop_draw_check_seeds_only_the_cpu_generator(monkeypatch):
+    """The check must not reseed the accelerators' generators (torch.manual_seed would),
+    which a training run on a GPU draws from."""
+    from shmloader.vision import crop_draw
+
+    def reseeds_everything(seed):
+        raise AssertionError("torch.manual_seed called by the check")
+
+    monkeypatch.setattr(torch, "manual_seed", reseeds_everything)
+    crop = T.RandomResizedCrop(224)
+    draw = crop_draw.checked_draw(
+        crop, None, lambda op, w, h: op.get_params(Image.new("L", (w, h)), op.scale, op.ratio), None
+    )
+    assert draw is not None
+
+
 def test_without_torchvision_nothing_changes():
     code = (
         "import sys; sys.modules['torchvision'] = None\n"
