@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-from shmloader.config import LoaderConfig, mp_context, warn_if_more_workers_than_cores
+from shmloader.config import LoaderArguments, LoaderConfig, mp_context, warn_if_more_workers_than_cores
 from shmloader.epoch import state as _state
 from shmloader.epoch.inprocess import InProcessIter
 from shmloader.epoch.multiprocess import MultiProcessIter
@@ -205,7 +205,7 @@ class DataLoader(Generic[T_co]):
         share_dataset: bool = False,
         images: str = "auto",
     ) -> None:
-        config = LoaderConfig(
+        config = LoaderArguments(
             dataset=dataset,
             batch_size=batch_size,
             shuffle=shuffle,
@@ -246,7 +246,7 @@ class DataLoader(Generic[T_co]):
         self._persistent_iter: MultiProcessIter | None = None
         self._bind_batch_sampler(config)
         self._initialized = True
-        warn_if_more_workers_than_cores(config.num_workers)  # type: ignore[arg-type]
+        warn_if_more_workers_than_cores(config.num_workers)
 
     def _bind_batch_sampler(self, config: LoaderConfig) -> None:
         """Make the batch sampler the loader made for itself, iterated by anything but the
@@ -255,7 +255,7 @@ class DataLoader(Generic[T_co]):
         when it is dropped)."""
         if not config.own_batching or config.batch_sampler is None:
             return  # no batch sampler, or the user's
-        whole = Now(num_workers=config.num_workers, generator=config.generator)  # type: ignore[arg-type]
+        whole = Now(num_workers=config.num_workers, generator=config.generator)
         upcoming = functools.partial(_state.upcoming_batches, config, self._runtime.cursor, whole)
         config.batch_sampler.follow(upcoming)
 

@@ -77,11 +77,11 @@ class LoaderRuntime:
             self.stats,
             backend=config.shm_backend,
             # The default slot count adapts to the memory there; one the user gave is kept.
-            min_slots=None if config.fixed_num_slots else sizing.min_num_slots(config.num_workers),  # type: ignore[arg-type]
+            min_slots=None if config.fixed_num_slots else sizing.min_num_slots(config.num_workers),
             num_workers=config.most_workers,
         )
-        if config.slot_bytes is not None and config.num_workers > 0:  # type: ignore[operator]
-            self.leases.new_ring(config.num_slots, config.slot_bytes)  # type: ignore[arg-type]
+        if config.slot_bytes is not None and config.num_workers > 0:
+            self.leases.new_ring(config.num_slots, config.slot_bytes)
         # num_workers or prefetch_factor "auto": the counts in use now, tuned as epochs run.
         self.tuner = autotune.Tuner.of(config.tuner) if config.tuner is not None else None
         # Where every epoch's order and worker seeds come from, the next epoch, a loaded
