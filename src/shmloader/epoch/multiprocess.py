@@ -40,6 +40,7 @@ from shmloader.epoch.restarts import Restarts
 from shmloader.epoch.rings import RingKeeper
 from shmloader.epoch.tuning import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
+from shmloader.memory import sizing
 from shmloader.sampling.position import EpochPlan
 from shmloader.settings import EpochSettings, LoaderReports
 from shmloader.system import forks
@@ -223,6 +224,13 @@ class MultiProcessIter:
         """The first epoch: begin it and start the workers, each given its first task as
         soon as it is forked (it works while the next one is forked)."""
         plan = self._start_epoch(self)
+        settings = self._link.settings
+        self._timing.make_room(settings.num_workers)
+        if isinstance(settings.prefetch_factor, int):
+            # Counts raised since the loader was made: the ring holds what they keep in
+            # flight, as torch's iterator keeps num_workers * prefetch_factor tasks out.
+            needed = sizing.default_num_slots(settings.num_workers, settings.prefetch_factor)
+            self._rings.need_slots(needed, settings.num_workers)
         self._begin_epoch(plan)  # (first: a grown ring may shrink)
         self._rings.take_current()
         self._launched = True
