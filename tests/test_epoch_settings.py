@@ -122,3 +122,16 @@ def test_epoch_settings_are_frozen_and_read_from_the_attributes():
         settings.num_workers = 2  # type: ignore[misc]
     loader.num_workers = 3
     assert settings.num_workers == 1 and loader.epoch_settings().num_workers == 3
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (torch's __del__)
+def test_num_workers_assigned_without_a_prefetch_factor_is_a_type_error_at_iter_like_torch():
+    # A loader made with num_workers=0 has prefetch_factor None; torch's iterator fails on
+    # it at iter() with a TypeError. Ours says what to assign.
+    for cls in (data.DataLoader, DataLoader):
+        loader = cls([np.zeros(2)] * 4, batch_size=2)
+        loader.num_workers = 2
+        with pytest.raises(TypeError):
+            iter(loader)
+    with pytest.raises(TypeError, match=r"assign loader\.prefetch_factor"):
+        iter(loader)

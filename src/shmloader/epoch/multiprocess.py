@@ -133,12 +133,19 @@ class MultiProcessIter:
         """Make the pieces, each given what it works with (a persistent iterator's pieces
         keep the first epoch's counts, timeout and start method, as torch's)."""
         link, stats = self._link, runtime.stats
+        prefetch = s.prefetch_factor
+        if prefetch is None:  # (a TypeError at iter(), as torch's iterator raises one)
+            raise TypeError(
+                f"prefetch_factor is None with num_workers={s.num_workers}: a loader made with "
+                "num_workers=0 has no prefetch_factor; assign loader.prefetch_factor too (2 is "
+                "torch's default) when assigning num_workers."
+            )
         self._persistent = s.persistent_workers
         self._pool = pool = WorkerPool()
         courier = self._courier = Courier(pool)
         rings = self._rings = RingKeeper(runtime.leases, courier, s.fixed_slot_bytes)
         inflight = self._inflight = InFlight(
-            pool, courier, rings, s.num_workers, s.prefetch_factor, s.in_order, s.iterable
+            pool, courier, rings, s.num_workers, prefetch, s.in_order, s.iterable
         )
         self._memory = memory = runtime.memory
         self._share_dataset = s.share_dataset
@@ -226,7 +233,7 @@ class MultiProcessIter:
         plan = self._start_epoch(self)
         settings = self._link.settings
         self._timing.make_room(settings.num_workers)
-        if isinstance(settings.prefetch_factor, int):
+        if settings.prefetch_factor is not None:
             # Counts raised since the loader was made: the ring holds what they keep in
             # flight, as torch's iterator keeps num_workers * prefetch_factor tasks out.
             needed = sizing.default_num_slots(settings.num_workers, settings.prefetch_factor)
