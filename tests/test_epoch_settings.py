@@ -70,8 +70,8 @@ def loaded_ahead(cls: type, num_workers: int, prefetch_factor: int, raised: dict
     ids=["prefetch_factor", "num_workers", "both"],
 )
 def test_counts_raised_after_construction_are_kept_in_flight_like_torch(raised):
-    # Before: the ring sized when the loader was made capped what was in flight (9 for
-    # torch's 11 with prefetch_factor raised to 6).
+    # Before: the ring sized when the loader was made capped what was in flight below
+    # torch's, and a raised num_workers failed (the clocks had a row per first worker).
     ours = loaded_ahead(DataLoader, 1, 2, raised)
     theirs = loaded_ahead(data.DataLoader, 1, 2, raised)
     assert ours == theirs
