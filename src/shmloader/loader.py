@@ -412,19 +412,19 @@ class DataLoader(Generic[T_co]):
             # iterator reports to the loader through a weak reference: no reference cycle,
             # and a dropped loader stops its workers at once, not at the next cyclic gc.
             # The epoch handed out holds the loader, for as long as the caller holds it.
-            it = self._persistent_iter
-            new_workers = it is None or it.closed
+            kept = self._persistent_iter
+            new_workers = kept is None or kept.closed
             # Under torch's RNG, what torch draws as it makes (or resets) its iterator.
             draws = _state.draw_for_iter(config, cursor, now, new_workers)
             start = _state.epoch_starter(config, cursor, lambda: now, draws)
-            if new_workers:
+            if kept is None or kept.closed:
                 reports = _Reports(self, weak=True)
-                it = self._persistent_iter = MultiProcessIter(runtime, settings, start, copy, reports)
+                kept = self._persistent_iter = MultiProcessIter(runtime, settings, start, copy, reports)
             else:
-                it.reset(start, copy, settings)
+                kept.reset(start, copy, settings)
             # pending: state_dict() describes the epoch it will begin
-            _state.attach(cursor, it, draws)
-            return _PersistentEpoch(it, self)
+            _state.attach(cursor, kept, draws)
+            return _PersistentEpoch(kept, self)
         draws = _state.draw_for_iter(config, cursor, now, True)
         start = _state.epoch_starter(config, cursor, lambda: now, draws)
         if settings.num_workers == 0:
