@@ -23,6 +23,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("workers", "tuning"),
     ("sampling",),
     ("config",),
+    ("settings",),  # one epoch's frozen settings, read from the loader by loader.py
     ("runtime",),  # the working parts one loader holds (cursor, leases, tuner, stats)
     ("epoch",),  # the iterators, handed a runtime
     ("loader",),

@@ -2,9 +2,11 @@
 texts where torch checks the same, and filled in (defaults, "auto" counts, the samplers
 the loader makes for itself, a start method turned into its context).
 
-``DataLoader.__init__`` makes ``LoaderConfig(...)`` from its arguments as given and keeps
-``config.checked()``: the arguments the loader runs by. Nothing here keeps state; the
-objects the loader works with are :mod:`shmloader.runtime`'s.
+Two types: :class:`LoaderArguments` holds the arguments as given (``num_workers`` and
+``prefetch_factor`` may be ``"auto"``), :class:`LoaderConfig` as checked (counts, the
+tuner's settings beside them). ``DataLoader.__init__`` makes ``LoaderArguments(...)`` and
+keeps its ``checked()``: the arguments the loader runs by; every check is made there.
+Nothing here keeps state; the objects the loader works with are :mod:`shmloader.runtime`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from shmloader.batch import recipe as fetch
@@ -30,23 +32,14 @@ OUTPUTS = ("auto", "numpy", "torch")
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoaderConfig:
-    """A DataLoader's arguments, under the constructor's names and with its defaults.
-
-    As made from the arguments, fields hold what was given; :meth:`checked` returns the
-    config the loader runs by: every argument validated, ``shuffle`` a bool,
-    ``num_workers`` and ``prefetch_factor`` the counts to start with (``tuner`` holds
-    what ``"auto"`` asked for), ``sampler`` and ``batch_sampler`` the ones the loader
-    iterates (made by it when not given), ``collate_fn`` torch's default where none was
-    given, ``num_slots`` and ``output`` resolved, ``multiprocessing_context`` a context
-    or None."""
+class _Arguments:
+    """The arguments whose type is the same as given and as checked."""
 
     dataset: Any
     batch_size: int | None = 1
     shuffle: bool | None = None
     sampler: Any = None
     batch_sampler: Any = None
-    num_workers: int | str = 0
     collate_fn: Any = None
     pin_memory: bool = False
     drop_last: bool = False
@@ -54,12 +47,10 @@ class LoaderConfig:
     worker_init_fn: Any = None
     multiprocessing_context: Any = None
     generator: Any = None
-    prefetch_factor: int | str | None = None
     persistent_workers: bool = False
     pin_memory_device: str = ""
     in_order: bool = True
     seed: int | None = None
-    num_slots: int | None = None
     slot_bytes: int | None = None
     collate: str = "stack"
     pad_value: Any = 0
@@ -74,7 +65,21 @@ class LoaderConfig:
     prefetch_next_epoch: bool = False
     share_dataset: bool = False
     images: str = "auto"
-    # Filled in by checked():
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig(_Arguments):
+    """A DataLoader's arguments as checked and filled in (:meth:`LoaderArguments.checked`),
+    under the constructor's names: every argument validated, ``shuffle`` a bool,
+    ``num_workers`` and ``prefetch_factor`` the counts to start with (``tuner`` holds
+    what ``"auto"`` asked for), ``sampler`` and ``batch_sampler`` the ones the loader
+    iterates (made by it when not given), ``collate_fn`` torch's default where none was
+    given, ``num_slots`` and ``output`` resolved, ``multiprocessing_context`` a context
+    or None."""
+
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    num_slots: int = 1  # (always filled in: the given count, or the default for the counts)
     iterable: bool = False  # an iterable-style dataset
     tuner: autotune.Settings | None = None  # num_workers or prefetch_factor was "auto"
     torch_rng: bool = False  # torch's RNG decides orders and seeds (shmloader.sampling.draws)
@@ -82,13 +87,39 @@ class LoaderConfig:
     own_batching: bool = False  # the loader made the batch sampler: positions count samples
     fixed_num_slots: bool = False  # num_slots was given (the default adapts to the memory)
 
+    @property
+    def auto_collation(self) -> bool:
+        """Whether samples are batched: batch_size or batch_sampler was given."""
+        return self.batch_sampler is not None or self.batch_size is not None
+
+    @property
+    def most_workers(self) -> int:
+        """The most workers the loader may run (``"auto"``: its bound)."""
+        return self.tuner.max_workers if self.tuner is not None else self.num_workers
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderArguments(_Arguments):
+    """A DataLoader's arguments as given, under the constructor's names and with its
+    defaults (``num_workers`` and ``prefetch_factor`` may be ``"auto"``); :meth:`checked`
+    turns them into the :class:`LoaderConfig` the loader runs by."""
+
+    num_workers: int | str = 0
+    prefetch_factor: int | str | None = None
+    num_slots: int | None = None
+
     def checked(self) -> LoaderConfig:
-        """This config validated and filled in (see the class docstring). Raises
+        """These arguments validated and filled in (see :class:`LoaderConfig`). Raises
         ValueError or TypeError naming the argument, in torch's words where torch checks
-        the same, in the order torch checks them. Call it once, on the config as given."""
+        the same, in the order torch checks them."""
         iterable = is_iterable_dataset(self.dataset)
-        tuner = autotune.settings(self.num_workers, self.prefetch_factor, iterable)
-        num_workers, prefetch_factor = _worker_counts(self, tuner)
+        asked = autotune.settings(self.num_workers, self.prefetch_factor, iterable)
+        num_workers = _checked_num_workers(self.num_workers if asked is None else asked.start_workers)
+        _check_timeout(self.timeout)
+        prefetch_factor = _checked_prefetch(
+            self.prefetch_factor if asked is None else asked.start_prefetch, num_workers
+        )
+        tuner = _tuner_settings(asked, prefetch_factor)
         _check_lifetimes(self, num_workers)
         _check_memory(self)
         _check_share_dataset(self)
@@ -105,24 +136,27 @@ class LoaderConfig:
             output = "numpy"
         most_workers = tuner.max_workers if tuner is not None else num_workers
         most_prefetch = tuner.max_prefetch if tuner is not None else prefetch_factor
-        filled = replace(
-            self,
-            dataset=dataset,
-            shuffle=shuffle,
-            batch_size=batch_size,
-            drop_last=drop_last,
-            num_workers=num_workers,
-            prefetch_factor=prefetch_factor,
-            multiprocessing_context=context,
-            # None: the default collate (torch reports its default_collate/default_convert).
-            collate_fn=self.collate_fn
-            if self.collate_fn is not None
-            else torchcompat.default_collate_of(auto_collation),
-            # (Sized for the most workers and prefetch "auto" may reach: slots nothing
-            # writes take no memory where rings are sparse.)
+        same = {f.name: getattr(self, f.name) for f in fields(_Arguments)}
+        filled = LoaderConfig(
+            **{
+                **same,
+                "dataset": dataset,
+                "shuffle": shuffle,
+                "batch_size": batch_size,
+                "drop_last": drop_last,
+                "multiprocessing_context": context,
+                # None: the default collate (torch reports its default_collate/default_convert).
+                "collate_fn": self.collate_fn
+                if self.collate_fn is not None
+                else torchcompat.default_collate_of(auto_collation),
+                # (Sized for the most workers and prefetch "auto" may reach: slots nothing
+                # writes take no memory where rings are sparse.)
+                "output": output,
+            },
             num_slots=self.num_slots
             or sizing.default_num_slots(most_workers, most_prefetch or sizing.DEFAULT_PREFETCH_FACTOR),
-            output=output,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
             iterable=iterable,
             tuner=tuner,
             torch_rng=torch_rng,
@@ -132,47 +166,46 @@ class LoaderConfig:
         )
         return _with_samplers(filled)
 
-    @property
-    def auto_collation(self) -> bool:
-        """Whether samples are batched: batch_size or batch_sampler was given."""
-        return self.batch_sampler is not None or self.batch_size is not None
 
-    @property
-    def most_workers(self) -> int:
-        """The most workers the loader may run (``"auto"``: its bound)."""
-        return self.tuner.max_workers if self.tuner is not None else self.num_workers  # type: ignore[return-value]
-
-
-def _worker_counts(given: LoaderConfig, tuner: autotune.Settings | None) -> tuple[int, int | None]:
-    """``num_workers`` and ``prefetch_factor`` to start with, checked as torch checks them."""
-    num_workers, prefetch_factor, timeout = given.num_workers, given.prefetch_factor, given.timeout
-    if tuner is not None:
-        num_workers = tuner.start_workers
-        prefetch_factor = tuner.start_prefetch
+def _checked_num_workers(num_workers: int | str) -> int:
+    """``num_workers`` (a count: ``"auto"`` was replaced by its start), checked as torch checks it."""
     if not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(
             "num_workers option should be non-negative; use num_workers=0 to disable "
             f"multiprocessing (got num_workers={num_workers!r})."
         )
+    return num_workers
+
+
+def _check_timeout(timeout: float) -> None:
     if timeout < 0:
         raise ValueError(f"timeout option should be non-negative (got timeout={timeout!r}).")
+
+
+def _checked_prefetch(prefetch_factor: int | str | None, num_workers: int) -> int | None:
+    """``prefetch_factor`` to start with (``"auto"`` was replaced by its start), checked as
+    torch checks it, its default filled in: None without workers."""
     if num_workers == 0 and prefetch_factor is not None:
         raise ValueError(
             "prefetch_factor option could only be specified in multiprocessing. Let "
             "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
         )
-    if prefetch_factor is None and num_workers > 0:
-        prefetch_factor = sizing.DEFAULT_PREFETCH_FACTOR
-    if num_workers > 0 and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
+    if prefetch_factor is None:
+        return sizing.DEFAULT_PREFETCH_FACTOR if num_workers > 0 else None
+    if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
         raise ValueError(f"prefetch_factor should be a positive integer (got {prefetch_factor!r}).")
-    if tuner is not None and not tuner.auto_prefetch:
-        # (its default filled in)
-        tuner.start_prefetch = prefetch_factor
-        tuner.max_prefetch = prefetch_factor
-    return num_workers, prefetch_factor  # type: ignore[return-value]
+    return prefetch_factor
 
 
-def _check_share_dataset(given: LoaderConfig) -> None:
+def _tuner_settings(asked: autotune.Settings | None, prefetch_factor: int | None) -> autotune.Settings | None:
+    """The tuner's settings as checked: a ``prefetch_factor`` that is not ``"auto"`` is the
+    checked one (its default filled in), at the start and as the bound."""
+    if asked is None or asked.auto_prefetch:
+        return asked
+    return replace(asked, start_prefetch=prefetch_factor, max_prefetch=prefetch_factor)
+
+
+def _check_share_dataset(given: LoaderArguments) -> None:
     if not isinstance(given.share_dataset, bool):
         raise ValueError(
             f"share_dataset should be True or False (got {given.share_dataset!r}): True stores the "
@@ -180,7 +213,7 @@ def _check_share_dataset(given: LoaderConfig) -> None:
         )
 
 
-def _check_lifetimes(given: LoaderConfig, num_workers: int) -> None:
+def _check_lifetimes(given: LoaderArguments, num_workers: int) -> None:
     """Workers kept between epochs, loading ahead, and restarted: what each needs."""
     if given.persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
@@ -201,7 +234,7 @@ def _check_lifetimes(given: LoaderConfig, num_workers: int) -> None:
         raise ValueError("pass either seed or generator, not both: seed is an int shortcut for generator.")
 
 
-def _check_memory(given: LoaderConfig) -> None:
+def _check_memory(given: LoaderArguments) -> None:
     """The ring's size, the collate mode for ragged samples, and where rings live."""
     num_slots, slot_bytes, max_shm_bytes = given.num_slots, given.slot_bytes, given.max_shm_bytes
     if num_slots is not None and (not isinstance(num_slots, int) or num_slots < 1):
@@ -218,7 +251,7 @@ def _check_memory(given: LoaderConfig) -> None:
     resolve_backend(given.shm_backend)  # a ValueError naming the input and the choices
 
 
-def _resolved_output(given: LoaderConfig) -> str:
+def _resolved_output(given: LoaderArguments) -> str:
     """``output`` checked, "auto" made "torch" where torch is imported, else "numpy"."""
     if given.output not in OUTPUTS:
         raise ValueError(
@@ -230,7 +263,7 @@ def _resolved_output(given: LoaderConfig) -> str:
     return given.output
 
 
-def _checked_sampling(given: LoaderConfig, iterable: bool) -> tuple[Any, bool, int | None, bool]:
+def _checked_sampling(given: LoaderArguments, iterable: bool) -> tuple[Any, bool, int | None, bool]:
     """``dataset``, ``shuffle``, ``batch_size`` and ``drop_last`` as the loader uses them,
     checked against the dataset's kind and the samplers as torch checks them (a DataPipe
     graph's shufflers follow ``shuffle``)."""

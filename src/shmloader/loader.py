@@ -2,7 +2,11 @@
 
 Its arguments are checked once into a frozen :class:`~shmloader.config.LoaderConfig`;
 what it works with (counters, clocks, rings and leases, pinning, autotune, the epoch
-cursor) is one :class:`~shmloader.runtime.LoaderRuntime`, which its iterators receive. An
+cursor) is one :class:`~shmloader.runtime.LoaderRuntime`, which its iterators receive.
+This is the only module that reads the loader object: each ``iter()`` reads the config
+and torch's writable attributes into one frozen
+:class:`~shmloader.settings.EpochSettings`, which its epoch runs by, and hands the
+iterator a narrow :class:`~shmloader.settings.LoaderReports` for what it tells back. An
 epoch is loaded by :class:`~shmloader.epoch.inprocess.InProcessIter` (``num_workers=0``)
 or :class:`~shmloader.epoch.multiprocess.MultiProcessIter` (workers writing into the
 ring), with one recipe (:mod:`shmloader.batch.recipe`): ``num_workers`` never changes a
@@ -16,7 +20,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-from shmloader.config import LoaderConfig, mp_context, warn_if_more_workers_than_cores
+from shmloader.batch import recipe as fetch
+from shmloader.config import LoaderArguments, LoaderConfig, mp_context, warn_if_more_workers_than_cores
 from shmloader.epoch import state as _state
 from shmloader.epoch.inprocess import InProcessIter
 from shmloader.epoch.multiprocess import MultiProcessIter
@@ -25,6 +30,7 @@ from shmloader.memory.ring import Ring
 from shmloader.runtime import LoaderRuntime
 from shmloader.sampling import distributed as _dist
 from shmloader.sampling.position import Now
+from shmloader.settings import EpochSettings
 
 # What torch's DataLoader refuses to change after construction (the epoch plan reads them).
 _FIXED_AFTER_INIT = frozenset(
@@ -205,7 +211,7 @@ class DataLoader(Generic[T_co]):
         share_dataset: bool = False,
         images: str = "auto",
     ) -> None:
-        config = LoaderConfig(
+        config = LoaderArguments(
             dataset=dataset,
             batch_size=batch_size,
             shuffle=shuffle,
@@ -242,11 +248,11 @@ class DataLoader(Generic[T_co]):
         ).checked()
         self._config = config
         self._set_public_attributes(config)
-        self._runtime = LoaderRuntime(config, self)
+        self._runtime = LoaderRuntime(config)
         self._persistent_iter: MultiProcessIter | None = None
         self._bind_batch_sampler(config)
         self._initialized = True
-        warn_if_more_workers_than_cores(config.num_workers)  # type: ignore[arg-type]
+        warn_if_more_workers_than_cores(config.num_workers)
 
     def _bind_batch_sampler(self, config: LoaderConfig) -> None:
         """Make the batch sampler the loader made for itself, iterated by anything but the
@@ -255,7 +261,7 @@ class DataLoader(Generic[T_co]):
         when it is dropped)."""
         if not config.own_batching or config.batch_sampler is None:
             return  # no batch sampler, or the user's
-        whole = Now(num_workers=config.num_workers, generator=config.generator)  # type: ignore[arg-type]
+        whole = Now(num_workers=config.num_workers, generator=config.generator)
         upcoming = functools.partial(_state.upcoming_batches, config, self._runtime.cursor, whole)
         config.batch_sampler.follow(upcoming)
 
@@ -338,13 +344,13 @@ class DataLoader(Generic[T_co]):
         given, else with ``distributed="auto"`` (or True) torch.distributed's or the
         ``RANK`` environment variable's, else 0 (the default: the loader does not shard;
         a ``DistributedSampler`` may)."""
-        return self._runtime.now().rank
+        return self.epoch_settings().rank
 
     @property
     def world_size(self) -> int:
         """Ranks the loader splits each epoch between, read now (as :attr:`rank`); 1 where
         it does not shard by itself (the default, and outside a distributed job)."""
-        return self._runtime.now().world_size
+        return self.epoch_settings().world_size
 
     @property
     def _IterableDataset_len_called(self) -> int | None:
@@ -396,35 +402,78 @@ class DataLoader(Generic[T_co]):
         copy = self.copy if copy is None else copy
         config, runtime = self._config, self._runtime
         cursor = runtime.cursor
-        # Nothing moves until the iterator's first next(): it calls ``start`` then (the
-        # epoch begins, workers start or persistent ones switch epochs, the settings
-        # that may change are read).
+        # The epoch runs by the settings read now (as torch's iterator reads its loader's
+        # attributes at iter()); nothing else moves until the iterator's first next(): it
+        # calls ``start`` then (the epoch begins, workers start or persistent ones switch).
+        settings = self.epoch_settings()
+        now = settings.now
         if self.persistent_workers:
             # The loader keeps this iterator (and its workers) between epochs, so the
-            # iterator sees the loader through a weak proxy: no reference cycle, and a
-            # dropped loader stops its workers at once, not at the next cyclic gc. The
-            # epoch handed out holds the loader, for as long as the caller holds it.
-            proxy = weakref.proxy(self)
-            it = self._persistent_iter
-            new_workers = it is None or it.closed
+            # iterator reports to the loader through a weak reference: no reference cycle,
+            # and a dropped loader stops its workers at once, not at the next cyclic gc.
+            # The epoch handed out holds the loader, for as long as the caller holds it.
+            kept = self._persistent_iter
+            new_workers = kept is None or kept.closed
             # Under torch's RNG, what torch draws as it makes (or resets) its iterator.
-            draws = _state.draw_for_iter(config, cursor, runtime.now(), new_workers)
-            start = _state.epoch_starter(config, cursor, runtime.now, draws)
-            if new_workers:
-                it = self._persistent_iter = MultiProcessIter(proxy, runtime, start, copy)
+            draws = _state.draw_for_iter(config, cursor, now, new_workers)
+            start = _state.epoch_starter(config, cursor, lambda: now, draws)
+            if kept is None or kept.closed:
+                reports = _Reports(self, weak=True)
+                kept = self._persistent_iter = MultiProcessIter(runtime, settings, start, copy, reports)
             else:
-                it.reset(start, copy)
+                kept.reset(start, copy, settings)
             # pending: state_dict() describes the epoch it will begin
-            _state.attach(cursor, it, draws)
-            return _PersistentEpoch(it, self)
-        draws = _state.draw_for_iter(config, cursor, runtime.now(), True)
-        start = _state.epoch_starter(config, cursor, runtime.now, draws)
-        if self.num_workers == 0:
-            it: Any = InProcessIter(self, runtime, start)
+            _state.attach(cursor, kept, draws)
+            return _PersistentEpoch(kept, self)
+        draws = _state.draw_for_iter(config, cursor, now, True)
+        start = _state.epoch_starter(config, cursor, lambda: now, draws)
+        if settings.num_workers == 0:
+            it: Any = InProcessIter(runtime, settings, start, _Reports(self, weak=False))
         else:
-            it = MultiProcessIter(self, runtime, start, copy)
+            it = MultiProcessIter(runtime, settings, start, copy, _Reports(self, weak=False))
         _state.attach(cursor, it, draws)
         return it
+
+    def epoch_settings(self) -> EpochSettings:
+        """The settings an epoch begun now would run by (each ``iter()`` reads them so,
+        once): the loader's arguments as checked, and torch's attributes as assigned
+        since (``num_workers``, ``prefetch_factor``, ``collate_fn``, ``generator``,
+        ``in_order``, ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ...),
+        with the rank and world size read now (:attr:`rank`)."""
+        config = self._config
+        rank, world = _dist.detect(self.distributed, config.rank, config.world_size)
+        if config.iterable and fetch.is_datapipe(config.dataset):
+            worker_rank, worker_world = _dist.datapipe_shard(self.distributed, config.rank, config.world_size)
+        else:
+            worker_rank, worker_world = rank, world
+        tuner = config.tuner
+        return EpochSettings(
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor,
+            most_workers=self.num_workers if tuner is None else tuner.max_workers,
+            rank=rank,
+            world_size=world,
+            worker_rank=worker_rank,
+            worker_world_size=worker_world,
+            sharding_asked=_dist.asked(self.distributed, config.rank, config.world_size),
+            generator=self.generator,
+            in_order=self.in_order,
+            dataset=self.dataset,
+            iterable=self.iterable,
+            collate_fn=self.collate_fn,
+            collate=self.collate,
+            pad_value=self.pad_value,
+            output=self.output,
+            worker_init_fn=self.worker_init_fn,
+            timeout=self.timeout,
+            multiprocessing_context=self.multiprocessing_context,
+            persistent_workers=bool(self.persistent_workers),
+            prefetch_next_epoch=bool(self.prefetch_next_epoch),
+            max_worker_restarts=self.max_worker_restarts,
+            share_dataset=bool(config.share_dataset),
+            shm_backend=self.shm_backend,
+            fixed_slot_bytes=self.slot_bytes is not None,
+        )
 
     def stats(self) -> dict[str, Any]:
         """Counters of this loader, as plain data: ``batches`` handed out, of which
@@ -494,7 +543,7 @@ class DataLoader(Generic[T_co]):
         rank, world size and ``num_workers``)."""
         it = self._persistent_iter
         kept = self.persistent_workers and it is not None and not it.closed
-        return _state.state_dict(self._config, self._runtime.cursor, self._runtime.now(), kept)
+        return _state.state_dict(self._config, self._runtime.cursor, self.epoch_settings().now, kept)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`) when the next epoch begins (the
@@ -504,7 +553,7 @@ class DataLoader(Generic[T_co]):
         the saved run's was, so the order and random draws of this epoch and the following
         ones match the saved run's."""
         runtime = self._runtime
-        _state.load_state_dict(self._config, runtime.cursor, runtime.now(), state, self.shutdown)
+        _state.load_state_dict(self._config, runtime.cursor, self.epoch_settings().now, state, self.shutdown)
 
     @property
     def ring(self) -> Ring | None:
@@ -559,6 +608,30 @@ class DataLoader(Generic[T_co]):
             self.shutdown()
         except Exception:
             pass
+
+
+class _Reports:
+    """What an epoch tells its loader (a :class:`~shmloader.settings.LoaderReports`): the
+    counts a tuner set, and ``len(loader)``. ``weak``: for a persistent loader's iterator,
+    which the loader keeps, so it must not keep the loader (a dropped loader stops its
+    workers at once); an iterator of one epoch holds its loader, as it did."""
+
+    __slots__ = ("_loader",)
+
+    def __init__(self, loader: DataLoader, weak: bool) -> None:
+        self._loader: Callable[[], DataLoader | None] = weakref.ref(loader) if weak else lambda: loader
+
+    def counts(self, num_workers: int, prefetch_factor: int | None) -> None:
+        loader = self._loader()
+        if loader is not None:
+            loader.num_workers = num_workers
+            loader.prefetch_factor = prefetch_factor
+
+    def length(self) -> int:
+        loader = self._loader()
+        if loader is None:
+            raise ReferenceError("the DataLoader of this iterator was garbage collected")
+        return len(loader)
 
 
 class _PersistentEpoch:

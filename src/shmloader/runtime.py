@@ -4,16 +4,14 @@ A :class:`LoaderRuntime` lives as long as its loader and is shared by all of the
 loader's iterators (in-process or with workers, one after the other or at once): the
 counters of ``stats()``, the clocks of ``stats()["time"]``, the rings and slot leases,
 the CUDA pinner, the autotuner, and the epoch cursor (where the loader is between and
-within epochs). It also reads the loader's settings that may change after the loader
-was made (torch lets ``num_workers``, ``collate_fn``, ``generator``, ... be set; the rank
-is read at each epoch), through a weak reference: the runtime never keeps its loader
-alive, so a dropped loader stops its workers at once.
+within epochs). It never sees the loader (so it never keeps it alive): the settings that
+may change after the loader was made come in each epoch's
+:class:`~shmloader.settings.EpochSettings`, made by the loader.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any
 
 from shmloader.batch import pinning as _pinning
@@ -22,9 +20,9 @@ from shmloader.config import LoaderConfig
 from shmloader.memory import leases as _leases
 from shmloader.memory import sizing
 from shmloader.memory.watch import MemoryWatch
-from shmloader.sampling import distributed as _dist
 from shmloader.sampling import draws as _draws
-from shmloader.sampling.position import Cursor, Now
+from shmloader.sampling.position import Cursor
+from shmloader.settings import EpochSettings
 from shmloader.tuning import autotune
 from shmloader.tuning.timing import Timing
 from shmloader.vision.torchvision_choice import ImagesChoice
@@ -60,12 +58,11 @@ class LoaderRuntime:
     ``memory``: the workers' memory and the copy-on-read warning
     (:class:`~shmloader.memory.watch.MemoryWatch`)."""
 
-    def __init__(self, config: LoaderConfig, loader: Any) -> None:
-        """The runtime of ``loader``, made with ``config``: no ring yet unless
+    def __init__(self, config: LoaderConfig) -> None:
+        """The runtime of a loader made with ``config``: no ring yet unless
         ``slot_bytes`` was given with workers (reserved now, so a too-small /dev/shm is
         an error at construction)."""
         self.config = config
-        self._owner = weakref.ref(loader)
         self.stats = new_stats()
         self.timing = Timing(config.most_workers)
         # (stacklevel: the warning points at the line that made the loader)
@@ -77,11 +74,11 @@ class LoaderRuntime:
             self.stats,
             backend=config.shm_backend,
             # The default slot count adapts to the memory there; one the user gave is kept.
-            min_slots=None if config.fixed_num_slots else sizing.min_num_slots(config.num_workers),  # type: ignore[arg-type]
+            min_slots=None if config.fixed_num_slots else sizing.min_num_slots(config.num_workers),
             num_workers=config.most_workers,
         )
-        if config.slot_bytes is not None and config.num_workers > 0:  # type: ignore[operator]
-            self.leases.new_ring(config.num_slots, config.slot_bytes)  # type: ignore[arg-type]
+        if config.slot_bytes is not None and config.num_workers > 0:
+            self.leases.new_ring(config.num_slots, config.slot_bytes)
         # num_workers or prefetch_factor "auto": the counts in use now, tuned as epochs run.
         self.tuner = autotune.Tuner.of(config.tuner) if config.tuner is not None else None
         # Where every epoch's order and worker seeds come from, the next epoch, a loaded
@@ -99,53 +96,14 @@ class LoaderRuntime:
             user_collate=fetch.user_collate_fn(config.collate_fn, config.auto_collation),
         )
 
-    def _loader(self) -> Any:
-        loader = self._owner()
-        if loader is None:
-            raise ReferenceError("the DataLoader of this runtime was garbage collected")
-        return loader
-
-    def now(self) -> Now:
-        """The loader's settings that may have changed since it was made, read now: the
-        worker count in use, the rank and world size it shards by, ``generator``,
-        ``in_order`` and the prefetch in use."""
-        loader = self._loader()
-        rank, world = _dist.detect(loader.distributed, self.config.rank, self.config.world_size)
-        prefetch = loader.prefetch_factor
-        return Now(
-            num_workers=loader.num_workers,
-            rank=rank,
-            world_size=world,
-            generator=loader.generator,
-            in_order=loader.in_order,
-            prefetch_factor=prefetch if isinstance(prefetch, int) else 0,
-        )
-
-    def sharding_asked(self) -> bool:
-        """Whether the loader shards by itself (``distributed`` "auto" or True, ``rank``
-        or ``world_size`` given)."""
-        return _dist.asked(self._loader().distributed, self.config.rank, self.config.world_size)
-
-    def worker_shard(self) -> tuple[int, int]:
-        """``(rank, world_size)`` an epoch's loading code is told (worker info,
-        :func:`shmloader.get_shard_info`, a DataPipe's ``sharding_filter``): the loader's,
-        except for a torch DataPipe, which is sharded as torch's loader shards it
-        (:func:`shmloader.sampling.distributed.datapipe_shard`)."""
+    def recipe(self, settings: EpochSettings) -> fetch.Recipe:
+        """How the batches of an epoch run by ``settings`` are made: the one recipe of the
+        main process and of every worker (so num_workers never changes a batch)."""
         config = self.config
-        distributed = self._loader().distributed
-        if config.iterable and fetch.is_datapipe(config.dataset):
-            return _dist.datapipe_shard(distributed, config.rank, config.world_size)
-        return _dist.detect(distributed, config.rank, config.world_size)
-
-    def recipe(self) -> fetch.Recipe:
-        """How the loader's batches are made now: the one recipe of the main process and
-        of every worker (so num_workers never changes a batch)."""
-        config = self.config
-        loader = self._loader()
         writer = self.images.writer(
             iterable=config.iterable,
             auto_collation=config.auto_collation,
-            user_collate=fetch.user_collate_fn(loader.collate_fn, config.auto_collation),
+            user_collate=fetch.user_collate_fn(settings.collate_fn, config.auto_collation),
         )
         return fetch.Recipe(
             config.dataset,
@@ -155,9 +113,9 @@ class LoaderRuntime:
             drop_last=config.drop_last,
             # torch's default collate (what collate_fn reports when none was given) is made
             # by shmloader's own, straight into the ring (fetch.is_torch_default).
-            collate_fn=loader.collate_fn,
-            collate=loader.collate,
-            pad_value=loader.pad_value,
-            output=loader.output,
+            collate_fn=settings.collate_fn,
+            collate=settings.collate,
+            pad_value=settings.pad_value,
+            output=settings.output,
             writer=writer,
         )

@@ -41,19 +41,28 @@ class Counted(Protocol):
 
 
 class Handout:
-    """Batches from results, for one iterator of ``loader`` (read for its ``output``),
-    counted in and pinned by its ``runtime`` (``copy``: batches that own their memory,
-    the slot freed at once)."""
+    """Batches from results, for one iterator of a loader: torch tensors where ``output``
+    (the epoch's setting) is ``"torch"``, counted in and pinned by the loader's
+    ``runtime`` (``copy``: batches that own their memory, the slot freed at once). The
+    iterator renews them as each of its epochs begins (:meth:`renew`)."""
 
-    __slots__ = ("_loader", "_runtime", "copy", "readers")
+    __slots__ = ("_runtime", "copy", "output", "readers")
 
-    def __init__(self, loader: Any, runtime: Counted, copy: bool) -> None:
-        self._loader = loader
+    def __init__(self, output: str, runtime: Counted, copy: bool) -> None:
         self._runtime = runtime
         self.copy = copy
+        self.output = output
         # Per encoded skeleton: its reader, the struct of its layout numbers, and its
         # reader for big batches (small leaves apart), or None where it has one array.
         self.readers: dict[bytes, tuple[Callable[[np.ndarray, Any, Any], Any], Any, Any]] = {}
+
+    def renew(self, output: str, copy: bool) -> None:
+        """The next epoch's ``output`` and ``copy`` (readers made for another ``output``
+        are dropped: they made the other kind of array)."""
+        if output != self.output:
+            self.readers.clear()
+        self.output = output
+        self.copy = copy
 
     def batch(self, kind: int, task: Any, payload: bytes) -> Any:
         """The batch of a result of ``kind`` for ``task`` (its ``ring``, ``slot`` and
@@ -72,7 +81,7 @@ class Handout:
             runtime.stats["batches"] += 1
             runtime.stats["batches_copied"] += 1
             batch = pickle.loads(wire.pickled_batch(payload))
-            if self._loader.output == "torch":
+            if self.output == "torch":
                 batch = _pinning.to_torch(batch)
             if runtime.pinner is not None:
                 batch = _pinning.pin_tree(batch)  # not in the ring: pinned by copy
@@ -125,7 +134,7 @@ class Handout:
         if len(self.readers) >= _LAYOUT_CACHE_SIZE:
             self.readers.clear()  # stay bounded (one per batch structure)
         skeleton = decode(key)
-        if self._loader.output == "torch":
+        if self.output == "torch":
             skeleton = _pinning.torch_skeleton(skeleton)
         pinner = self._runtime.pinner
         apart = make_apart_reader(skeleton, pinner.pinned_copy if pinner is not None else None)

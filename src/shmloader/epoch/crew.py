@@ -1,5 +1,6 @@
 """Starting an iterator's workers: all of them as its first epoch begins, one more for the
-tuner, one in place of a dead or hung one; and the config each is started with.
+tuner, one in place of a dead or hung one; and the config each is started with: the
+epoch's :class:`~shmloader.settings.EpochSettings` and its recipe, nothing else.
 
 Every config is made before the first fork (:meth:`~shmloader.workers.pool.WorkerPool.start`)
 and each worker gets tasks as soon as it runs, while the next one is forked. A task may
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from shmloader.batch.recipe import Recipe
@@ -19,65 +19,64 @@ from shmloader.epoch import state as _state
 from shmloader.epoch.rings import RingKeeper
 from shmloader.memory.watch import MemoryWatch
 from shmloader.sampling.position import EpochPlan
+from shmloader.settings import EpochSettings
 from shmloader.workers.pool import WorkerHandle, WorkerPool
 from shmloader.workers.worker import WorkerConfig, worker_main
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What every worker of a loader is started with, whatever its id and epoch."""
-
-    dataset: Any
-    recipe: Recipe  # how batches are made: the loader's, the same as in the main process
-    worker_init_fn: Callable[[int], None] | None
-    fixed_slot_bytes: bool  # the user chose slot_bytes
-    rank: int  # the rank and world size the epoch's loading code is told
-    world_size: int
-    shm_backend: str
-    # get_worker_info().num_workers: the loader's count, or with num_workers="auto" the
-    # most it may start (the same in every worker, above every id).
-    num_workers: int
-
-
 class Crew:
-    """Starts the workers of one pool from ``ctx`` (a multiprocessing context) with
-    :attr:`spec`, which the iterator sets as each epoch begins (the rank is read then),
-    and tells ``memory`` (the loader's :class:`~shmloader.memory.watch.MemoryWatch`) of
-    each worker it starts or replaces."""
+    """Starts the workers of one pool from ``ctx`` (a multiprocessing context) with the
+    settings and recipe of the running epoch (:meth:`epoch_began` sets them), and tells
+    ``memory`` (the loader's :class:`~shmloader.memory.watch.MemoryWatch`) of each worker
+    it starts or replaces."""
 
-    __slots__ = ("_ctx", "_memory", "_pool", "_rings", "spec")
+    __slots__ = ("_ctx", "_memory", "_pool", "_rings", "recipe", "settings")
 
     def __init__(self, pool: WorkerPool, ctx: Any, rings: RingKeeper, memory: MemoryWatch) -> None:
         self._pool = pool
         self._ctx = ctx
         self._rings = rings
         self._memory = memory
-        self.spec: WorkerSpec | None = None
+        self.settings: EpochSettings | None = None
+        self.recipe: Recipe | None = None
+
+    def epoch_began(self, settings: EpochSettings, recipe: Recipe) -> None:
+        """Workers started from now on (first ones, added, replaced) run by ``settings``
+        and make batches by ``recipe``."""
+        self.settings = settings
+        self.recipe = recipe
+
+    def slot_bytes_ahead(self) -> int:
+        """The bytes a slot of the epoch's recipe needs, where known before any batch is
+        made, else 0 (:meth:`~shmloader.batch.recipe.Recipe.slot_bytes_ahead`)."""
+        if self.recipe is None:
+            raise RuntimeError("an epoch's recipe is known once it began")
+        return self.recipe.slot_bytes_ahead()
 
     def config(self, wid: int, use_pdeathsig: bool, plan: EpochPlan, resume: dict | None) -> WorkerConfig:
         """The config of worker ``wid`` in the epoch of ``plan`` (``resume``: where its
         iterable shard resumes)."""
-        spec = self.spec
-        if spec is None:
-            raise RuntimeError("workers are started once an epoch began: it sets their spec")
+        s, recipe = self.settings, self.recipe
+        if s is None or recipe is None:
+            raise RuntimeError("workers are started once an epoch began: it sets their settings")
         return WorkerConfig(
             worker_id=wid,
-            num_workers=spec.num_workers,
+            num_workers=s.most_workers,
             seed=plan.epoch_seed + wid,
-            dataset=spec.dataset,
-            recipe=spec.recipe,
-            worker_init_fn=spec.worker_init_fn,
+            dataset=s.dataset,
+            recipe=recipe,
+            worker_init_fn=s.worker_init_fn,
             ring=self._rings.for_new_worker(),
-            fixed_slot_bytes=spec.fixed_slot_bytes,
+            fixed_slot_bytes=s.fixed_slot_bytes,
             parent_pid=os.getpid(),
             use_pdeathsig=use_pdeathsig,
-            rank=spec.rank,
-            world_size=spec.world_size,
+            rank=s.worker_rank,
+            world_size=s.worker_world_size,
             resume=resume,
             epoch_seed=plan.sample_seed,
             shared_seed=plan.shared_seed,
             report_state=plan.stateful,
-            shm_backend=spec.shm_backend,
+            shm_backend=s.shm_backend,
         )
 
     def start(self, count: int, plan: EpochPlan, started: Callable[[], None]) -> None:

@@ -19,6 +19,7 @@ from shmloader.batch import recipe as fetch
 from shmloader.epoch import state as _state
 from shmloader.sampling import distributed as _dist
 from shmloader.sampling.position import EpochPlan
+from shmloader.settings import EpochSettings, LoaderReports
 from shmloader.workers.resume import open_iterable
 
 if TYPE_CHECKING:
@@ -29,11 +30,18 @@ class InProcessIter:
     """num_workers=0: fetch and collate in this process; same batches as with workers.
     A :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
 
-    def __init__(self, loader: Any, runtime: LoaderRuntime, start: Callable[[Any], EpochPlan]) -> None:
-        """An epoch of ``loader`` (read for its public attributes), working with its
-        ``runtime``; ``start`` (state.epoch_starter) begins the epoch at the first
-        ``next()``, so iter() alone moves nothing."""
-        self._loader = loader
+    def __init__(
+        self,
+        runtime: LoaderRuntime,
+        settings: EpochSettings,
+        start: Callable[[Any], EpochPlan],
+        reports: LoaderReports,
+    ) -> None:
+        """An epoch run by ``settings`` (read by the loader's ``iter()``), working with the
+        loader's ``runtime``; ``start`` (state.epoch_starter) begins the epoch at the first
+        ``next()``, so iter() alone moves nothing; ``reports`` answers ``len()``."""
+        self._reports = reports
+        self._settings = settings
         self._runtime = runtime
         self._start_epoch = start
         self._seq = 0
@@ -43,10 +51,10 @@ class InProcessIter:
         # torch's check: an iterable dataset yielding more batches than the samples its
         # __len__ reported when len(loader) was called (read as torch does, at iter()).
         self._len_limit = iterable_len_limit(runtime)
-        self._recipe = runtime.recipe()
+        self._recipe = runtime.recipe(settings)
         # Applied to each batch, in order.
         self._post: list[Callable[[Any], Any]] = []
-        if loader.output == "torch":
+        if settings.output == "torch":
             self._post.append(_pinning.to_torch)
         if runtime.pinner is not None:
             self._post.append(_pinning.pin_tree)  # no ring here: pinned per batch, as torch does
@@ -62,7 +70,7 @@ class InProcessIter:
         self._seq = 0
         self._draws = plan.draws  # (torch's RNG: the shuffle's last draw may be owed)
         self._epoch_seed = plan.sample_seed
-        rank, world = self._runtime.worker_shard()
+        rank, world = self._settings.worker_rank, self._settings.worker_world_size
         self._shard = _dist.ShardInfo(rank, world, 0, 1)
         if config.iterable:
             # A torch DataPipe is seeded and sharded as torch's main process does it.
@@ -143,7 +151,7 @@ class InProcessIter:
         return recipe.in_memory(recipe.collate(samples, indices, seq), samples)
 
     def __len__(self) -> int:
-        return len(self._loader)
+        return self._reports.length()
 
 
 def iterable_len_limit(runtime: LoaderRuntime) -> int:

@@ -10,8 +10,11 @@ of it dies. Beside that path: the workers' start (:class:`~shmloader.epoch.crew.
 restart policy (:class:`~shmloader.epoch.restarts.Restarts`), the next epoch's prefetch
 (:class:`~shmloader.epoch.ahead.Ahead`) and the tuner (:class:`~shmloader.epoch.tuning.Tuning`).
 
-Only :class:`~shmloader.epoch.link.LoaderLink` reads the loader; the pieces get explicit values
-and objects.
+Nothing here sees the loader: the iterator runs by the epoch's frozen
+:class:`~shmloader.settings.EpochSettings`, reaches the loader's runtime through
+:class:`~shmloader.epoch.link.LoaderLink`, and reports back through the
+:class:`~shmloader.settings.LoaderReports` the loader passed in; the pieces get explicit
+values and objects.
 """
 
 from __future__ import annotations
@@ -26,18 +29,22 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from shmloader.batch.handout import Handout
 from shmloader.epoch.ahead import Ahead
 from shmloader.epoch.collector import Collector
 from shmloader.epoch.courier import Courier
 from shmloader.epoch.crew import Crew
 from shmloader.epoch.inflight import InFlight
-from shmloader.epoch.link import LoaderLink, Settings
+from shmloader.epoch.link import LoaderLink
 from shmloader.epoch.restarts import Restarts
 from shmloader.epoch.rings import RingKeeper
 from shmloader.epoch.tuning import Tuning
 from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, WorkerDiedError
+from shmloader.memory import sizing
 from shmloader.sampling.position import EpochPlan
+from shmloader.settings import EpochSettings, LoaderReports
 from shmloader.system import forks
+from shmloader.system.startmethod import worker_context
 from shmloader.transport import wire
 from shmloader.workers.pool import WorkerHandle, WorkerPool, WorkerProcess
 
@@ -93,12 +100,20 @@ class MultiProcessIter:
     persistent); a :class:`~shmloader.epoch.state.Positioned` for state_dict()."""
 
     def __init__(
-        self, loader: Any, runtime: LoaderRuntime, start: Callable[[Any], EpochPlan], copy: bool
+        self,
+        runtime: LoaderRuntime,
+        settings: EpochSettings,
+        start: Callable[[Any], EpochPlan],
+        copy: bool,
+        reports: LoaderReports,
     ) -> None:
-        # Nothing starts here: the first next() calls ``start`` (state.epoch_starter) to
-        # begin the epoch and starts the workers, so iter() alone moves nothing.
-        link = self._link = LoaderLink(loader, runtime)
-        self._handout = link.handout(copy)
+        """An iterator working with a loader's ``runtime``, its first epoch run by
+        ``settings``, telling the loader what it must know through ``reports``. Nothing
+        starts here: the first next() calls ``start`` (state.epoch_starter) to begin the
+        epoch and starts the workers, so iter() alone moves nothing."""
+        self._runtime = runtime
+        link = self._link = LoaderLink(runtime, settings, reports)
+        self._handout = Handout(settings.output, runtime, copy)
         self._start_epoch = start
         self._pid = os.getpid()
         self.closed = False
@@ -111,25 +126,34 @@ class MultiProcessIter:
         self._draws: Any = None  # the running epoch's draws (torch's RNG)
         self._watch_at = sys.maxsize  # batches handed out at which _watch() is due
         self._yielded = 0
-        self._timing = link.timing()  # where the time goes, the loader's for its life
-        self._compose(link, link.settings())
+        self._timing = runtime.timing  # where the time goes, the loader's for its life
+        self._compose(runtime, settings)
 
-    def _compose(self, link: LoaderLink, s: Settings) -> None:
-        """Make the pieces, each given what it works with."""
-        stats = link.stats()
+    def _compose(self, runtime: LoaderRuntime, s: EpochSettings) -> None:
+        """Make the pieces, each given what it works with (a persistent iterator's pieces
+        keep the first epoch's counts, timeout and start method, as torch's)."""
+        link, stats = self._link, runtime.stats
+        prefetch = s.prefetch_factor
+        if prefetch is None:  # (a TypeError at iter(), as torch's iterator raises one)
+            raise TypeError(
+                f"prefetch_factor is None with num_workers={s.num_workers}: a loader made with "
+                "num_workers=0 has no prefetch_factor; assign loader.prefetch_factor too (2 is "
+                "torch's default) when assigning num_workers."
+            )
         self._persistent = s.persistent_workers
         self._pool = pool = WorkerPool()
         courier = self._courier = Courier(pool)
-        rings = self._rings = RingKeeper(link.leases(), courier, s.fixed_slot_bytes)
+        rings = self._rings = RingKeeper(runtime.leases, courier, s.fixed_slot_bytes)
         inflight = self._inflight = InFlight(
-            pool, courier, rings, s.num_workers, s.prefetch_factor, s.in_order, s.iterable
+            pool, courier, rings, s.num_workers, prefetch, s.in_order, s.iterable
         )
-        self._memory = memory = link.memory()
+        self._memory = memory = runtime.memory
         self._share_dataset = s.share_dataset
-        self._forks = _start_method(s.context) == "fork"
-        crew = self._crew = Crew(pool, s.context, rings, memory)  # (its spec is read as each epoch begins)
+        context = worker_context(s.multiprocessing_context)
+        self._forks = _start_method(context) == "fork"
+        crew = self._crew = Crew(pool, context, rings, memory)  # (its settings are set as each epoch begins)
         restarts = Restarts(
-            s.max_worker_restarts, s.iterable, link.dataset(), stats, inflight, crew, _weak(self._abort)
+            s.max_worker_restarts, s.iterable, s.dataset, stats, inflight, crew, _weak(self._abort)
         )
         collector = self._collector = Collector(
             pool, courier, inflight, rings, restarts, self._timing, stats["dataset"], s.timeout, s.in_order
@@ -138,7 +162,7 @@ class MultiProcessIter:
         self._ahead = Ahead(
             ahead_on, pool, courier, inflight, rings, collector, link.plan_next, link.took_next, stats
         )
-        tuner = link.tuner()
+        tuner = runtime.tuner
         self._tuning: Tuning | None = None
         if tuner is not None:
             self._tuning = Tuning(
@@ -207,6 +231,13 @@ class MultiProcessIter:
         """The first epoch: begin it and start the workers, each given its first task as
         soon as it is forked (it works while the next one is forked)."""
         plan = self._start_epoch(self)
+        settings = self._link.settings
+        self._timing.make_room(settings.num_workers)
+        if settings.prefetch_factor is not None:
+            # Counts raised since the loader was made: the ring holds what they keep in
+            # flight, as torch's iterator keeps num_workers * prefetch_factor tasks out.
+            needed = sizing.default_num_slots(settings.num_workers, settings.prefetch_factor)
+            self._rings.need_slots(needed, settings.num_workers)
         self._begin_epoch(plan)  # (first: a grown ring may shrink)
         self._rings.take_current()
         self._launched = True
@@ -215,7 +246,7 @@ class MultiProcessIter:
             self._memory.share_dataset()  # before the first fork: workers map the shared copy
         self._memory.before_fork(self._forks)
         try:
-            self._rings.make_first(self._crew.spec.recipe.slot_bytes_ahead())
+            self._rings.make_first(self._crew.slot_bytes_ahead())
             self._crew.start(self._inflight.num_workers, plan, started=self._inflight.fill)
         except BaseException:
             self.close()
@@ -289,7 +320,8 @@ class MultiProcessIter:
             draws.pay_due(0)
         # One test per batch for both: torch's length warning and the shuffle's last draw.
         self._watch_at = min(self._len_limit + 1, draws.tail_due if draws is not None else sys.maxsize)
-        self._crew.spec = self._link.worker_spec()
+        settings = self._link.settings
+        self._crew.epoch_began(settings, self._runtime.recipe(settings))
         if self._tuning is not None:
             self._tuning.epoch_began()
 
@@ -423,11 +455,13 @@ class MultiProcessIter:
         else:
             self.close()
 
-    def reset(self, start: Callable[[Any], EpochPlan], copy: bool) -> None:
-        """Persistent workers: the next epoch runs on the same workers and ring. Like
-        ``__init__`` it moves nothing: the epoch begins at the next ``next()``."""
+    def reset(self, start: Callable[[Any], EpochPlan], copy: bool, settings: EpochSettings) -> None:
+        """Persistent workers: the next epoch runs on the same workers and ring, by
+        ``settings`` (read by its ``iter()``). Like ``__init__`` it moves nothing: the
+        epoch begins at the next ``next()``."""
         self._start_epoch = start
-        self._handout.copy = copy
+        self._link.settings = settings
+        self._handout.renew(settings.output, copy)
         self._len_limit = self._link.len_limit()
         self.plan = None
         self.epoch_done = False

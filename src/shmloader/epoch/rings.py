@@ -43,6 +43,12 @@ class RingKeeper:
 
     # --- the ring at an epoch's start ------------------------------------------------------
 
+    def need_slots(self, num_slots: int, num_workers: int) -> None:
+        """The epoch's counts need ``num_slots`` in the loader's rings
+        (:meth:`~shmloader.memory.leases.Leases.need_slots`); call before
+        :meth:`take_current`."""
+        self._leases.need_slots(num_slots, num_workers)
+
     def take_current(self) -> None:
         """Start from the loader's current ring. One whose descriptor is closed (this
         process was forked from the one that made it) cannot be handed to new workers:

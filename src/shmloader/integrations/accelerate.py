@@ -92,7 +92,7 @@ def prepare(
             f"{accelerator.device}: build it with output='torch' (the default where torch is "
             "imported), or pass device_placement=False."
         )
-    if not loader.runtime.sharding_asked() and not _presharded(loader):
+    if not loader.epoch_settings().sharding_asked and not _presharded(loader):
         loader.distributed = "auto"  # (read when each epoch begins)
     wrapped = AcceleratedLoader(
         accelerator,
@@ -263,7 +263,8 @@ class _ShareBatches:
         from shmloader.epoch import state
 
         runtime = self.loader.runtime
-        return state.upcoming_batches(runtime.config, runtime.cursor, runtime.now())  # (a generator)
+        now = self.loader.epoch_settings().now
+        return state.upcoming_batches(runtime.config, runtime.cursor, now)  # (a generator)
 
     def __len__(self) -> int:
         return len(self.loader)

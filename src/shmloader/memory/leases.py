@@ -236,6 +236,25 @@ class Leases:
                 old.close_fd()  # its memory stays mapped while batches view it
             return ring
 
+    def need_slots(self, num_slots: int, num_workers: int) -> None:
+        """An epoch's counts (``num_workers``, each with its prefetch in flight, as torch's
+        iterator keeps them) need ``num_slots``, more than the loader was made for (its
+        ``num_workers`` or ``prefetch_factor`` were raised since): rings made from now on
+        get that many, and a current ring with fewer is replaced now (it retires: batches
+        viewing it stay valid), or kept where the memory for more is not there. A slot
+        count the user gave (``num_slots=``) is kept."""
+        if self.min_slots is None or num_slots <= self.num_slots:
+            return
+        self.num_slots = self._steady_slots = self._check_every = num_slots
+        self.min_slots = max(self.min_slots, sizing.min_num_slots(num_workers))
+        self.num_workers = max(self.num_workers, num_workers)
+        ring = self._current
+        if ring is not None and ring.num_slots < num_slots:
+            try:
+                self.new_ring(num_slots, ring.slot_bytes, held=held_slots(ring))
+            except (RingLimitError, ShmSpaceError):
+                pass  # (the smaller ring serves, as a first ring fitted to short memory)
+
     def _reserve(self, slot_bytes: int) -> int:
         return sizing.margin_reserve(self.num_workers, slot_bytes)
 

@@ -46,6 +46,11 @@ class Timing:
         self.last_return: float | None = None  # when next() last returned a batch
         self.starting = True  # the next next() is an epoch's first
 
+    def make_room(self, num_workers: int) -> None:
+        """Clocks for worker ids below ``num_workers`` too (an epoch with more workers
+        than the loader was made with: its ``num_workers`` was raised since)."""
+        self.workers.extend([0, 0, 0] for _ in range(num_workers - len(self.workers)))
+
     def add_worker(self, worker_id: int, fetch_ns: int, collate_ns: int, idle_ns: int) -> None:
         """A worker's report with one batch: its clocks since its previous report."""
         row = self.workers[worker_id]
