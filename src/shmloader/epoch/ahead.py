@@ -133,10 +133,10 @@ class Ahead:
         sent = inflight.drop_last_epoch()
         gate, self._gate = self._gate, None
         if sent != plan:
-            while inflight.tasks:
+            while inflight.owes():
                 collector.wait()
             # (Their slots go back with the epoch's start.)
-            self._stats["batches_ahead_dropped"] += len(inflight.results)
+            self._stats["batches_ahead_dropped"] += inflight.results_waiting()
             return False
         self._stats["epochs_ahead"] += 1
         self._took()

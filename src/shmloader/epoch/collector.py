@@ -83,7 +83,7 @@ class Collector:
     def next_result(self) -> tuple[Any, ...] | None:
         """The next result to hand out, waiting for it; None at the end of the epoch."""
         inflight = self._inflight
-        pop = inflight.scheduler.pop
+        pop = inflight.pop
         while True:
             item = pop()
             if item is not None:
@@ -148,7 +148,7 @@ class Collector:
         """No result within ``timeout``: return where one came after all (a result queued
         right at the deadline counts; others, not due, do not), or a worker died, or the
         hung one was replaced; raise the timeout error otherwise."""
-        if self._collect() and (due is None or due.seq not in self._inflight.tasks):
+        if self._collect() and (due is None or not self._inflight.owes_batch(due.seq)):
             return
         if self.check_exits():  # (a death at the deadline: no worker is "busy")
             return
@@ -262,7 +262,7 @@ class Collector:
         if kind == wire.RES_WAKE:
             return  # (the result is in the worker's queue: _collect takes it)
         if kind == wire.RES_SHARD_STATE:
-            self._inflight.scheduler.keep_shard_state(worker.id, seq, body)
+            self._inflight.keep_shard_state(worker, seq, body)
         elif kind == wire.RES_STATS:
             counts = self._dataset_counts
             for name, gained in pickle.loads(body).items():
@@ -287,9 +287,7 @@ class Collector:
                 task.ring = attach_fd(worker.reader.take_fd(), 1, needed, populate=False)
                 task.slot = 0
             self._rings.outside(needed)  # the first batch sizes the ring; a bigger one grows it
-        elif kind == wire.RES_ITER_END:
-            self._inflight.scheduler.ended(worker.id, seq)  # tasks sent from now on skip it
-        self._inflight.scheduler.put(seq, (kind, task, payload))
+        self._inflight.keep(worker, kind, task, payload)  # (an end: tasks sent from now on skip it)
 
     def _drain(self, worker: WorkerHandle) -> None:
         """Handle everything ``worker`` sent before it exited."""
@@ -343,16 +341,16 @@ class Collector:
         """No result within ``timeout`` s: replace the worker that owes the batch waited for
         (in order: the due one; else the oldest one, unless some result came meanwhile);
         False where there is none (the caller raises the timeout error)."""
-        tasks = self._inflight.tasks
-        owed = len(tasks)
+        inflight = self._inflight
+        owed = inflight.owed_count()
         for w in self._pool.readable_now():  # results that arrived unread meanwhile
             self._receive(w)
         if self._in_order:
-            task = self._inflight.due()
+            task = inflight.due()
         else:
-            task = tasks[min(tasks)] if len(tasks) == owed and tasks else None
+            task = inflight.oldest_owed() if inflight.owed_count() == owed else None
         if task is None:
-            return bool(self._inflight.results) or not tasks  # it came: no worker hung
+            return bool(inflight.results_waiting()) or not inflight.owes()  # it came: no worker hung
         self._lost(task.worker, timed_out=timeout)
         return True
 
@@ -367,8 +365,5 @@ class Collector:
         for worker in self._pool.readable_now():
             self._receive(worker)
         self._collect()
-        tasks = self._inflight.tasks
-        waiting = min(tasks) if tasks else self._inflight.scheduler.rcvd_seq
-        task = tasks.get(waiting)
-        busy = [t.worker for t in tasks.values()]
-        return self._pool.timeout_error(timeout, waiting, task and task.indices, busy)
+        waiting, indices = self._inflight.waited_for()
+        return self._pool.timeout_error(timeout, waiting, indices, self._inflight.busy_workers())

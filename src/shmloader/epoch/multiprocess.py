@@ -39,6 +39,7 @@ from shmloader.errors import LoaderTimeoutError, RingLimitError, ShmSpaceError, 
 from shmloader.sampling.position import EpochPlan
 from shmloader.system import forks
 from shmloader.transport import wire
+from shmloader.tuning.counts import WorkerCounts
 from shmloader.workers.pool import WorkerHandle, WorkerPool, WorkerProcess
 
 if TYPE_CHECKING:
@@ -121,9 +122,11 @@ class MultiProcessIter:
         self._pool = pool = WorkerPool()
         courier = self._courier = Courier(pool)
         rings = self._rings = RingKeeper(link.leases(), courier, s.fixed_slot_bytes)
-        inflight = self._inflight = InFlight(
-            pool, courier, rings, s.num_workers, s.prefetch_factor, s.in_order, s.iterable
-        )
+        # The worker count and prefetch depth of this iterator's epochs, stored here only:
+        # a tuner raises them, the pieces below read them.
+        counts = self._counts = WorkerCounts(s.num_workers, s.prefetch_factor)
+        self._timing.counting(counts)
+        inflight = self._inflight = InFlight(pool, courier, rings, counts, s.in_order, s.iterable)
         self._memory = memory = link.memory()
         self._share_dataset = s.share_dataset
         self._forks = _start_method(s.context) == "fork"
@@ -143,8 +146,8 @@ class MultiProcessIter:
         if tuner is not None:
             self._tuning = Tuning(
                 tuner,
+                counts,
                 self._timing,
-                pool,
                 crew,
                 inflight,
                 rings,
@@ -216,7 +219,7 @@ class MultiProcessIter:
         self._memory.before_fork(self._forks)
         try:
             self._rings.make_first(self._crew.spec.recipe.slot_bytes_ahead())
-            self._crew.start(self._inflight.num_workers, plan, started=self._inflight.fill)
+            self._crew.start(self._counts.workers, plan, started=self._inflight.fill)
         except BaseException:
             self.close()
             raise
@@ -234,7 +237,7 @@ class MultiProcessIter:
         if not self._inflight.source_done:  # (the last epoch was left before its end)
             self._send_as_torch_had()
         # Results still owed by the workers must come back before their slots are reused.
-        while self._inflight.tasks:
+        while self._inflight.owes():
             self._collector.wait()
         self._next_epoch_on_workers(plan if plan is not None else self._start_epoch(self))
 
@@ -249,7 +252,7 @@ class MultiProcessIter:
             if rings.wanted:
                 # The first batches came outside the ring (one task per worker): the ring
                 # that lets each worker have its prefetch_factor, once they are back.
-                while inflight.tasks:
+                while inflight.owes():
                     self._collector.wait()
                 rings.make_wanted()
             inflight.fill()
@@ -291,7 +294,7 @@ class MultiProcessIter:
         self._watch_at = min(self._len_limit + 1, draws.tail_due if draws is not None else sys.maxsize)
         self._crew.spec = self._link.worker_spec()
         if self._tuning is not None:
-            self._tuning.epoch_began()
+            self._tuning.epoch_began()  # (the tuner raises this iterator's counts from now on)
 
     # --- the hand-out ----------------------------------------------------------------------
 
@@ -306,7 +309,7 @@ class MultiProcessIter:
         entered = time.perf_counter()
         ring = self._rings.ring  # batches loaded in the ring and not handed out yet (one C call)
         timing.entered(
-            entered, ring.states.count_ready() if ring is not None else len(self._inflight.results)
+            entered, ring.states.count_ready() if ring is not None else self._inflight.results_waiting()
         )
         try:
             batch = self._next_batch()
@@ -373,7 +376,7 @@ class MultiProcessIter:
             inflight.fill()
         # (A ring still being made: results already here go out first; fill() waits for
         # the ring when nothing else is left to hand out.)
-        item = inflight.scheduler.pop() or self._collector.next_result()
+        item = inflight.pop() or self._collector.next_result()
         if item is not None and not rings.wanted:
             # (A ring to make waits for the next call: this batch goes out first.)
             inflight.fill()
@@ -388,25 +391,25 @@ class MultiProcessIter:
     def _resumed_at_end(self) -> bool:
         """Whether the epoch that ended was a loaded position with nothing left in it."""
         plan = self.plan
-        return plan is not None and plan.resumed and self._inflight.scheduler.yielded_nothing()
+        return plan is not None and plan.resumed and self._inflight.yielded_nothing()
 
     # --- position, for DataLoader.state_dict() ---------------------------------------------
 
     def handed_out(self) -> int:
         """Results handed out (or raised) this epoch (see state.Positioned)."""
-        return self._inflight.scheduler.handed_out()
+        return self._inflight.handed_out()
 
     def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
         """Iterable datasets: the scheduler's replay of the round robin, and the shard
         states workers reported after their last handed-out batch (see state.Positioned)."""
-        sched = self._inflight.scheduler
-        counts, next_worker = sched.handed_out_per_worker()
-        states = {wid: pickle.loads(blob) for wid, blob in sched.shard_states_handed_out().items()}
+        inflight = self._inflight
+        counts, next_worker = inflight.handed_out_per_worker()
+        states = {wid: pickle.loads(blob) for wid, blob in inflight.shard_states_handed_out().items()}
         return counts, next_worker, states
 
     def shards_exhausted(self) -> bool:
         """Iterable datasets: every worker ran out and all it produced was handed out."""
-        return self._inflight.scheduler.exhausted()
+        return self._inflight.exhausted()
 
     # --- epochs and shutdown ---------------------------------------------------------------
 
