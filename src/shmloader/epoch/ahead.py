@@ -30,12 +30,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shmloader.epoch.collector import Collector
-from shmloader.epoch.courier import Courier
 from shmloader.epoch.inflight import InFlight
 from shmloader.epoch.rings import RingKeeper
 from shmloader.sampling.position import EpochPlan
 from shmloader.system import slots as _slots
-from shmloader.workers.pool import WorkerPool
 
 
 class Ahead:
@@ -47,12 +45,10 @@ class Ahead:
 
     __slots__ = (
         "_collector",
-        "_courier",
         "_enabled",
         "_gate",
         "_inflight",
         "_plan_next",
-        "_pool",
         "_rings",
         "_stats",
         "_took",
@@ -62,8 +58,6 @@ class Ahead:
     def __init__(
         self,
         enabled: bool,
-        pool: WorkerPool,
-        courier: Courier,
         inflight: InFlight,
         rings: RingKeeper,
         collector: Collector,
@@ -72,8 +66,6 @@ class Ahead:
         stats: dict[str, Any],
     ) -> None:
         self._enabled = enabled
-        self._pool = pool
-        self._courier = courier
         self._inflight = inflight
         self._rings = rings
         self._collector = collector
@@ -117,9 +109,6 @@ class Ahead:
         plan, source = ahead
         self._gate = _Gate(source, self._rings)
         inflight.open_next(plan, self._gate)
-        for w in self._pool.workers:
-            self._courier.epoch_ahead(w, plan)
-        inflight.fill()
 
     def take(self, plan: EpochPlan) -> bool:
         """The epoch ``plan`` begins while tasks sent early are in flight: take them and

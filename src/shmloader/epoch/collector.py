@@ -27,7 +27,6 @@ from typing import Any
 from shmloader.epoch.courier import Courier
 from shmloader.epoch.inflight import InFlight
 from shmloader.epoch.restarts import Restarts
-from shmloader.epoch.rings import RingKeeper
 from shmloader.errors import LoaderTimeoutError, WorkerDiedError
 from shmloader.memory.ring import attach_fd
 from shmloader.system import slots as _slots
@@ -57,7 +56,6 @@ class Collector:
         pool: WorkerPool,
         courier: Courier,
         inflight: InFlight,
-        rings: RingKeeper,
         restarts: Restarts,
         timing: Timing,
         dataset_counts: dict[str, Any],
@@ -67,7 +65,6 @@ class Collector:
         self._pool = pool
         self._courier = courier
         self._inflight = inflight
-        self._rings = rings
         self._restarts = restarts
         self._timing = timing
         self._dataset_counts = dataset_counts
@@ -279,15 +276,12 @@ class Collector:
             if kind == wire.RES_SEGMENT:
                 os.close(worker.reader.take_fd())
             return
-        if kind == wire.RES_SEGMENT or kind == wire.RES_PICKLED:
-            needed = wire.needed_bytes(payload)
-            if kind == wire.RES_SEGMENT:
-                # The batch's own segment, mapped here (not pre-faulted: only what the
-                # consumer reads comes in); its descriptor is closed at once.
-                task.ring = attach_fd(worker.reader.take_fd(), 1, needed, populate=False)
-                task.slot = 0
-            self._rings.outside(needed)  # the first batch sizes the ring; a bigger one grows it
-        self._inflight.keep(worker, kind, task, payload)  # (an end: tasks sent from now on skip it)
+        segment = None
+        if kind == wire.RES_SEGMENT:
+            # The batch's own segment, mapped here (not pre-faulted: only what the consumer
+            # reads comes in); its descriptor is closed at once.
+            segment = attach_fd(worker.reader.take_fd(), 1, wire.needed_bytes(payload), populate=False)
+        self._inflight.keep(worker, kind, task, payload, segment)  # (an end: tasks sent from now on skip it)
 
     def _drain(self, worker: WorkerHandle) -> None:
         """Handle everything ``worker`` sent before it exited."""

@@ -101,11 +101,15 @@ class InFlight:
 
     def open_next(self, plan: EpochPlan, source: Iterator[Any]) -> None:
         """Every task of this epoch was sent: the tasks sent from now on are ``plan``'s
-        (the next epoch's), from ``source``."""
+        (the next epoch's), from ``source``; each worker is told that epoch's seeds (after
+        its last task of this one: a worker reads its socket in order) and given tasks."""
         self._next_plan = plan
         self._scheduler.open_next(plan.start_worker)
         self._source = source
         self._source_done = False
+        for w in self._pool.workers:
+            self._courier.epoch_ahead(w, plan)
+        self.fill()
 
     def workers_added(self) -> None:
         """The counts gained workers (started already, map-style datasets): the round robin
@@ -200,11 +204,19 @@ class InFlight:
             task.slot = NO_SLOT
         return task
 
-    def keep(self, worker: WorkerHandle, kind: int, task: Task, payload: bytes) -> None:
+    def keep(
+        self, worker: WorkerHandle, kind: int, task: Task, payload: bytes, segment: Ring | None = None
+    ) -> None:
         """Keep the result of ``task`` (which :meth:`answered` returned), of ``kind``, until
-        it is its turn; an iterable dataset's end (``RES_ITER_END``) also means ``worker``
-        gets no more tasks this epoch."""
-        if kind == wire.RES_ITER_END:
+        it is its turn. A batch outside its slot (``RES_SEGMENT``: in ``segment``, its own
+        mapped segment; ``RES_PICKLED``) tells the ring keeper its size: the first batch
+        sizes the ring, a bigger one grows it. An iterable dataset's end
+        (``RES_ITER_END``) means ``worker`` gets no more tasks this epoch."""
+        if kind == wire.RES_SEGMENT or kind == wire.RES_PICKLED:
+            if segment is not None:
+                task.ring, task.slot = segment, 0
+            self._rings.outside(wire.needed_bytes(payload))
+        elif kind == wire.RES_ITER_END:
             self._scheduler.ended(worker.id, task.seq)
         self._scheduler.put(task.seq, (kind, task, payload))
 
