@@ -40,8 +40,8 @@ class Ahead:
     """The next epoch's tasks, sent early, of one iterator. ``enabled``: persistent
     workers, ``prefetch_next_epoch`` and a map-style dataset; ``plan_next``: the next
     epoch's plan and index lists where they are known now (else None), without moving the
-    loader's cursor; ``took``: the epoch that began took them over; ``stats``: the loader's
-    counters (``epochs_ahead``, ``batches_ahead_dropped``)."""
+    loader's cursor; ``stats``: the loader's counters (``epochs_ahead``,
+    ``batches_ahead_dropped``)."""
 
     __slots__ = (
         "_collector",
@@ -51,7 +51,6 @@ class Ahead:
         "_plan_next",
         "_rings",
         "_stats",
-        "_took",
         "_tried",
     )
 
@@ -62,7 +61,6 @@ class Ahead:
         rings: RingKeeper,
         collector: Collector,
         plan_next: Callable[[], tuple[EpochPlan, Iterator[Any]] | None],
-        took: Callable[[], None],
         stats: dict[str, Any],
     ) -> None:
         self._enabled = enabled
@@ -70,7 +68,6 @@ class Ahead:
         self._rings = rings
         self._collector = collector
         self._plan_next = plan_next
-        self._took = took
         self._stats = stats
         self._gate: _Gate | None = None  # the next epoch's index lists while they go out early
         self._tried: EpochPlan | None = None  # the epoch whose end last tried to go ahead
@@ -128,7 +125,6 @@ class Ahead:
             self._stats["batches_ahead_dropped"] += inflight.results_waiting()
             return False
         self._stats["epochs_ahead"] += 1
-        self._took()
         # The epoch's own now: its tasks may grow the ring.
         if gate is not None:
             inflight.take_next(plan, gate.source, gate.exhausted)

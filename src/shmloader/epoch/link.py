@@ -130,6 +130,3 @@ class LoaderLink:
     def plan_next(self) -> tuple[EpochPlan, Iterator[Any]] | None:
         runtime = self._runtime
         return _state.plan_ahead(runtime.config, runtime.cursor, runtime.now())
-
-    def took_next(self) -> None:
-        _state.took_ahead(self._runtime.config)

@@ -138,7 +138,7 @@ class MultiProcessIter:
             pool, courier, inflight, restarts, self._timing, stats["dataset"], s.timeout, s.in_order
         )
         ahead_on = s.persistent_workers and s.prefetch_next_epoch and not s.iterable
-        self._ahead = Ahead(ahead_on, inflight, rings, collector, link.plan_next, link.took_next, stats)
+        self._ahead = Ahead(ahead_on, inflight, rings, collector, link.plan_next, stats)
         tuner = link.tuner()
         self._tuning: Tuning | None = None
         if tuner is not None:
