@@ -241,8 +241,8 @@ def begin_epoch(config: Sampling, cursor: Cursor, now: Now, draws: Draws | None 
         # A numpy generator=: a new seed from it at each epoch (a resume within an epoch
         # keeps the saved one); the order is then a function of that seed alone, so
         # reseeding the generator before an epoch repeats the epoch.
-        if (seeds.each_epoch and not _midway(_loaded(cursor))) or seed is None:  # type: ignore[union-attr]
-            seed = seeds.draw()  # type: ignore[union-attr]
+        if (seeds.each_epoch and not _midway(_loaded(cursor))) or seed is None:
+            seed = seeds.draw()
     plan = plan_epoch(config, cursor, now, draws, seed)
     if plan.unit != "iterable":
         sampler = _order_source(config, plan.unit)
@@ -292,7 +292,8 @@ def plan_epoch(
     else:
         if seed is None:
             raise ValueError("an epoch under the seed scheme is planned from a seed: none was given.")
-        key = 0 if cursor.seeds.each_epoch else epoch  # type: ignore[union-attr]
+        seeds = cursor.seeds
+        key = 0 if seeds.each_epoch else epoch
         epoch_seed = derive_epoch_seed(seed, key)
         order_key = (seed, key)
     unit = _unit(config)
