@@ -19,7 +19,7 @@ are read at each fill: a tuner that adds a worker tells it with :meth:`InFlight.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shmloader.epoch.courier import Courier
@@ -71,7 +71,13 @@ class InFlight:
         self._plan: EpochPlan | None = None  # the epoch whose tasks go out
         self._next_plan: EpochPlan | None = None  # the next epoch's, while its tasks go out early
         self._source: Iterator[Any] = iter(())  # the epoch's index lists (map-style datasets)
-        self._source_done = True  # every task the source allows now was sent
+        # Whether every task the source allows now was sent: read by the iterator at each
+        # batch (a plain attribute for that), changed only by InFlight's methods.
+        self.source_done = True
+        # The next result to hand out now, ``(kind, task, payload)``, or None where it has
+        # not arrived: the scheduler's pop, called once or twice a batch (bound here: no
+        # call in between).
+        self.pop: Callable[[], tuple[Any, ...] | None] = self._scheduler.pop
 
     @property
     def plan(self) -> EpochPlan | None:
@@ -83,18 +89,13 @@ class InFlight:
         """The next epoch's plan while its tasks go out early, else None."""
         return self._next_plan
 
-    @property
-    def source_done(self) -> bool:
-        """Whether every task the source allows now was sent."""
-        return self._source_done
-
     # --- an epoch --------------------------------------------------------------------------
 
     def begin(self, plan: EpochPlan, source: Iterator[Any] | None) -> None:
         """Start sending ``plan``'s tasks, from ``source`` (None: an iterable dataset, whose
         workers read their own shards). Nothing may be in flight."""
         self._source = source if source is not None else iter(())
-        self._source_done = False
+        self.source_done = False
         self._tasks = {}
         self._plan = plan
         self._scheduler.begin_epoch(plan.start_worker)
@@ -106,7 +107,7 @@ class InFlight:
         self._next_plan = plan
         self._scheduler.open_next(plan.start_worker)
         self._source = source
-        self._source_done = False
+        self.source_done = False
         for w in self._pool.workers:
             self._courier.epoch_ahead(w, plan)
         self.fill()
@@ -119,7 +120,7 @@ class InFlight:
 
     def reopen(self) -> None:
         """The source may give tasks again (it stopped while the ring had no free slot)."""
-        self._source_done = False
+        self.source_done = False
 
     def drop_last_epoch(self) -> EpochPlan | None:
         """The next epoch begins, nothing of the last one in flight: its results not handed
@@ -138,7 +139,7 @@ class InFlight:
         self._scheduler.take_next(plan.start_worker)
         self._plan = plan
         self._source = source
-        self._source_done = source_done
+        self.source_done = source_done
 
     # --- sending -------------------------------------------------------------------------
 
@@ -158,11 +159,11 @@ class InFlight:
         workers = self._pool.workers
         started = len(workers) if len(workers) < n else None  # (only running workers get tasks)
         sched, tasks, results = self._scheduler, self._tasks, self._results
-        while not self._source_done and len(tasks) + len(results) < cap:
+        while not self.source_done and len(tasks) + len(results) < cap:
             wid = sched.pick(cap, started)
             if wid is None:
                 if not sched.any_active():
-                    self._source_done = True
+                    self.source_done = True
                 break
             if self._iterable:
                 kind, payload, indices = wire.TASK_ITER, b"", None
@@ -170,7 +171,7 @@ class InFlight:
                 try:
                     indices = next(self._source)
                 except StopIteration:
-                    self._source_done = True
+                    self.source_done = True
                     break
                 kind, payload = wire.task_payload(indices)
             slot = rings.claim(wid, n)
@@ -223,11 +224,6 @@ class InFlight:
     def keep_shard_state(self, worker: WorkerHandle, seq: int, blob: bytes) -> None:
         """``worker``'s dataset state after batch ``seq`` (iterable datasets), pickled."""
         self._scheduler.keep_shard_state(worker.id, seq, blob)
-
-    def pop(self) -> tuple[Any, ...] | None:
-        """The next result to hand out now (``(kind, task, payload)``), or None where it
-        has not arrived (see :meth:`~shmloader.epoch.scheduler.Scheduler.pop`)."""
-        return self._scheduler.pop()
 
     def retire(self, worker: WorkerHandle, kind: int, payload: bytes) -> None:
         """``worker`` will load nothing more this epoch (its worker_init_fn failed): its
@@ -304,7 +300,7 @@ class InFlight:
         """Whether ``worker`` has batches of this epoch in flight or still to be given."""
         wid = worker.id
         sched = self._scheduler
-        return bool(sched.outstanding[wid]) or (sched.active[wid] and not self._source_done)
+        return bool(sched.outstanding[wid]) or (sched.active[wid] and not self.source_done)
 
     def began_loading(self) -> bool:
         """Whether a task of this epoch was sent."""

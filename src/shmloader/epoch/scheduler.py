@@ -134,8 +134,8 @@ class Scheduler:
         worker's tasks in flight. ``started``: only workers ``0 .. started-1`` run yet
         (they are being started); the round robin waits at the first that does not,
         never skips it (which worker loads which batch decides its seed)."""
-        n = self._counts.workers
         active, outstanding = self.active, self.outstanding
+        n = len(active)  # (one entry per worker of the counts: begin_epoch and grow size it)
         start = self.next_worker
         if self.in_order and start < n and (started is None or start < started) and active[start]:
             self.next_worker = (start + 1) % n  # (the loop's first turn, for the common case)
