@@ -71,7 +71,7 @@ class Tuning:
         inflight = self._inflight
         if inflight.next_plan is not None:
             return
-        action = self.tuner.decide(now, self._timing, Room(self._rings.ring, self._backend))
+        action = self.tuner.decide(now, self._timing, Room(self._rings.ring, self._backend), self._counts)
         if action == "worker":
             self._add_worker()
         elif action == "prefetch":

@@ -98,9 +98,9 @@ class _Window:
 @dataclass
 class Tuner:
     """A loader's tuner: the window being measured, the changes made (for
-    ``stats()["autotune"]``), and the counts it raises (the running epoch's
-    :class:`~shmloader.tuning.counts.WorkerCounts`, given by :meth:`epoch_began`; it
-    holds no copy of them)."""
+    ``stats()["autotune"]``), and the running epoch's counts it reports (a
+    :class:`~shmloader.tuning.counts.WorkerCounts` given by :meth:`epoch_began`;
+    :meth:`decide` raises the deciding iterator's): it holds no copy of them."""
 
     settings: Settings
     counts: WorkerCounts  # the running epoch's (the starting counts before the first)
@@ -116,8 +116,8 @@ class Tuner:
         return cls(s, WorkerCounts(s.start_workers, s.start_prefetch))
 
     def epoch_began(self, counts: WorkerCounts) -> None:
-        """An epoch begins with ``counts`` (which this tuner raises from now on): the first
-        window begins with its batches."""
+        """An epoch begins with ``counts`` (those :meth:`report` names from now on): the
+        first window begins with its batches."""
         self.counts = counts
         self.window = None
         self.due = 0.0
@@ -130,11 +130,11 @@ class Tuner:
             self.began = now
         self.due = now + WINDOW_S
 
-    def decide(self, now: float, timing: Timing, room: Any) -> str | None:
+    def decide(self, now: float, timing: Timing, room: Any, counts: WorkerCounts) -> str | None:
         """At ``now`` (past :attr:`due`): what to change, ``"worker"``, ``"prefetch"`` or
-        None, from the window that ends now, made in the counts already (one worker more,
-        or one task more per worker: the caller starts the worker). ``room`` answers what
-        the memory allows (:class:`Room`). Starts the next window."""
+        None, from the window that ends now, made in ``counts`` (the deciding iterator's)
+        already: one worker more (the caller starts it) or one task more per worker.
+        ``room`` answers what the memory allows (:class:`Room`). Starts the next window."""
         w = self.window
         if w is None or timing.calls - w.calls < MIN_BATCHES:
             if w is None:
@@ -153,7 +153,6 @@ class Tuner:
             self.held_by = ""
             return None
         s = self.settings
-        counts = self.counts
         workers, prefetch = counts.workers, counts.prefetch
         action = None
         if busy >= WORKERS_SATURATED and s.auto_workers:
