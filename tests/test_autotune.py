@@ -384,3 +384,32 @@ def test_the_prefetch_takes_only_free_slots_and_never_grows_the_ring():
     assert second == _epochs(ref, 2)[1]
     assert loader.stats()["epochs_ahead"] == 1
     loader.shutdown()
+
+
+def test_a_decision_raises_the_counts_of_the_iterator_that_decides(free_cores):
+    """The tuner stores no count of its own: a decision raises the counts it is given
+    (the deciding iterator's), and ``stats()["autotune"]`` reports those of the epoch
+    begun last. Two iterators of one "auto" loader each grow their own."""
+    from shmloader.tuning.counts import WorkerCounts
+    from shmloader.tuning.timing import Timing
+
+    free_cores(4)
+
+    class Room:
+        def slots_for(self, workers, prefetch):
+            return True
+
+        def memory_for_worker(self, prefetch):
+            return True
+
+    tuner = autotune.Tuner.of(autotune.settings("auto", "auto", iterable=False))
+    first, second = WorkerCounts(1, 2), WorkerCounts(1, 2)
+    tuner.epoch_began(second)
+    timing = Timing(4)
+    tuner.decide(0.0, timing, Room(), first)  # (opens the first window)
+    timing.add_worker(0, 10**9, 0, 0)  # the worker busy all the window
+    timing.wait_s, timing.calls = 1.0, autotune.MIN_BATCHES  # the loop waited all of it
+    assert tuner.decide(1.0, timing, Room(), first) == "worker"
+    assert (first.workers, second.workers) == (2, 1)
+    assert tuner.report()["num_workers"] == 1  # the epoch begun last: the second's
+    assert tuner.changes[-1]["num_workers"] == 2

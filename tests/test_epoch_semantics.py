@@ -509,3 +509,67 @@ def test_prefetch_next_epoch_is_checked():
         DataLoader(Indexed(4), num_workers=1, prefetch_next_epoch=True)
     with pytest.raises(ValueError, match="prefetch_next_epoch should be True or False"):
         DataLoader(Indexed(4), num_workers=1, persistent_workers=True, prefetch_next_epoch="yes")
+
+
+def test_planning_the_next_epoch_ahead_tells_the_sampler_nothing():
+    """With ``prefetch_next_epoch`` the next epoch is planned during this one without side
+    effects: a sampler with ``set_epoch`` is told epoch N+1 only when epoch N+1 begins
+    (its order may depend on the epoch it is told, so that epoch is not loaded early),
+    and the batches are those of the same loader without the option."""
+    from shmloader.sampling.sampler import SequentialSampler
+
+    class EpochTold(SequentialSampler):
+        def __init__(self, data, told):
+            super().__init__(data)
+            self.told = told
+
+        def set_epoch(self, epoch):
+            self.told.append(epoch)
+
+    def run(ahead: bool) -> tuple[list[list[int]], list[tuple[int, int]]]:
+        told: list[int] = []
+        events: list[tuple[int, int]] = []  # (epoch told, batches handed out when told)
+        data = Indexed(24)
+        loader = DataLoader(
+            data,
+            batch_size=4,
+            num_workers=2,
+            sampler=EpochTold(data, told),
+            persistent_workers=True,
+            prefetch_next_epoch=ahead,
+            seed=3,
+        )
+        seen = []
+        for _ in range(3):
+            for batch in loader:
+                seen.append([int(v) for v in batch])
+                events.extend((e, len(seen)) for e in told)
+                told.clear()
+            events.extend((e, len(seen)) for e in told)
+            told.clear()
+        return seen, events
+
+    seen_ahead, told_ahead = run(True)
+    seen, told = run(False)
+    assert seen_ahead == seen
+    # Epoch N is told as its first batch comes out (6 batches an epoch): never earlier.
+    assert told_ahead == told == [(0, 1), (1, 7), (2, 13)], (told_ahead, told)
+
+
+def test_an_epoch_that_took_the_prefetched_tasks_leaves_the_shuffle_no_order():
+    """The next epoch's tasks sent early iterate the loader's shuffle for that epoch; the
+    epoch that takes them over leaves nothing set in it: a later ``iter(loader.sampler)``
+    draws afresh instead of repeating that epoch's order."""
+    loader = DataLoader(
+        Indexed(64),
+        batch_size=4,
+        num_workers=2,
+        shuffle=True,
+        persistent_workers=True,
+        prefetch_next_epoch=True,
+        seed=5,
+    )
+    epochs = [[int(v) for batch in loader for v in batch] for _ in range(2)]
+    assert loader.stats()["epochs_ahead"] >= 1, loader.stats()
+    assert sorted(epochs[1]) == list(range(64)) and epochs[1] != epochs[0]
+    assert list(loader.sampler) != epochs[1]

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from shmloader.epoch.scheduler import Scheduler
+from shmloader.tuning.counts import WorkerCounts
 
 END = 14  # the kind of an iterable worker's end
 OK = 11
@@ -27,19 +28,19 @@ def _send(s: Scheduler, cap: int, in_flight: set[int]) -> list[tuple[int, int]]:
 
 
 def test_strict_round_robin_in_order():
-    s = Scheduler(3, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(3, 2), in_order=True, end_kind=END)
     sent = _send(s, 6, set())
     assert sent == [(i, i % 3) for i in range(6)]
 
 
 def test_round_robin_starts_where_the_plan_says():
-    s = Scheduler(3, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(3, 2), in_order=True, end_kind=END)
     s.begin_epoch(start_worker=2)
     assert [w for _, w in _send(s, 4, set())] == [2, 0, 1, 2]
 
 
 def test_in_order_hands_out_by_batch_number_whatever_the_arrival_order():
-    s = Scheduler(2, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(2, 2), in_order=True, end_kind=END)
     for w in (0, 1, 0, 1):
         s.assign(w)
     s.put(2, (OK, "b2"))
@@ -51,7 +52,7 @@ def test_in_order_hands_out_by_batch_number_whatever_the_arrival_order():
 
 
 def test_out_of_order_hands_out_in_arrival_order():
-    s = Scheduler(2, in_order=False, end_kind=END)
+    s = Scheduler(WorkerCounts(2, 2), in_order=False, end_kind=END)
     for seq in (3, 1, 2):
         s.put(seq, (OK, seq))
     assert [s.pop(), s.pop(), s.pop(), s.pop()] == [(OK, 3), (OK, 1), (OK, 2), None]
@@ -60,7 +61,7 @@ def test_out_of_order_hands_out_in_arrival_order():
 def test_out_of_order_passes_over_a_worker_with_its_share_in_flight():
     """Worker 0 is slow: once it has cap/2 tasks in flight, it is skipped, and worker 1
     (answering at once) takes the others."""
-    s = Scheduler(2, in_order=False, end_kind=END)
+    s = Scheduler(WorkerCounts(2, 2), in_order=False, end_kind=END)
     cap = 4
     in_flight: set[int] = set()
     owner = {}
@@ -80,7 +81,7 @@ def test_out_of_order_passes_over_a_worker_with_its_share_in_flight():
 
 
 def test_in_order_does_not_pass_over_a_slow_worker():
-    s = Scheduler(2, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(2, 2), in_order=True, end_kind=END)
     in_flight: set[int] = set()
     sent = _send(s, 4, in_flight)
     seq1 = [q for q, w in sent if w == 1]
@@ -93,7 +94,7 @@ def test_in_order_does_not_pass_over_a_slow_worker():
 
 
 def test_ends_skip_the_worker_and_take_no_place_in_the_hand_out():
-    s = Scheduler(2, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(2, 2), in_order=True, end_kind=END)
     in_flight: set[int] = set()
     _send(s, 4, in_flight)  # 0:w0 1:w1 2:w0 3:w1
     s.put(0, (OK, 0))
@@ -108,7 +109,7 @@ def test_ends_skip_the_worker_and_take_no_place_in_the_hand_out():
 
 
 def test_retire_clears_a_worker():
-    s = Scheduler(2, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(2, 2), in_order=True, end_kind=END)
     s.assign(1)
     s.assign(1)
     s.retire(1)
@@ -118,7 +119,7 @@ def test_retire_clears_a_worker():
 def _simulate_iterable(n_workers: int, lengths: list[int], start: int, stop_after: int, rng: random.Random):
     """Run an iterable epoch through the scheduler, workers answering in random order;
     hand out ``stop_after`` results; the true per-worker counts and next worker."""
-    s = Scheduler(n_workers, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(n_workers, 2), in_order=True, end_kind=END)
     s.begin_epoch(start)
     produced = [0] * n_workers
     owner: dict[int, int] = {}
@@ -167,7 +168,7 @@ def test_replay_counts_each_workers_batches_handed_out(seed):
 
 
 def test_shard_states_handed_out_keep_the_newest_done_one():
-    s = Scheduler(2, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(2, 2), in_order=True, end_kind=END)
     for w in (0, 1, 0, 1):
         s.assign(w)
     s.keep_shard_state(0, 0, b"w0-after-0")
@@ -187,7 +188,7 @@ def test_shard_states_handed_out_keep_the_newest_done_one():
 
 
 def test_results_dict_survives_epochs():
-    s = Scheduler(1, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(1, 2), in_order=True, end_kind=END)
     results = s.results
     s.put(0, (OK, 0))
     s.begin_epoch()
@@ -197,7 +198,7 @@ def test_results_dict_survives_epochs():
 def test_an_epoch_of_ends_only_yielded_nothing():
     """A resumed epoch whose shards were all at their end: every task came back an end
     (the iterator then begins the next epoch instead)."""
-    s = Scheduler(2, in_order=True, end_kind=END)
+    s = Scheduler(WorkerCounts(2, 2), in_order=True, end_kind=END)
     assert s.yielded_nothing(), "nothing sent: nothing yielded"
     for seq, w in _send(s, 2, set()):
         s.answered(w)
@@ -213,7 +214,7 @@ def test_an_epoch_of_ends_only_yielded_nothing():
 
 @pytest.mark.parametrize("in_order", [True, False])
 def test_exhausted_once_every_worker_ended_and_only_ends_are_left(in_order):
-    s = Scheduler(2, in_order=in_order, end_kind=END)
+    s = Scheduler(WorkerCounts(2, 2), in_order=in_order, end_kind=END)
     sent = _send(s, 4, set())  # 0, 2 to worker 0; 1, 3 to worker 1
     for seq, w in sent[:2]:
         s.answered(w)
@@ -227,3 +228,26 @@ def test_exhausted_once_every_worker_ended_and_only_ends_are_left(in_order):
     assert s.pop()[0] == OK and not s.exhausted()
     assert s.pop()[0] == OK and s.exhausted(), "the last batch is out: the next pop() ends the epoch"
     assert s.pop() is None and s.exhausted()
+
+
+def test_a_worker_added_to_the_counts_joins_the_round_robin_at_its_next_turn():
+    """The scheduler reads its worker count from the counts (it keeps no copy): a worker
+    the tuner adds is picked from the round robin's next turn on, after ``grow()`` sized
+    its own per-worker lists."""
+    counts = WorkerCounts(2, 2)
+    s = Scheduler(counts, in_order=True, end_kind=END)
+    assert [s.pick(8) for _ in range(3)] == [0, 1, 0]
+    counts.add_worker()
+    s.grow()
+    assert [s.pick(8) for _ in range(4)] == [1, 2, 0, 1]
+    assert len(s.active) == len(s.outstanding) == 3
+
+
+def test_counts_only_grow_through_their_methods():
+    counts = WorkerCounts(1, 2)
+    with pytest.raises(AttributeError):
+        counts.workers = 5  # type: ignore[misc]
+    assert (counts.add_worker(), counts.raise_prefetch()) == (2, 3)
+    assert (counts.workers, counts.prefetch) == (2, 3)
+    with pytest.raises(ValueError, match="no prefetch"):
+        WorkerCounts(0, None).raise_prefetch()

@@ -131,6 +131,24 @@ def test_timing_adds_reports_per_worker():
     assert report["workers_busy_share"] == pytest.approx(4 / 4.5)
 
 
+def test_the_verdict_names_the_worker_count_in_use(monkeypatch):
+    """Timing keeps a row per worker the loader may run (with num_workers="auto", the
+    cores) but names the count the running epoch uses, read from its counts, which a
+    tuner raises."""
+    from shmloader.tuning import timing as timing_module
+    from shmloader.tuning.counts import WorkerCounts
+
+    monkeypatch.setattr(timing_module, "usable_cores", lambda: 4)
+    timing = Timing(4)
+    counts = WorkerCounts(1, 2)
+    timing.counting(counts)
+    timing.add_worker(0, 1_000_000_000, 0, 0)  # busy all the time: data-bound, saturated
+    timing.wait_s, timing.loop_s = 0.5, 0.5
+    assert "add workers (num_workers=1, 4 CPUs)" in timing.report()["verdict"]
+    counts.add_worker()
+    assert "add workers (num_workers=2, 4 CPUs)" in timing.report()["verdict"]
+
+
 @pytest.mark.timeout(120)
 def test_the_example_tells_a_compute_bound_loop_from_a_data_bound_one():
     import subprocess

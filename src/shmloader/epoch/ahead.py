@@ -30,55 +30,44 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shmloader.epoch.collector import Collector
-from shmloader.epoch.courier import Courier
 from shmloader.epoch.inflight import InFlight
 from shmloader.epoch.rings import RingKeeper
 from shmloader.sampling.position import EpochPlan
 from shmloader.system import slots as _slots
-from shmloader.workers.pool import WorkerPool
 
 
 class Ahead:
     """The next epoch's tasks, sent early, of one iterator. ``enabled``: persistent
     workers, ``prefetch_next_epoch`` and a map-style dataset; ``plan_next``: the next
     epoch's plan and index lists where they are known now (else None), without moving the
-    loader's cursor; ``took``: the epoch that began took them over; ``stats``: the loader's
-    counters (``epochs_ahead``, ``batches_ahead_dropped``)."""
+    loader's cursor; ``stats``: the loader's counters (``epochs_ahead``,
+    ``batches_ahead_dropped``)."""
 
     __slots__ = (
         "_collector",
-        "_courier",
         "_enabled",
         "_gate",
         "_inflight",
         "_plan_next",
-        "_pool",
         "_rings",
         "_stats",
-        "_took",
         "_tried",
     )
 
     def __init__(
         self,
         enabled: bool,
-        pool: WorkerPool,
-        courier: Courier,
         inflight: InFlight,
         rings: RingKeeper,
         collector: Collector,
         plan_next: Callable[[], tuple[EpochPlan, Iterator[Any]] | None],
-        took: Callable[[], None],
         stats: dict[str, Any],
     ) -> None:
         self._enabled = enabled
-        self._pool = pool
-        self._courier = courier
         self._inflight = inflight
         self._rings = rings
         self._collector = collector
         self._plan_next = plan_next
-        self._took = took
         self._stats = stats
         self._gate: _Gate | None = None  # the next epoch's index lists while they go out early
         self._tried: EpochPlan | None = None  # the epoch whose end last tried to go ahead
@@ -117,9 +106,6 @@ class Ahead:
         plan, source = ahead
         self._gate = _Gate(source, self._rings)
         inflight.open_next(plan, self._gate)
-        for w in self._pool.workers:
-            self._courier.epoch_ahead(w, plan)
-        inflight.fill()
 
     def take(self, plan: EpochPlan) -> bool:
         """The epoch ``plan`` begins while tasks sent early are in flight: take them and
@@ -133,13 +119,12 @@ class Ahead:
         sent = inflight.drop_last_epoch()
         gate, self._gate = self._gate, None
         if sent != plan:
-            while inflight.tasks:
+            while inflight.owes():
                 collector.wait()
             # (Their slots go back with the epoch's start.)
-            self._stats["batches_ahead_dropped"] += len(inflight.results)
+            self._stats["batches_ahead_dropped"] += inflight.results_waiting()
             return False
         self._stats["epochs_ahead"] += 1
-        self._took()
         # The epoch's own now: its tasks may grow the ring.
         if gate is not None:
             inflight.take_next(plan, gate.source, gate.exhausted)

@@ -27,7 +27,6 @@ from typing import Any
 from shmloader.epoch.courier import Courier
 from shmloader.epoch.inflight import InFlight
 from shmloader.epoch.restarts import Restarts
-from shmloader.epoch.rings import RingKeeper
 from shmloader.errors import LoaderTimeoutError, WorkerDiedError
 from shmloader.memory.ring import attach_fd
 from shmloader.system import slots as _slots
@@ -57,7 +56,6 @@ class Collector:
         pool: WorkerPool,
         courier: Courier,
         inflight: InFlight,
-        rings: RingKeeper,
         restarts: Restarts,
         timing: Timing,
         dataset_counts: dict[str, Any],
@@ -67,7 +65,6 @@ class Collector:
         self._pool = pool
         self._courier = courier
         self._inflight = inflight
-        self._rings = rings
         self._restarts = restarts
         self._timing = timing
         self._dataset_counts = dataset_counts
@@ -83,7 +80,7 @@ class Collector:
     def next_result(self) -> tuple[Any, ...] | None:
         """The next result to hand out, waiting for it; None at the end of the epoch."""
         inflight = self._inflight
-        pop = inflight.scheduler.pop
+        pop = inflight.pop
         while True:
             item = pop()
             if item is not None:
@@ -148,7 +145,7 @@ class Collector:
         """No result within ``timeout``: return where one came after all (a result queued
         right at the deadline counts; others, not due, do not), or a worker died, or the
         hung one was replaced; raise the timeout error otherwise."""
-        if self._collect() and (due is None or due.seq not in self._inflight.tasks):
+        if self._collect() and (due is None or not self._inflight.owes_batch(due.seq)):
             return
         if self.check_exits():  # (a death at the deadline: no worker is "busy")
             return
@@ -262,7 +259,7 @@ class Collector:
         if kind == wire.RES_WAKE:
             return  # (the result is in the worker's queue: _collect takes it)
         if kind == wire.RES_SHARD_STATE:
-            self._inflight.scheduler.keep_shard_state(worker.id, seq, body)
+            self._inflight.keep_shard_state(worker, seq, body)
         elif kind == wire.RES_STATS:
             counts = self._dataset_counts
             for name, gained in pickle.loads(body).items():
@@ -279,17 +276,12 @@ class Collector:
             if kind == wire.RES_SEGMENT:
                 os.close(worker.reader.take_fd())
             return
-        if kind == wire.RES_SEGMENT or kind == wire.RES_PICKLED:
-            needed = wire.needed_bytes(payload)
-            if kind == wire.RES_SEGMENT:
-                # The batch's own segment, mapped here (not pre-faulted: only what the
-                # consumer reads comes in); its descriptor is closed at once.
-                task.ring = attach_fd(worker.reader.take_fd(), 1, needed, populate=False)
-                task.slot = 0
-            self._rings.outside(needed)  # the first batch sizes the ring; a bigger one grows it
-        elif kind == wire.RES_ITER_END:
-            self._inflight.scheduler.ended(worker.id, seq)  # tasks sent from now on skip it
-        self._inflight.scheduler.put(seq, (kind, task, payload))
+        segment = None
+        if kind == wire.RES_SEGMENT:
+            # The batch's own segment, mapped here (not pre-faulted: only what the consumer
+            # reads comes in); its descriptor is closed at once.
+            segment = attach_fd(worker.reader.take_fd(), 1, wire.needed_bytes(payload), populate=False)
+        self._inflight.keep(worker, kind, task, payload, segment)  # (an end: tasks sent from now on skip it)
 
     def _drain(self, worker: WorkerHandle) -> None:
         """Handle everything ``worker`` sent before it exited."""
@@ -343,16 +335,16 @@ class Collector:
         """No result within ``timeout`` s: replace the worker that owes the batch waited for
         (in order: the due one; else the oldest one, unless some result came meanwhile);
         False where there is none (the caller raises the timeout error)."""
-        tasks = self._inflight.tasks
-        owed = len(tasks)
+        inflight = self._inflight
+        owed = inflight.owed_count()
         for w in self._pool.readable_now():  # results that arrived unread meanwhile
             self._receive(w)
         if self._in_order:
-            task = self._inflight.due()
+            task = inflight.due()
         else:
-            task = tasks[min(tasks)] if len(tasks) == owed and tasks else None
+            task = inflight.oldest_owed() if inflight.owed_count() == owed else None
         if task is None:
-            return bool(self._inflight.results) or not tasks  # it came: no worker hung
+            return bool(inflight.results_waiting()) or not inflight.owes()  # it came: no worker hung
         self._lost(task.worker, timed_out=timeout)
         return True
 
@@ -367,8 +359,5 @@ class Collector:
         for worker in self._pool.readable_now():
             self._receive(worker)
         self._collect()
-        tasks = self._inflight.tasks
-        waiting = min(tasks) if tasks else self._inflight.scheduler.rcvd_seq
-        task = tasks.get(waiting)
-        busy = [t.worker for t in tasks.values()]
-        return self._pool.timeout_error(timeout, waiting, task and task.indices, busy)
+        waiting, indices = self._inflight.waited_for()
+        return self._pool.timeout_error(timeout, waiting, indices, self._inflight.busy_workers())

@@ -55,6 +55,3 @@ class LoaderLink:
         with its own, must equal it for the tasks sent early to be used)."""
         runtime = self._runtime
         return _state.plan_ahead(runtime.config, runtime.cursor, self.settings.now)
-
-    def took_next(self) -> None:
-        _state.took_ahead(self._runtime.config)

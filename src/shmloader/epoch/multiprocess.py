@@ -46,6 +46,7 @@ from shmloader.settings import EpochSettings, LoaderReports
 from shmloader.system import forks
 from shmloader.system.startmethod import worker_context
 from shmloader.transport import wire
+from shmloader.tuning.counts import WorkerCounts
 from shmloader.workers.pool import WorkerHandle, WorkerPool, WorkerProcess
 
 if TYPE_CHECKING:
@@ -144,9 +145,11 @@ class MultiProcessIter:
         self._pool = pool = WorkerPool()
         courier = self._courier = Courier(pool)
         rings = self._rings = RingKeeper(runtime.leases, courier, s.fixed_slot_bytes)
-        inflight = self._inflight = InFlight(
-            pool, courier, rings, s.num_workers, prefetch, s.in_order, s.iterable
-        )
+        # The worker count and prefetch depth of this iterator's epochs, stored here only:
+        # a tuner raises them, the pieces below read them.
+        counts = self._counts = WorkerCounts(s.num_workers, prefetch)
+        self._timing.counting(counts)
+        inflight = self._inflight = InFlight(pool, courier, rings, counts, s.in_order, s.iterable)
         self._memory = memory = runtime.memory
         self._share_dataset = s.share_dataset
         context = worker_context(s.multiprocessing_context)
@@ -156,19 +159,17 @@ class MultiProcessIter:
             s.max_worker_restarts, s.iterable, s.dataset, stats, inflight, crew, _weak(self._abort)
         )
         collector = self._collector = Collector(
-            pool, courier, inflight, rings, restarts, self._timing, stats["dataset"], s.timeout, s.in_order
+            pool, courier, inflight, restarts, self._timing, stats["dataset"], s.timeout, s.in_order
         )
         ahead_on = s.persistent_workers and s.prefetch_next_epoch and not s.iterable
-        self._ahead = Ahead(
-            ahead_on, pool, courier, inflight, rings, collector, link.plan_next, link.took_next, stats
-        )
+        self._ahead = Ahead(ahead_on, inflight, rings, collector, link.plan_next, stats)
         tuner = runtime.tuner
         self._tuning: Tuning | None = None
         if tuner is not None:
             self._tuning = Tuning(
                 tuner,
+                counts,
                 self._timing,
-                pool,
                 crew,
                 inflight,
                 rings,
@@ -247,7 +248,7 @@ class MultiProcessIter:
         self._memory.before_fork(self._forks)
         try:
             self._rings.make_first(self._crew.slot_bytes_ahead())
-            self._crew.start(self._inflight.num_workers, plan, started=self._inflight.fill)
+            self._crew.start(self._counts.workers, plan, started=self._inflight.fill)
         except BaseException:
             self.close()
             raise
@@ -265,7 +266,7 @@ class MultiProcessIter:
         if not self._inflight.source_done:  # (the last epoch was left before its end)
             self._send_as_torch_had()
         # Results still owed by the workers must come back before their slots are reused.
-        while self._inflight.tasks:
+        while self._inflight.owes():
             self._collector.wait()
         self._next_epoch_on_workers(plan if plan is not None else self._start_epoch(self))
 
@@ -280,7 +281,7 @@ class MultiProcessIter:
             if rings.wanted:
                 # The first batches came outside the ring (one task per worker): the ring
                 # that lets each worker have its prefetch_factor, once they are back.
-                while inflight.tasks:
+                while inflight.owes():
                     self._collector.wait()
                 rings.make_wanted()
             inflight.fill()
@@ -323,7 +324,7 @@ class MultiProcessIter:
         settings = self._link.settings
         self._crew.epoch_began(settings, self._runtime.recipe(settings))
         if self._tuning is not None:
-            self._tuning.epoch_began()
+            self._tuning.epoch_began()  # (the tuner raises this iterator's counts from now on)
 
     # --- the hand-out ----------------------------------------------------------------------
 
@@ -338,7 +339,7 @@ class MultiProcessIter:
         entered = time.perf_counter()
         ring = self._rings.ring  # batches loaded in the ring and not handed out yet (one C call)
         timing.entered(
-            entered, ring.states.count_ready() if ring is not None else len(self._inflight.results)
+            entered, ring.states.count_ready() if ring is not None else self._inflight.results_waiting()
         )
         try:
             batch = self._next_batch()
@@ -405,7 +406,7 @@ class MultiProcessIter:
             inflight.fill()
         # (A ring still being made: results already here go out first; fill() waits for
         # the ring when nothing else is left to hand out.)
-        item = inflight.scheduler.pop() or self._collector.next_result()
+        item = inflight.pop() or self._collector.next_result()
         if item is not None and not rings.wanted:
             # (A ring to make waits for the next call: this batch goes out first.)
             inflight.fill()
@@ -420,25 +421,25 @@ class MultiProcessIter:
     def _resumed_at_end(self) -> bool:
         """Whether the epoch that ended was a loaded position with nothing left in it."""
         plan = self.plan
-        return plan is not None and plan.resumed and self._inflight.scheduler.yielded_nothing()
+        return plan is not None and plan.resumed and self._inflight.yielded_nothing()
 
     # --- position, for DataLoader.state_dict() ---------------------------------------------
 
     def handed_out(self) -> int:
         """Results handed out (or raised) this epoch (see state.Positioned)."""
-        return self._inflight.scheduler.handed_out()
+        return self._inflight.handed_out()
 
     def shard_positions(self) -> tuple[list[int], int, dict[int, Any]]:
         """Iterable datasets: the scheduler's replay of the round robin, and the shard
         states workers reported after their last handed-out batch (see state.Positioned)."""
-        sched = self._inflight.scheduler
-        counts, next_worker = sched.handed_out_per_worker()
-        states = {wid: pickle.loads(blob) for wid, blob in sched.shard_states_handed_out().items()}
+        inflight = self._inflight
+        counts, next_worker = inflight.handed_out_per_worker()
+        states = {wid: pickle.loads(blob) for wid, blob in inflight.shard_states_handed_out().items()}
         return counts, next_worker, states
 
     def shards_exhausted(self) -> bool:
         """Iterable datasets: every worker ran out and all it produced was handed out."""
-        return self._inflight.scheduler.exhausted()
+        return self._inflight.exhausted()
 
     # --- epochs and shutdown ---------------------------------------------------------------
 

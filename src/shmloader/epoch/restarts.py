@@ -167,7 +167,7 @@ class Restarts:
         new worker reports them again."""
         if not self._iterable:
             return None
-        blob = self._inflight.scheduler.shard_state_before(wid, pending)
+        blob = self._inflight.shard_state_before(wid, pending)
         if blob is not None:
             return {"samples": 0, "state": pickle.loads(blob)}
         return _state.worker_resume(self._inflight.plan, wid)

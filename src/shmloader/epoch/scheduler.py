@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from shmloader.tuning.counts import WorkerCounts
+
 
 class Scheduler:
-    """Round robin over ``num_workers`` workers, reordering of their results, and the
-    position of what was handed out.
+    """Round robin over the workers of ``counts`` (read from it: a tuner may add one),
+    reordering of their results, and the position of what was handed out.
 
     Results are stored with :meth:`put` as tuples whose first item is a kind; those of
     kind ``end_kind`` (a worker's end of an iterable dataset) take their batch number
@@ -34,6 +36,7 @@ class Scheduler:
     """
 
     __slots__ = (
+        "_counts",
         "_ends",
         "_iter_ends",
         "_shard_blobs",
@@ -44,15 +47,14 @@ class Scheduler:
         "in_order",
         "limit",
         "next_worker",
-        "num_workers",
         "outstanding",
         "rcvd_seq",
         "results",
         "send_seq",
     )
 
-    def __init__(self, num_workers: int, in_order: bool, end_kind: int) -> None:
-        self.num_workers = num_workers
+    def __init__(self, counts: WorkerCounts, in_order: bool, end_kind: int) -> None:
+        self._counts = counts
         self.in_order = in_order
         self.end_kind = end_kind
         # One dict for the whole life of the scheduler (cleared, never replaced), so a
@@ -63,7 +65,7 @@ class Scheduler:
     def begin_epoch(self, start_worker: int = 0) -> None:
         """Start an epoch: batch numbers from 0, the round robin at ``start_worker``
         (where a resumed run would have gone on), every worker active, nothing in flight."""
-        n = self.num_workers
+        n = self._counts.workers
         self.base = 0  # the epoch's first batch number
         self.limit: int | None = None  # the next epoch's first, once its tasks go out
         self.send_seq = 0  # the next batch number to send
@@ -81,7 +83,8 @@ class Scheduler:
         epoch's (numbered on), the round robin at ``start_worker`` as that epoch's start
         would put it; nothing of them is handed out before :meth:`take_next`."""
         self.limit = self.send_seq
-        self.next_worker = start_worker % self.num_workers if self.num_workers else 0
+        n = self._counts.workers
+        self.next_worker = start_worker % n if n else 0
 
     def is_next(self, seq: int) -> bool:
         """Whether batch ``seq`` belongs to the next epoch (sent after :meth:`open_next`)."""
@@ -94,8 +97,9 @@ class Scheduler:
         base = self.limit if self.limit is not None else self.send_seq
         self.base = self.rcvd_seq = base
         self.limit = None
-        self.active = [True] * self.num_workers
-        self._start_worker = start_worker % self.num_workers if self.num_workers else 0
+        n = self._counts.workers
+        self.active = [True] * n
+        self._start_worker = start_worker % n if n else 0
         self._iter_ends = []
         self._ends = 0
         self._shard_blobs = {}
@@ -106,14 +110,13 @@ class Scheduler:
         old = [k for k in self.results if k < seq]
         return [self.results.pop(k) for k in old]
 
-    def grow(self, num_workers: int) -> None:
-        """Workers were added mid-epoch (``num_workers="auto"``, map-style datasets): the
-        round robin goes on from where it is, over ``num_workers`` workers from its next
+    def grow(self) -> None:
+        """Workers were added mid-epoch to the counts (``num_workers="auto"``, map-style
+        datasets): the round robin goes on from where it is, over all of them from its next
         turn on."""
-        extra = num_workers - self.num_workers
+        extra = self._counts.workers - len(self.active)
         if extra <= 0:
             return
-        self.num_workers = num_workers
         self.active.extend([True] * extra)
         self.outstanding.extend([0] * extra)
 
@@ -131,8 +134,8 @@ class Scheduler:
         worker's tasks in flight. ``started``: only workers ``0 .. started-1`` run yet
         (they are being started); the round robin waits at the first that does not,
         never skips it (which worker loads which batch decides its seed)."""
-        n = self.num_workers
         active, outstanding = self.active, self.outstanding
+        n = len(active)  # (one entry per worker of the counts: begin_epoch and grow size it)
         start = self.next_worker
         if self.in_order and start < n and (started is None or start < started) and active[start]:
             self.next_worker = (start + 1) % n  # (the loop's first turn, for the common case)
@@ -263,7 +266,7 @@ class Scheduler:
         """Iterable datasets: batches each worker produced among those handed out, and
         the worker the next one comes from. Replays the strict round robin from the
         recorded first ends: nothing is recorded per batch."""
-        n = self.num_workers
+        n = self._counts.workers
         active = [True] * n
         first_end = {wid: seq for _, wid, seq in self._iter_ends}
         ends = self._iter_ends

@@ -37,7 +37,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import fields
+from dataclasses import replace
 from itertools import islice
 from typing import Any, Protocol
 
@@ -221,34 +221,83 @@ def epoch_starter(
 
 
 def begin_epoch(config: Sampling, cursor: Cursor, now: Now, draws: Draws | None = None) -> EpochPlan:
-    """Start the loader's next iteration: pick its epoch (``set_epoch``, or one more
-    than the last), apply a loaded state, seed the epoch's order (from ``draws`` under
-    torch's RNG). Sets ``cursor.plan``. The iterators call it at their first ``next()``
-    (see :func:`epoch_starter`)."""
-    epoch = cursor.next_epoch
-    cursor.next_epoch = epoch + 1
-    resume = cursor.resume if cursor.resume is not None and cursor.resume["epoch"] == epoch else None
-    cursor.resume = None
-    key = epoch  # what the seed scheme's epoch seeds are derived from, with the seed
+    """Start the loader's next iteration: make the random draws its start makes (under
+    torch's RNG, ``draws``: what iter() drew, or drawn now; under the seed scheme a new
+    seed where one is due), work out its plan (:func:`plan_epoch`), tell the sampler its
+    epoch (``set_epoch``) and read its length, then move the cursor to it (sets
+    ``cursor.plan``). The iterators call it at their first ``next()`` (see
+    :func:`epoch_starter`)."""
     if cursor.torch_rng:
         if draws is None:  # an epoch begun without its own iter() (a loaded end rolled over)
             gen = _torch_generator(now.generator)
             shared = _draws.int64(gen) if _is_iter_datapipe(config.dataset) else None
             draws = Draws(_draws.int64(gen), shared_seed=shared)
-        epoch_seed = draws.base_seed
-        cursor.workers_base = epoch_seed
+        if _unit(config) == "samples" and config.own_shuffle:
+            _order_of(draws, config, now)  # (the main process draws the order now, as torch's)
+        seed = None
     else:
         seeds = cursor.seeds
+        seed = cursor.seed
         # A numpy generator=: a new seed from it at each epoch (a resume within an epoch
         # keeps the saved one); the order is then a function of that seed alone, so
         # reseeding the generator before an epoch repeats the epoch.
-        if (seeds.each_epoch and not _midway(resume)) or cursor.seed is None:
-            cursor.seed = seeds.draw()
+        if (seeds.each_epoch and not _midway(_loaded(cursor))) or seed is None:
+            seed = seeds.draw()
+    plan = plan_epoch(config, cursor, now, draws, seed)
+    if plan.unit != "iterable":
+        sampler = _order_source(config, plan.unit)
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(plan.epoch)
+        _measure(config, plan, sampler)
+        if plan.start and draws is not None and draws.tail is not None:
+            draws.tail_due -= plan.start // (plan.step * plan.world_size)  # batches handed out before
+    cursor.next_epoch = plan.epoch + 1
+    cursor.resume = None
+    if cursor.torch_rng:
+        cursor.workers_base = plan.epoch_seed
+    else:
+        cursor.seed = seed
+    cursor.plan = plan
+    return plan
+
+
+def _loaded(cursor: Cursor) -> dict[str, Any] | None:
+    """The loaded position the cursor's next epoch continues, if any."""
+    resume = cursor.resume
+    return resume if resume is not None and resume["epoch"] == cursor.next_epoch else None
+
+
+def _order_source(config: Sampling, unit: str) -> Any:
+    """What gives the order of an epoch of ``unit`` (map-style): the sampler, or the
+    user's batch sampler."""
+    return config.sampler if unit == "samples" else config.batch_sampler
+
+
+def plan_epoch(
+    config: Sampling, cursor: Cursor, now: Now, draws: Draws | None, seed: int | None
+) -> EpochPlan:
+    """The plan of the cursor's next epoch, worked out and not taken: it moves nothing
+    (not the cursor, not the sampler, no RNG). ``draws``: under torch's RNG, what was
+    drawn for the epoch (its order drawn already where the loader shuffles); ``seed``:
+    under the seed scheme, the seed the epoch derives from. The plan's length
+    (``order_len``, ``batches``) is read by the caller once the sampler knows its epoch
+    (:func:`_measure`)."""
+    epoch = cursor.next_epoch
+    resume = _loaded(cursor)
+    key = epoch  # what the seed scheme's epoch seeds are derived from, with the seed
+    order_key = None
+    if draws is not None:
+        epoch_seed = draws.base_seed
+    else:
+        if seed is None:
+            raise ValueError("an epoch under the seed scheme is planned from a seed: none was given.")
+        seeds = cursor.seeds
         key = 0 if seeds.each_epoch else epoch
-        epoch_seed = derive_epoch_seed(cursor.seed, key)
+        epoch_seed = derive_epoch_seed(seed, key)
+        order_key = (seed, key)
     unit = _unit(config)
-    sampler = config.sampler if unit == "samples" else config.batch_sampler
-    presharded = unit != "iterable" and _dist.is_presharded(sampler)
+    presharded = unit != "iterable" and _dist.is_presharded(_order_source(config, unit))
     plan = EpochPlan(
         epoch=epoch,
         epoch_seed=epoch_seed,
@@ -280,26 +329,22 @@ def begin_epoch(config: Sampling, cursor: Cursor, now: Now, draws: Draws | None 
     else:
         if unit == "samples":
             plan.step = config.batch_size if config.batch_size is not None else 1
-            if config.own_shuffle:
-                if draws is None:
-                    sampler.set_next_order(rng=order_rng(cursor.seed, key))
-                else:
-                    sampler.set_next_order(indices=_order_of(draws, config, now))
-        set_epoch = getattr(sampler, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-        try:
-            plan.order_len = len(sampler)
-        except TypeError:
-            plan.order_len = None
+            if config.own_shuffle and draws is None:
+                plan.order_key = order_key
         if resume is not None:
             plan.start = int(resume["consumed"])
-            if draws is not None and draws.tail is not None:
-                draws.tail_due -= plan.start // (plan.step * plan.world_size)  # batches handed out before
-        plan.batches = _batch_count(plan, config.drop_last)
     plan.resumed = _midway(resume)
-    cursor.plan = plan
     return plan
+
+
+def _measure(config: Sampling, plan: EpochPlan, sampler: Any) -> None:
+    """Read the epoch's length from ``sampler`` (told its epoch already, where it has
+    ``set_epoch``) into ``plan``: its order's length and its batches (map-style)."""
+    try:
+        plan.order_len = len(sampler)
+    except TypeError:
+        plan.order_len = None
+    plan.batches = _batch_count(plan, config.drop_last)
 
 
 def _order_of(draws: Draws, config: Sampling, now: Now) -> list[int]:
@@ -378,68 +423,60 @@ def upcoming_batches(config: Sampling, cursor: Cursor, now: Now) -> Iterator[lis
 
 
 def _upcoming(config: Sampling, cursor: Cursor, now: Now) -> tuple[list[list[Any]], Draws | None]:
-    """:func:`upcoming_batches`' lists, and the draws whose last draw is still owed."""
-    saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
+    """:func:`upcoming_batches`' lists, and the draws whose last draw is still owed. The
+    epochs are begun on a scratch copy of the cursor (the loader's own does not move),
+    whose seed source draws nothing of the user's."""
     draws: Draws | None = None
     if cursor.torch_rng:
+        scratch = replace(cursor)
         resume = cursor.resume
         if resume is not None and resume["epoch"] == cursor.next_epoch and resume.get("draws"):
             draws = Draws.from_state(resume["draws"])
         else:
             draws = Draws(0)  # (no worker is seeded from it)
     else:
-        cursor.seeds = cursor.seeds.detached()  # type: ignore[union-attr]
-    try:
-        plan = begin_epoch(config, cursor, now, draws)
+        scratch = replace(cursor, seeds=cursor.seeds.detached())  # type: ignore[union-attr]
+    plan = begin_epoch(config, scratch, now, draws)
+    batches = list(index_sequence(config, plan))
+    if not batches and plan.resumed:  # a loaded position at its epoch's end: the next one
+        if draws is not None:
+            draws.pay()
+        draws = Draws(0) if cursor.torch_rng else None
+        plan = begin_epoch(config, scratch, now, draws)
         batches = list(index_sequence(config, plan))
-        if not batches and plan.resumed:  # a loaded position at its epoch's end: the next one
-            if draws is not None:
-                draws.pay()
-            draws = Draws(0) if cursor.torch_rng else None
-            plan = begin_epoch(config, cursor, now, draws)
-            batches = list(index_sequence(config, plan))
-        return batches, draws if draws is not None and draws.tail is not None else None
-    finally:
-        for name, value in saved.items():
-            setattr(cursor, name, value)
+    return batches, draws if draws is not None and draws.tail is not None else None
 
 
 def plan_ahead(config: Sampling, cursor: Cursor, now: Now) -> tuple[EpochPlan, Iterator[list[Any]]] | None:
     """The plan and tasks of the loader's next epoch, worked out now without moving the
-    cursor, where they are a function of the seed and the epoch alone: a map-style
-    dataset, batched by the loader, its order the loader's shuffle or a
-    ``SequentialSampler``, shmloader's seed scheme without a generator (torch's RNG and a
+    cursor or telling the sampler anything (:func:`plan_epoch`), where they are a
+    function of the seed and the epoch alone: a map-style dataset, batched by the
+    loader, its order the loader's shuffle or a ``SequentialSampler`` with no
+    ``set_epoch`` (an order that may depend on the epoch it is told is known only once
+    it is told), shmloader's seed scheme without a generator (torch's RNG and a
     generator are drawn from when the epoch begins: a user who reseeds them before
-    ``iter()`` must get that epoch) and no loaded position. None
+    ``iter()`` must get that epoch), a seed drawn already and no loaded position. None
     elsewhere. The epoch's real plan, when it begins, must equal this one for the tasks
-    to be used (``set_epoch``, a changed dataset length or world size make it differ)."""
-    from shmloader.sampling.sampler import SequentialSampler
-
+    to be used (``set_epoch``, a changed dataset length or world size make it differ);
+    the tasks iterate the sampler for that epoch now, so the epoch that takes them over
+    iterates it no more."""
     if (
         config.iterable
         or cursor.torch_rng
         or cursor.seeds.each_epoch  # type: ignore[union-attr]
+        or cursor.seed is None
         or not config.own_batching
         or cursor.resume is not None
     ):
         return None
-    if not config.own_shuffle and not isinstance(config.sampler, SequentialSampler):
+    sampler = config.sampler
+    if not config.own_shuffle and not isinstance(sampler, SequentialSampler):
         return None
-    saved = {f.name: getattr(cursor, f.name) for f in fields(cursor)}
-    try:
-        plan = begin_epoch(config, cursor, now)
-        return plan, index_sequence(config, plan)
-    finally:
-        for name, value in saved.items():
-            setattr(cursor, name, value)
-
-
-def took_ahead(config: Sampling) -> None:
-    """The epoch that began took over the tasks :func:`plan_ahead` made: the order
-    :func:`begin_epoch` seeded for it was drawn then, so the loader's shuffle forgets
-    the seed it just got (a later ``iter(loader.sampler)`` draws afresh, as ever)."""
-    if config.own_shuffle:
-        config.sampler.set_next_order()
+    if callable(getattr(sampler, "set_epoch", None)):
+        return None
+    plan = plan_epoch(config, cursor, now, None, cursor.seed)
+    _measure(config, plan, sampler)
+    return plan, index_sequence(config, plan)
 
 
 def _sampler_iter(sampler: Any, order_len: int | None) -> Iterator[Any]:
@@ -465,6 +502,13 @@ def index_sequence(config: Sampling, plan: EpochPlan) -> Iterator[list[Any]]:
         order = list(source)
         rest = order[plan.start :]
         return iter(_dist.rank_share(rest, order, plan.rank, plan.world_size, 1, False) if rest else [])
+    if config.own_shuffle and plan.unit == "samples":
+        # The loader's shuffle is told the epoch's order right before it is iterated for
+        # it (its next iter() only): nothing is left set for another iter().
+        if plan.draws is not None:
+            config.sampler.set_next_order(indices=plan.draws.indices)
+        elif plan.order_key is not None:
+            config.sampler.set_next_order(rng=order_rng(*plan.order_key))
     if plan.world_size == 1:
         source = _sampler_iter(config.sampler, plan.order_len)
         if plan.start:

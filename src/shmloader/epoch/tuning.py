@@ -16,21 +16,22 @@ from shmloader.epoch.crew import Crew
 from shmloader.epoch.inflight import InFlight
 from shmloader.epoch.rings import RingKeeper
 from shmloader.tuning.autotune import Room, Tuner
+from shmloader.tuning.counts import WorkerCounts
 from shmloader.tuning.timing import Timing
-from shmloader.workers.pool import WorkerPool
 
 
 class Tuning:
-    """Applies ``tuner``'s decisions to one iterator. ``publish(num_workers,
-    prefetch_factor)``: the counts in use now, for the loader to report; ``abort``: stops
-    the iterator where a new worker could not start."""
+    """Applies ``tuner``'s decisions to one iterator, whose worker count and prefetch
+    depth are ``counts`` (the tuner raises them; this starts the worker and tells what is
+    in flight). ``publish(num_workers, prefetch_factor)``: the counts in use now, for the
+    loader to report; ``abort``: stops the iterator where a new worker could not start."""
 
     __slots__ = (
         "_abort",
         "_backend",
+        "_counts",
         "_crew",
         "_inflight",
-        "_pool",
         "_publish",
         "_rings",
         "_timing",
@@ -40,8 +41,8 @@ class Tuning:
     def __init__(
         self,
         tuner: Tuner,
+        counts: WorkerCounts,
         timing: Timing,
-        pool: WorkerPool,
         crew: Crew,
         inflight: InFlight,
         rings: RingKeeper,
@@ -50,8 +51,8 @@ class Tuning:
         abort: Callable[[], None],
     ) -> None:
         self.tuner = tuner
+        self._counts = counts
         self._timing = timing
-        self._pool = pool
         self._crew = crew
         self._inflight = inflight
         self._rings = rings
@@ -60,9 +61,9 @@ class Tuning:
         self._abort = abort
 
     def epoch_began(self) -> None:
-        """An epoch begins: the tuner's first window begins with its batches."""
-        self.tuner.window = None
-        self.tuner.due = 0.0
+        """An epoch begins: the tuner tunes this iterator's counts, its first window
+        beginning with the epoch's batches."""
+        self.tuner.epoch_began(self._counts)
 
     def tune(self, now: float) -> None:
         """Decide on the window that ends ``now`` and apply it: a worker more, or a larger
@@ -70,27 +71,21 @@ class Tuning:
         inflight = self._inflight
         if inflight.next_plan is not None:
             return
-        tuner = self.tuner
-        action = tuner.decide(now, self._timing, Room(self._rings.ring, self._backend))
+        action = self.tuner.decide(now, self._timing, Room(self._rings.ring, self._backend), self._counts)
         if action == "worker":
             self._add_worker()
-        elif action == "prefetch" and tuner.prefetch is not None:
-            inflight.prefetch_factor = tuner.prefetch
-            self._publish(inflight.num_workers, tuner.prefetch)
+        elif action == "prefetch":
+            self._publish(self._counts.workers, self._counts.prefetch)
             inflight.fill()
 
     def _add_worker(self) -> None:
-        """Start one more worker and give it tasks."""
-        inflight = self._inflight
-        wid = len(self._pool.workers)
+        """Start the worker the tuner just counted (its id: the count less one) and give it
+        tasks."""
+        counts = self._counts
         try:
-            self._crew.add(wid, inflight.epoch_plan())
+            self._crew.add(counts.workers - 1, self._inflight.epoch_plan())
         except BaseException:
             self._abort()
             raise
-        count = wid + 1
-        inflight.num_workers = count
-        inflight.scheduler.grow(count)
-        self._timing.num_workers = count
-        self._publish(count, inflight.prefetch_factor)
-        inflight.fill()
+        self._publish(counts.workers, counts.prefetch)
+        self._inflight.workers_added()

@@ -59,6 +59,9 @@ class EpochPlan:
     reseed: bool = True  # the workers seed their RNGs at this epoch (see Draws.reseed)
     sample_seed: int = 0  # the epoch's seed for sample_rng (the epoch seed, but see begin_epoch)
     shared_seed: int = 0  # a DataPipe graph's shared seed (the epoch seed, or torch's draw)
+    # The seed scheme, the loader's own shuffle: (seed, key) the epoch's order is drawn from
+    # (sampling.rng.order_rng); under torch's RNG the order is in ``draws``.
+    order_key: tuple[int, int] | None = None
 
 
 @dataclass

@@ -38,6 +38,7 @@ from typing import Any
 from shmloader.memory import sizing
 from shmloader.system import limits as memory
 from shmloader.system.cores import affinity_cpus, usable_cores
+from shmloader.tuning.counts import WorkerCounts
 from shmloader.tuning.timing import DATA_BOUND_SHARE, WORKERS_SATURATED, Timing
 
 AUTO = "auto"
@@ -96,12 +97,13 @@ class _Window:
 
 @dataclass
 class Tuner:
-    """A loader's tuner: the counts in use, the window being measured, and the changes
-    made (for ``stats()["autotune"]``)."""
+    """A loader's tuner: the window being measured, the changes made (for
+    ``stats()["autotune"]``), and the running epoch's counts it reports (a
+    :class:`~shmloader.tuning.counts.WorkerCounts` given by :meth:`epoch_began`;
+    :meth:`decide` raises the deciding iterator's): it holds no copy of them."""
 
     settings: Settings
-    workers: int
-    prefetch: int | None
+    counts: WorkerCounts  # the running epoch's (the starting counts before the first)
     due: float = 0.0  # time.perf_counter() of the next decision
     began: float | None = None  # when the first window began
     window: _Window | None = None
@@ -111,7 +113,14 @@ class Tuner:
     @classmethod
     def of(cls, s: Settings) -> Tuner:
         """The tuner of a loader made with ``s``: at its starting counts."""
-        return cls(s, s.start_workers, s.start_prefetch)
+        return cls(s, WorkerCounts(s.start_workers, s.start_prefetch))
+
+    def epoch_began(self, counts: WorkerCounts) -> None:
+        """An epoch begins with ``counts`` (those :meth:`report` names from now on): the
+        first window begins with its batches."""
+        self.counts = counts
+        self.window = None
+        self.due = 0.0
 
     def restart_window(self, now: float, timing: Timing) -> None:
         """Measure from ``now`` (after a change, or at an epoch's first batch)."""
@@ -121,10 +130,11 @@ class Tuner:
             self.began = now
         self.due = now + WINDOW_S
 
-    def decide(self, now: float, timing: Timing, room: Any) -> str | None:
+    def decide(self, now: float, timing: Timing, room: Any, counts: WorkerCounts) -> str | None:
         """At ``now`` (past :attr:`due`): what to change, ``"worker"``, ``"prefetch"`` or
-        None, from the window that ends now. ``room`` answers what the memory allows
-        (:class:`Room`). Starts the next window."""
+        None, from the window that ends now, made in ``counts`` (the deciding iterator's)
+        already: one worker more (the caller starts it) or one task more per worker.
+        ``room`` answers what the memory allows (:class:`Room`). Starts the next window."""
         w = self.window
         if w is None or timing.calls - w.calls < MIN_BATCHES:
             if w is None:
@@ -143,34 +153,35 @@ class Tuner:
             self.held_by = ""
             return None
         s = self.settings
+        workers, prefetch = counts.workers, counts.prefetch
         action = None
         if busy >= WORKERS_SATURATED and s.auto_workers:
-            if self.workers >= s.max_workers:
+            if workers >= s.max_workers:
                 self.held_by = f"num_workers is at the {s.max_workers} cores this process may use"
             elif free is not None and free < FREE_CORE:
                 self.held_by = f"no core is free (idle {free:.2f} of a core)"
-            elif not room.slots_for(self.workers + 1, self.prefetch or 1):
+            elif not room.slots_for(workers + 1, prefetch or 1):
                 self.held_by = "the ring has no slots for another worker (max_shm_bytes, or memory)"
-            elif not room.memory_for_worker(self.prefetch or 1):
+            elif not room.memory_for_worker(prefetch or 1):
                 self.held_by = "the memory there has no room for another worker's batches"
             else:
-                self.workers += 1
+                counts.add_worker()
                 action = "worker"
-        elif busy < WORKERS_SATURATED and s.auto_prefetch and self.prefetch is not None:
-            if self.prefetch >= (s.max_prefetch or 0):
+        elif busy < WORKERS_SATURATED and s.auto_prefetch and prefetch is not None:
+            if prefetch >= (s.max_prefetch or 0):
                 self.held_by = f"prefetch_factor is at its most, {s.max_prefetch}"
-            elif not room.slots_for(self.workers, self.prefetch + 1):
+            elif not room.slots_for(workers, prefetch + 1):
                 self.held_by = "the ring has no slots for more prefetch (max_shm_bytes, or memory)"
             else:
-                self.prefetch += 1
+                counts.raise_prefetch()
                 action = "prefetch"
         if action is not None:
             self.held_by = ""
             self.changes.append(
                 {
                     "at_s": round(now - (self.began or now), 4),
-                    "num_workers": self.workers,
-                    "prefetch_factor": self.prefetch,
+                    "num_workers": counts.workers,
+                    "prefetch_factor": counts.prefetch,
                     "waited_share": round(waited, 3),
                     "workers_busy_share": round(busy, 3),
                 }
@@ -183,8 +194,8 @@ class Tuner:
         asked for it) and, where the last data-bound window changed nothing, why."""
         s = self.settings
         return {
-            "num_workers": self.workers,
-            "prefetch_factor": self.prefetch,
+            "num_workers": self.counts.workers,
+            "prefetch_factor": self.counts.prefetch,
             "max_workers": s.max_workers,
             "max_prefetch": s.max_prefetch,
             "changes": [dict(c) for c in self.changes],

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from shmloader.system.cores import usable_cores
+from shmloader.tuning.counts import WorkerCounts
 
 NS = 1e-9
 
@@ -35,9 +36,9 @@ class Timing:
     updates are plain attribute and list arithmetic (no locks, no system calls)."""
 
     def __init__(self, num_workers: int) -> None:
-        self.num_workers = num_workers
-        # Per worker id: [fetch_ns, collate_ns, idle_ns]
+        # Per worker id, for the most workers the loader may run: [fetch_ns, collate_ns, idle_ns]
         self.workers: list[list[int]] = [[0, 0, 0] for _ in range(num_workers)]
+        self._counts: WorkerCounts | None = None  # the last epoch's with workers (read by the verdict)
         self.start_s = 0.0  # inside the first next() of each epoch
         self.wait_s = 0.0  # inside the other next() calls
         self.loop_s = 0.0  # between a next() that returned a batch and the next call
@@ -50,6 +51,11 @@ class Timing:
         """Clocks for worker ids below ``num_workers`` too (an epoch with more workers
         than the loader was made with: its ``num_workers`` was raised since)."""
         self.workers.extend([0, 0, 0] for _ in range(num_workers - len(self.workers)))
+
+    def counting(self, counts: WorkerCounts) -> None:
+        """An epoch with workers uses ``counts`` (read, never stored here): the verdict
+        names the worker count in use."""
+        self._counts = counts
 
     def add_worker(self, worker_id: int, fetch_ns: int, collate_ns: int, idle_ns: int) -> None:
         """A worker's report with one batch: its clocks since its previous report."""
@@ -99,7 +105,8 @@ class Timing:
             "workers": workers,
             "workers_busy_share": busy / total if total > 0 else 0.0,
         }
-        out["verdict"] = verdict(out, self.num_workers, in_process)
+        in_use = self._counts.workers if self._counts is not None else len(self.workers)
+        out["verdict"] = verdict(out, in_use, in_process)
         return out
 
 
