@@ -1007,6 +1007,56 @@ def case_stuck_in_fork(method: str, tmp: str, every: bool, kinds: list[str]) -> 
     return {"kinds": out, "pids": [p for k in out.values() for p in k["first_pids"]]}
 
 
+class StrayBytes(Arange):
+    """Map-style, as Arange; sample ``at`` writes ``stray`` to this worker's socket to the
+    consumer (the one whose peer is the consumer's pid), between two of the worker's own
+    frames: what a library writing to a descriptor number it no longer owns would do."""
+
+    def __init__(self, at: int, stray: bytes, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.at, self.stray, self.consumer = at, stray, os.getpid()
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == self.at:
+            os.write(self._consumer_socket(), self.stray)
+        return super().__getitem__(i)
+
+    def _consumer_socket(self) -> int:
+        import socket
+        import struct
+
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    continue
+                sock = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            with sock:
+                if sock.family != socket.AF_UNIX:
+                    continue
+                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                if struct.unpack("3i", creds)[0] == self.consumer:
+                    return fd
+        raise RuntimeError("no socket to the consumer in this worker")
+
+
+def case_stray_bytes(method: str) -> dict[str, Any]:
+    """Stray bytes on a worker's socket: a frame length no frame has (-4, which once made
+    the consumer loop forever), and one past the largest frame."""
+    import struct
+
+    out = {}
+    for name, stray in (
+        ("minus_four", struct.pack("!i", -4) + b"junk"),
+        ("huge", struct.pack("!iQ", -1, 2**62)),
+    ):
+        ds = StrayBytes(at=9, stray=stray, n=60, sleep=0.05)
+        out[name] = _first_error(_loader(ds, method, batch_size=2, num_workers=2))
+    return out
+
+
 CASES = {name[len("case_") :]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 

@@ -12,6 +12,7 @@ running past its deadline is a hang. Prints one line per failure, then a summary
 from __future__ import annotations
 
 import argparse
+import pickle
 import random
 import signal
 import socket
@@ -23,8 +24,8 @@ import numpy as np
 
 from shmloader import CorruptDataError, share
 from shmloader.memory.shared import layout as L
+from shmloader.memory.shared import nesting, views
 from shmloader.memory.shared import store as store_mod
-from shmloader.memory.shared import views
 from shmloader.transport import wire
 
 CASE_SECONDS = 5.0
@@ -55,6 +56,25 @@ def structures() -> list[Any]:
         [{"p": i, "meta": shared} for i in range(20)]
         + [shared, [shared, shared]],  # one node, many references
     ]
+
+
+def deep_chain(depth: int, tags: tuple[int, ...] = (L.LIST,)) -> bytes:
+    """A hand-made segment: one container holding the next, ``depth`` levels down (each
+    level's tag the next of ``tags``), every node after its child as share() writes them:
+    a path with no loop, only deeper than share() writes (layout.MAX_NESTING)."""
+    buf = bytearray(L.ROOT + L.REF_SIZE)
+    buf[: L.HEADER.size] = L.MAGIC
+    ref = L.REF_INT.pack(L.INT, 7)
+    for level in range(depth):
+        tag, off = tags[level % len(tags)], len(buf)
+        if tag == L.DICT:  # one key, 0, whose hash is scanned (a small dict)
+            buf += L.DICT_HEAD.pack(1, 0) + L.U32.pack(L.key_hash(0)) + bytes(4)
+            buf += L.REF_INT.pack(L.INT, 0) + ref
+        else:
+            buf += L.SEQ_HEAD.pack(L.REFS, 1) + ref
+        ref = L.REF.pack(tag, off)
+    buf[L.ROOT : L.ROOT + L.REF_SIZE] = ref
+    return bytes(buf)
 
 
 _WORDS = (0, 1, 7, 8, 16, 2**31, 2**32, 2**63 - 8, 2**63, 2**64 - 1, 2**64 - 16)
@@ -115,12 +135,49 @@ def read_all(value: Any, depth: int = 0) -> None:
         bytes(value.tobytes())
 
 
-def segment_case(data: bytes, rng: random.Random) -> None:
+def read_whole(value: Any) -> None:
+    """Read ``value`` whole the ways a program does, each recursive through every level:
+    a copy, ``==`` with it (only run: a NaN or an array makes its answer no test),
+    ``repr``, a pickle. A RecursionError only where the structure is as deep as one
+    share() writes (Python refuses the original's copy alike): deeper is corrupt."""
+    if not isinstance(value, (views.SharedList, views.SharedTuple, views.SharedDict)):
+        return
+    try:
+        copied = value.copy()
+        try:
+            value == copied  # noqa: B015 - the comparison is what is read
+        except ValueError as exc:
+            if "truth value of a" not in str(exc):
+                raise
+        repr(value)
+        pickle.dumps(value)
+    except RecursionError:
+        try:
+            nesting.check(value._store, value._tag(), value._pos)
+        except CorruptDataError as exc:
+            raise AssertionError(f"a RecursionError where the segment is corrupt: {exc}") from None
+
+
+def read_chain(value: Any) -> None:
+    """Follow a chain of one-item containers down to its end, one read a level."""
+    while isinstance(value, (views.SharedList, views.SharedTuple, views.SharedDict, list, tuple, dict)):
+        if not value:
+            return
+        value = next(iter(value.values())) if isinstance(value, (dict, views.SharedDict)) else value[0]
+
+
+def segment_case(data: bytes, rng: random.Random, chain: bool) -> None:
+    """Read a mutated copy of ``data`` every way; ``chain``: the segment is a chain of one
+    item a level (read down, not fanned out at every level: that would be 2**depth reads)."""
     bad = bytearray(data)
     mutate(bad, rng)
     store = store_mod.create(bytes(bad))
-    read_all(views.view_at(store, L.ROOT))
-    read_all(views.value_at(store, L.ROOT, store.size))
+    if chain:
+        read_chain(views.view_at(store, L.ROOT))
+    else:
+        read_all(views.view_at(store, L.ROOT))
+        read_all(views.value_at(store, L.ROOT, store.size))
+    read_whole(views.view_at(store, L.ROOT))
 
 
 def frames() -> tuple[bytes, list[int]]:
@@ -194,6 +251,8 @@ def run(seed: int, cases: int) -> int:
     """Run ``cases`` cases from ``seed``; the number of failures (each printed)."""
     rng = random.Random(seed)
     segments = [bytes(share(s)._store.mm) for s in structures()]
+    chains = len(segments)  # segments from here on are hand-made chains
+    segments += [deep_chain(L.MAX_NESTING + 100), deep_chain(3000, (L.DICT, L.TUPLE, L.LIST))]
     stream, starts = frames()
 
     def expired(signum: int, frame: Any) -> None:
@@ -209,7 +268,8 @@ def run(seed: int, cases: int) -> int:
             if what == "frames":
                 frame_case(stream, starts, rng)
             else:
-                segment_case(segments[int(what.split()[1])], rng)
+                index = int(what.split()[1])
+                segment_case(segments[index], rng, index >= chains)
         except CorruptDataError:
             refused += 1
         except Hang:

@@ -569,6 +569,23 @@ def test_bad_input(method):
         assert sub["left"] == [], key
 
 
+@pytest.mark.parametrize(("method", "backend"), [("fork", None), ("spawn", None), ("fork", "posix")])
+def test_stray_bytes_on_a_worker_socket_raise_a_protocol_error_naming_it(method, backend):
+    """A real worker's socket gets bytes that are no frame (its dataset writes them to the
+    descriptor, as a library writing to a number it no longer owns would): the consumer
+    raises CorruptDataError naming the worker, at once, and leaves no process, descriptor,
+    mapping or /dev/shm name behind (posix: the ring's names in /dev/shm)."""
+    data = assert_clean(run_case("stray_bytes", method=method, backend=backend))
+    for name in ("minus_four", "huge"):
+        sub = data[name]
+        err = sub["error"]
+        assert err is not None and err["type"] == "CorruptDataError", (name, err)
+        assert "ValueError" in err["mro"] and "ShmLoaderError" in err["mro"]
+        assert "worker 0 sent bytes that are not a frame" in err["msg"], (name, err["msg"])
+        assert sub["elapsed_s"] < 10, (name, sub)
+        assert sub["left"] == [], name
+
+
 # --------------------------------------------------------------------------- 11. fork
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import socket
 import struct
@@ -21,6 +22,8 @@ from shmloader.memory.shared import layout as L
 from shmloader.memory.shared import store as store_mod
 from shmloader.memory.shared import views
 from shmloader.transport import wire
+
+from . import share_fuzz
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -348,3 +351,65 @@ def test_a_container_referring_back_to_itself_is_refused_not_recursed_into():
     ):
         with deadline(30), pytest.raises(CorruptDataError, match=r"before it|at or after"):
             read(views.view_at(segment(bad), L.ROOT))
+
+
+def _plain_chain(depth: int, tags: tuple[int, ...]) -> object:
+    """The plain structure share_fuzz.deep_chain(depth, tags) lays out."""
+    value: object = 7
+    for level in range(depth):
+        tag = tags[level % len(tags)]
+        value = {0: value} if tag == L.DICT else ((value,) if tag == L.TUPLE else [value])
+    return value
+
+
+def _whole_reads(depth: int, tags: tuple[int, ...]) -> dict[str, object]:
+    """Reads of a whole chain, each recursive through every level of it."""
+    top = tags[(depth - 1) % len(tags)]
+    reads: dict[str, object] = {
+        "copy": lambda v, data: v.copy(),
+        "== another view": lambda v, data: v == views.view_at(segment(data), L.ROOT),
+        "== the plain chain": lambda v, data: v == _plain_chain(depth, tags),
+        "repr": lambda v, data: repr(v),
+        "pickle": lambda v, data: pickle.dumps(v),
+    }
+    if top != L.DICT:
+        reads["<"] = lambda v, data: v < views.view_at(segment(data), L.ROOT)
+    if top == L.TUPLE:
+        reads["hash"] = lambda v, data: hash(v)
+    return reads
+
+
+@pytest.mark.parametrize("depth", [L.MAX_NESTING + 1, 20_000])
+@pytest.mark.parametrize(
+    "tags",
+    [(L.LIST,), (L.TUPLE,), (L.DICT,), (L.TUPLE, L.DICT, L.LIST)],
+    ids=["lists", "tuples", "dicts", "mixed"],
+)
+def test_a_chain_deeper_than_share_writes_is_corrupt_not_a_recursion_error(tags, depth):
+    """A hand-made chain of containers, each after its child as share() writes them (no
+    loop), one level or far deeper than share() writes: a copy, ==, <, repr, pickle or
+    hash of it ends in CorruptDataError, not RecursionError; read a level at a time, it
+    reads."""
+    data = share_fuzz.deep_chain(depth, tags)
+    for read in _whole_reads(depth, tags).values():
+        with deadline(30), pytest.raises(CorruptDataError, match=f"nest more than {L.MAX_NESTING}"):
+            read(views.view_at(segment(data), L.ROOT), data)
+    value = views.view_at(segment(data), L.ROOT)
+    for _ in range(depth):
+        value = value[0]  # a dict's key is 0
+    assert value == 7
+
+
+def test_a_structure_as_deep_as_share_writes_keeps_python_s_own_recursion_error():
+    """share() takes MAX_NESTING levels: a copy of that, like a pickle of the original,
+    goes past Python's recursion limit; that is a RecursionError (the segment is sound),
+    not a CorruptDataError."""
+    value: object = 7
+    for _ in range(L.MAX_NESTING):
+        value = [value]
+    shared = share(value)
+    with pytest.raises(RecursionError) as caught:
+        shared.copy()
+    assert not isinstance(caught.value, CorruptDataError)
+    with pytest.raises(RecursionError, match=f"more than {L.MAX_NESTING} levels"):
+        share([value])

@@ -44,10 +44,9 @@ _BULK = 16
 _CRC_S = zlib.crc32(b"s")  # a str key's canonical bytes start with b"s" (layout.key_bytes)
 _U64 = np.uint64
 _SCALARS = {str, int, float, bool, type(None), bytes}
-# share() takes structures nested this deep (pickle's own limit lies below): the walk
-# recurses a few Python frames per level, so the recursion limit is raised to that while
-# it runs (Python-to-Python calls do not grow the C stack).
-MAX_NESTING = 1000
+# share() takes structures nested up to layout.MAX_NESTING deep (pickle's own limit lies
+# below): the walk recurses a few Python frames per level, so the recursion limit is raised
+# to that while it runs (Python-to-Python calls do not grow the C stack).
 _FRAMES_PER_LEVEL = 6
 _DONE_RUNS = 16  # runs of written containers' ids kept apart before they are merged
 
@@ -72,6 +71,17 @@ class UnsupportedValue(TypeError):
     def __str__(self) -> str:
         where = "".join(self.path) or "the top level"
         return f"share() cannot store {self.what} (at {where}): {self.remedy}"
+
+
+class _TooDeep(RecursionError):
+    """A structure nested deeper than :data:`layout.MAX_NESTING`: readers take a deeper
+    segment for a corrupt one, so share() writes none."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"share() met a structure nested more than {L.MAX_NESTING} levels deep: "
+            "store deeper levels apart (a list of nodes and their children's indices)."
+        )
 
 
 class _Retry(Exception):
@@ -112,6 +122,7 @@ class Writer:
         self._written_ids: list[int] = []
         self._alive: list[Any] = []
         self._keys_depth = 0  # > 0 while dict keys are written: written whole, no memo
+        self._nesting = 0  # containers open on the path being written (a level in bulk: one)
 
     def finish(self, root: Any) -> bytearray:
         # The walk makes millions of short-lived tuples and lists and no cycle: the cyclic
@@ -120,14 +131,13 @@ class Writer:
         collecting = gc.isenabled()
         gc.disable()
         limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(limit, _stack_depth() + _FRAMES_PER_LEVEL * MAX_NESTING + 100))
+        sys.setrecursionlimit(max(limit, _stack_depth() + _FRAMES_PER_LEVEL * L.MAX_NESTING + 100))
         try:
             ref = self.ref(root)
-        except RecursionError as exc:
-            raise RecursionError(
-                f"share() met a structure nested more than about {MAX_NESTING} levels deep: "
-                "store deeper levels apart (a list of nodes and their children's indices)."
-            ) from exc
+        except _TooDeep:
+            raise
+        except RecursionError as exc:  # more frames a level than foreseen: the same limit
+            raise _TooDeep() from exc
         finally:
             sys.setrecursionlimit(limit)
             if collecting:
@@ -225,11 +235,20 @@ class Writer:
                 f"share() met a {type(value).__name__} that contains itself: a cyclic structure "
                 "cannot be laid out flat. Break the cycle (store an index instead of the object)."
             )
+        self._deeper()
         self._open.add(key)
         try:
             return write(value)
         finally:
             self._open.discard(key)
+            self._nesting -= 1
+
+    def _deeper(self) -> None:
+        """One more container (or level of containers) open on the path being written:
+        a _TooDeep past :data:`layout.MAX_NESTING`. The caller closes it (``_nesting -= 1``)."""
+        if self._nesting >= L.MAX_NESTING:
+            raise _TooDeep()
+        self._nesting += 1
 
     def _text(self, data: bytes) -> int:
         return self.node(L.U64.pack(len(data)), data)
@@ -455,6 +474,7 @@ class Writer:
         container, or a tuple of them), each distinct container written once where the
         column holds one several times (records sharing one sub-dict: one node, many
         references)."""
+        self._deeper()  # the column is one level of containers
         try:
             return write(containers)
         except _Twice:
@@ -462,6 +482,8 @@ class Writer:
             _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
             got = write([containers[i] for i in first])
             return tuple(part[inverse] for part in got) if isinstance(got, tuple) else got[inverse]
+        finally:
+            self._nesting -= 1
 
     def _leave(self) -> None:
         """The level entered last is written: its containers join those done."""

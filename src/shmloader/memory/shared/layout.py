@@ -75,6 +75,9 @@ SMALL_DICT = 8  # up to this many keys a lookup scans the hashes: no buckets to 
 # bound that memory; other dicts carry their own keys and buckets.
 RECORD_KEYS = 256
 MAX_TABLES = 1024
+# Containers nest at most this deep (the root container is level 1): share() refuses a
+# deeper structure, so a reader takes a deeper path through a segment for a corrupt one.
+MAX_NESTING = 1000
 KEY_DEPTH = 64  # tuples in a dict key nest at most this deep (the C reader's bound is 100)
 ARRAY_ALIGN = 64  # numpy arrays' data start on a cache line, as numpy's own allocations do
 

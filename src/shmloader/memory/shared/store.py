@@ -33,7 +33,7 @@ class Store:
     """One mapped segment: its descriptor, its read-only mapping, its size, its token, and
     what this process's readers have decoded from it once for all reads (``tables``)."""
 
-    __slots__ = ("__weakref__", "_dtypes", "fd", "mm", "record_keys", "size", "tables", "token")
+    __slots__ = ("__weakref__", "_dtypes", "fd", "heights", "mm", "record_keys", "size", "tables", "token")
 
     def __init__(self, fd: int, size: int, token: str, *, populate: bool) -> None:
         self.fd = -1  # the caller closes ``fd`` where mapping it fails
@@ -51,6 +51,9 @@ class Store:
         self.tables: dict[int, Any] = {}
         # The keys of each key table, by offset, for the C reader (views' _build).
         self.record_keys: dict[int, tuple] = {}
+        # How deep containers nest below a node, by offset: measured only where a read of
+        # a whole structure ran out of recursion (see nesting).
+        self.heights: dict[int, int] = {}
 
     def dtype(self, description: bytes) -> np.dtype:
         """The dtype a description in this segment names (parsed once)."""

@@ -30,6 +30,7 @@ import shmloader.memory.shared.layout as L
 from shmloader._shared_read import build as _build
 from shmloader._shared_read import item as _c_item
 from shmloader.errors import CorruptDataError
+from shmloader.memory.shared import nesting
 from shmloader.memory.shared.store import Store
 
 _CHUNK = 4096  # items decoded per read while iterating a packed list
@@ -139,6 +140,18 @@ def _utf8(data: bytes) -> str:
         return str(data, "utf-8", "surrogatepass")
     except UnicodeDecodeError as exc:
         raise _corrupt(f"a string's bytes are not utf-8 ({exc})") from exc
+
+
+def _recursion(view: Any, exc: RecursionError) -> BaseException:
+    """What a RecursionError met while ``view`` was read whole stands for: a
+    CorruptDataError where its containers nest deeper than share() writes (a hand-made
+    chain), else ``exc`` itself (a structure as deep as its original, which Python's own
+    recursive operations refuse alike)."""
+    try:
+        nesting.check(view._store, view._tag(), view._pos)
+    except CorruptDataError as err:
+        return err
+    return exc
 
 
 def _refuse(kind: str, what: str, remedy: str) -> TypeError:
@@ -272,14 +285,20 @@ class _SharedSequence(Sequence):
                 return True
         elif not isinstance(other, self._kind):
             return NotImplemented
-        return len(self) == len(other) and all(a is b or a == b for a, b in zip(self, other))
+        try:
+            return len(self) == len(other) and all(a is b or a == b for a, b in zip(self, other))
+        except RecursionError as exc:
+            raise _recursion(self, exc) from None
 
     def _compare(self, other: Any, op: Any) -> Any:
         if (
             isinstance(other, (self._kind, _SharedSequence))
             and getattr(other, "_kind", self._kind) is self._kind
         ):
-            return op(self._kind(self), self._kind(other))
+            try:
+                return op(self._kind(self), self._kind(other))
+            except RecursionError as exc:
+                raise _recursion(self, exc) from None
         return NotImplemented
 
     def __lt__(self, other: Any) -> Any:
@@ -307,7 +326,10 @@ class _SharedSequence(Sequence):
     def copy(self) -> Any:
         """A plain, private copy: lists, tuples and dicts all the way down (numpy arrays
         copied out of the segment), free to change."""
-        return self._kind(plain(v) for v in self)
+        try:
+            return self._kind(plain(v) for v in self)
+        except RecursionError as exc:
+            raise _recursion(self, exc) from None
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         """What ``numpy.array`` builds from the equal plain list: a list of ints or floats
@@ -346,9 +368,15 @@ class _SharedSequence(Sequence):
         return (self._kind, (self.copy(),))
 
     def __repr__(self) -> str:
-        head = [repr(v) for v in itertools.islice(self, 5)]
+        try:
+            head = [repr(v) for v in itertools.islice(self, 5)]
+        except RecursionError as exc:
+            raise _recursion(self, exc) from None
         more = ", ..." if self._n > 5 else ""
         return f"{type(self).__name__}(len={self._n}: {', '.join(head)}{more})"
+
+    def _tag(self) -> int:
+        return L.TUPLE if self._kind is tuple else L.LIST
 
     def __setitem__(self, index: Any, value: Any) -> None:
         raise self._refused("have items assigned")
@@ -412,7 +440,10 @@ class SharedTuple(_SharedSequence):
     _kind = tuple
 
     def __hash__(self) -> int:
-        return hash(tuple(self))
+        try:
+            return hash(tuple(self))
+        except RecursionError as exc:
+            raise _recursion(self, exc) from None
 
 
 class SharedDict(Mapping):
@@ -544,10 +575,13 @@ class SharedDict(Mapping):
         if len(self) != len(other):
             return False
         missing = object()
-        for key, value in self.items():
-            theirs = other.get(key, missing)
-            if theirs is missing or not (value is theirs or value == theirs):
-                return False
+        try:
+            for key, value in self.items():
+                theirs = other.get(key, missing)
+                if theirs is missing or not (value is theirs or value == theirs):
+                    return False
+        except RecursionError as exc:
+            raise _recursion(self, exc) from None
         return True
 
     def __or__(self, other: Any) -> Any:
@@ -563,7 +597,10 @@ class SharedDict(Mapping):
     def copy(self) -> dict:
         """A plain, private copy: dicts, lists and tuples all the way down (numpy arrays
         copied out of the segment), free to change."""
-        return {plain(k): plain(v) for k, v in self.items()}
+        try:
+            return {plain(k): plain(v) for k, v in self.items()}
+        except RecursionError as exc:
+            raise _recursion(self, exc) from None
 
     def __copy__(self) -> SharedDict:
         return self
@@ -577,9 +614,15 @@ class SharedDict(Mapping):
         return (dict, (self.copy(),))
 
     def __repr__(self) -> str:
-        head = [f"{k!r}: {v!r}" for k, v in itertools.islice(self.items(), 5)]
+        try:
+            head = [f"{k!r}: {v!r}" for k, v in itertools.islice(self.items(), 5)]
+        except RecursionError as exc:
+            raise _recursion(self, exc) from None
         more = ", ..." if self._n > 5 else ""
         return f"SharedDict(len={self._n}: {{{', '.join(head)}{more}}})"
+
+    def _tag(self) -> int:
+        return L.RECORD if self._index is not None else L.DICT
 
     def _refused(self, what: str) -> TypeError:
         return _refuse(
