@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 import shmloader.memory.shared.layout as L
+import shmloader.memory.shared.nesting as nesting
 from shmloader._shared_read import build as _build
 from shmloader._shared_read import item as _c_item
 from shmloader.errors import CorruptDataError
-from shmloader.memory.shared import nesting
 from shmloader.memory.shared.store import Store
 
 _CHUNK = 4096  # items decoded per read while iterating a packed list
