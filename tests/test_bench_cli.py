@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import mmap
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from shmloader import doctor
@@ -474,6 +476,7 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     peers = [_FakeEpochs(name, r) for name, r in rates.items()]
     fresh = [_FakeEpochs(name, [r / 2 for r in rs]) for name, rs in rates.items()]  # fresh passes
     fresh.append(_FakeEpochs(decodelimit.LIMIT, [1000.0, 1500.0]))  # their decode limit
+    fresh.append(_FakeEpochs(decodelimit.PARALLEL, [800.0, 1000.0]))  # the decode on all cores
     monkeypatch.setattr(jpeg, "_peers", lambda *args: (peers, fresh))
     monkeypatch.setattr(jpeg, "ensure_images", lambda root, *args: root)
     monkeypatch.setattr(jpeg, "w6_missing", lambda torch_dl: None)
@@ -487,7 +490,7 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     timed = [ln.split("] ")[1].split(":")[0] for ln in lines if "repeat" in ln]
     names = list(rates)
     order = [(r, n) for r, ns in ((1, names), (2, names[::-1])) for n in ns]
-    fresh_names = [*names, decodelimit.LIMIT]
+    fresh_names = [*names, decodelimit.LIMIT, decodelimit.PARALLEL]
     fresh_order = [(r, n) for r, ns in ((1, fresh_names), (2, fresh_names[::-1])) for n in ns]
     assert timed == [f"W6 w2 repeat {r}/2 {n}" for r, n in order] + [
         f"W6 w2 fresh repeat {r}/2 {n}" for r, n in fresh_order
@@ -508,6 +511,9 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
     )
     # The fresh passes over their decode limit: 750/1000 and 750/1500, paired per repeat.
     assert w6["fresh"]["ratios"]["shmloader+ImageFolder / decode limit"] == pytest.approx((0.75 + 0.5) / 2)
+    assert w6["fresh"]["ratios"]["shmloader+ImageFolder / decode, all cores"] == pytest.approx(
+        (750 / 800 + 750 / 1000) / 2
+    )
     assert w6["fresh"]["limit_cores"] == decodelimit.usable_cores()
     targets = _judge([res])
     assert targets["W6 w2 shmloader+ImageFolder vs torch+conventional"]["met"] is True
@@ -523,6 +529,7 @@ def test_w6_runs_on_the_one_harness_offline(monkeypatch, tmp_path):
         "W6 w2 in detail:\n" + res.extra["w6_table"] in text
         and "Fresh loaders" in text
         and "decode limit: the dataset's own __getitem__" in text
+        and "decode, all cores: the same __getitem__ in" in text
         and "MISSED" not in text
     )
     assert "W6 w2  " not in text.split("Time to first")[1]
@@ -557,6 +564,47 @@ def test_w6_decode_limit_is_the_datasets_getitem_on_one_thread_times_the_cores()
     assert peer.images_per_s[0] < 3 * one_process and batches_per_s == pytest.approx(
         peer.images_per_s[0] / 64
     )
+
+
+class _MarkedSamples:
+    """70 samples whose __getitem__ marks, in memory shared with forked children, which
+    process read each sample and with how many torch threads."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.marks = np.frombuffer(mmap.mmap(-1, 70 * 2 * 8), dtype=np.int64).reshape(70, 2)
+        self.fail = fail
+
+    def __len__(self) -> int:
+        return 70
+
+    def __getitem__(self, i: int) -> int:
+        if self.fail and i == 40:
+            raise ValueError("sample 40 cannot be read")
+        import torch
+
+        self.marks[i] = (os.getpid(), torch.get_num_threads())
+        time.sleep(0.001)
+        return i
+
+
+def test_w6_parallel_decode_reads_every_sample_once_in_as_many_processes_as_cores():
+    """The decode on all cores: ``cores`` forked processes, each over its contiguous share
+    with torch on one thread, every sample read once, all of them reaped; images/s of all
+    together and their CPU are kept; a process that fails makes the pass raise."""
+    pytest.importorskip("torch")
+    ds = _MarkedSamples()
+    peer = decodelimit.ParallelDecodePeer(ds, 64, cores=3)
+    batches_per_s, _, batches = peer.run(0, math.inf)
+    pids = [int(p) for p in ds.marks[:, 0]]
+    assert os.getpid() not in pids and set(ds.marks[:, 1].tolist()) == {1}
+    shares = [pids[0:23], pids[23:46], pids[46:70]]  # 70 * k // 3: contiguous shares
+    assert [len(set(s)) for s in shares] == [1, 1, 1] and len({s[0] for s in shares}) == 3
+    assert not any(_alive(pid) for pid in set(pids))
+    assert batches == 2 and batches_per_s == pytest.approx(peer.images_per_s[0] / 64)
+    assert peer.images_per_s[0] > 0 and peer.all_cpu_ms_per_image[0] > 0
+    failing = decodelimit.ParallelDecodePeer(_MarkedSamples(fail=True), 64, cores=2)
+    with pytest.raises(RuntimeError, match="exit codes"):
+        failing.run(0, math.inf)
 
 
 def test_w6_skipped_without_pillow():

@@ -17,7 +17,7 @@ import pytest
 from shmloader import CopyOnReadWarning, DataLoader
 from shmloader.memory import containers, watch
 from shmloader.memory.shared import SharedDict, SharedList
-from shmloader.memory.usage import process_memory
+from shmloader.memory.usage import memory_totals, process_memory
 from shmloader.memory.watch import CHECK_WORKERS, WARN_MIN_GROWTH, MemoryWatch
 
 
@@ -251,19 +251,27 @@ def test_the_warning_is_shown_under_default_filters():
 
 @pytest.mark.timeout(60)
 def test_a_scheduled_check_reads_the_workers_read_longest_ago_and_stats_reads_the_stale(monkeypatch):
-    """Five real processes as workers: each scheduled check reads CHECK_WORKERS of them,
+    """Five real processes as workers: each scheduled check looks at CHECK_WORKERS of them,
     those read longest ago (a read costs 10-20 ms a worker: all of them at once held the
-    consumer), so every one is read in turn; stats()' report reads those whose reading
-    is over a second old, and reports every worker."""
+    consumer), so every one is read in turn, by its totals only (small processes: their
+    private memory cannot have reached the warning's floor); stats()' report reads in
+    full those whose full reading is over a second old (none yet), and reports every
+    worker."""
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(5)]
     try:
         pids = [p.pid for p in procs]
+        looked: list[int] = []
         read: list[int] = []
+
+        def totals(pid):
+            looked.append(pid)
+            return memory_totals(pid)
 
         def counted(pid):
             read.append(pid)
             return process_memory(pid)
 
+        monkeypatch.setattr(watch, "memory_totals", totals)
         monkeypatch.setattr(watch, "process_memory", counted)
         now = [10.0]
         mw = MemoryWatch(dataset=lambda: None, clock=lambda: now[0])
@@ -272,17 +280,73 @@ def test_a_scheduled_check_reads_the_workers_read_longest_ago_and_stats_reads_th
         assert CHECK_WORKERS == 2
         for t in (10.0, 10.5, 11.0):
             mw.check(t)
-        assert read == [pids[0], pids[1], pids[2], pids[3], pids[4], pids[0]]
-        read.clear()
-        now[0] = 11.5  # pids[1] was read 1.5 s ago; pids[2], pids[3] 1 s ago
+        assert looked == [pids[0], pids[1], pids[2], pids[3], pids[4], pids[0]]
+        assert read == []
+        assert mw.peak_uss > 0  # from the totals
+        now[0] = 11.5
         report = mw.report()
-        assert [pid for pid in read if pid in pids] == [pids[1]]  # (and this process's own)
+        assert [pid for pid in read if pid in pids] == pids  # (and this process's own)
         assert [w["pid"] for w in report["workers"]] == pids
         assert all(w["uss"] > 0 for w in report["workers"])
+        read.clear()
+        now[0] = 12.0  # every full reading is half a second old
+        mw.report()
+        assert [pid for pid in read if pid in pids] == []
+        now[0] = 12.6  # every full reading is 1.1 s old
+        mw.report()
+        assert [pid for pid in read if pid in pids] == pids
     finally:
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_scheduled_check_reads_in_full_a_worker_whose_unique_memory_reached_the_floor(monkeypatch):
+    """A worker whose USS reached 64 MiB may have grown that much private memory (what the
+    warning weighs): the check reads it in full and counts its growth; a small one is
+    read by its totals only."""
+    grown = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; b = bytearray(96 << 20); b[::4096] = b'x' * len(b[::4096]); "
+            "print('ok', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    small = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert grown.stdout.readline().strip() == "ok"
+        read: list[int] = []
+
+        def counted(pid):
+            read.append(pid)
+            return process_memory(pid)
+
+        monkeypatch.setattr(watch, "process_memory", counted)
+        mw = MemoryWatch(dataset=lambda: None, clock=lambda: 10.0)
+        mw.started(0, grown.pid)
+        mw.started(1, small.pid)
+        mw.check(10.0)
+        assert read == [grown.pid]
+        assert mw.peak_growth >= WARN_MIN_GROWTH and mw.peak_uss >= WARN_MIN_GROWTH
+    finally:
+        for p in (grown, small):
+            p.kill()
+            p.wait()
+
+
+def test_memory_totals_agree_with_the_full_reading():
+    me, totals = process_memory(os.getpid()), memory_totals(os.getpid())
+    assert totals is not None
+    for name in ("uss", "pss", "rss"):
+        assert abs(getattr(totals, name) - getattr(me, name)) < 8 << 20, name
+    assert me.private <= totals.uss + (8 << 20)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert memory_totals(child.pid) is None
 
 
 def test_an_epoch_end_reads_the_workers_once_they_ran_half_a_second(monkeypatch):
@@ -290,7 +354,8 @@ def test_an_epoch_end_reads_the_workers_once_they_ran_half_a_second(monkeypatch)
     ends without reading /proc: a read costs milliseconds a worker, more than such an
     epoch; later ends read when half the interval passed since the last reading."""
     read: list[int] = []
-    monkeypatch.setattr(watch, "process_memory", lambda pid: read.append(pid))
+    monkeypatch.setattr(watch, "memory_totals", lambda pid: read.append(pid))  # None: read in full
+    monkeypatch.setattr(watch, "process_memory", lambda pid: None)
     now = [10.0]
     mw = MemoryWatch(dataset=lambda: None, clock=lambda: now[0])
     mw.started(0, os.getpid())
@@ -402,7 +467,8 @@ def test_an_epoch_end_reads_the_workers_only_when_they_live_on(monkeypatch, pers
     end is due for a reading."""
     reads: list[int] = []
     monkeypatch.setattr(watch, "FIRST_CHECK_S", 0.0)
-    monkeypatch.setattr(watch, "process_memory", lambda pid: reads.append(pid))
+    monkeypatch.setattr(watch, "memory_totals", lambda pid: reads.append(pid))  # None: read in full
+    monkeypatch.setattr(watch, "process_memory", lambda pid: None)
     loader = DataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=persistent)
     try:
         it = iter(loader)

@@ -1,15 +1,25 @@
 """The decode limit of an image pipeline: what loader workers could reach if decoding
 were all they did. The dataset's own ``__getitem__`` over its samples in this process, on
 one thread (torch's resampler single-threaded, as in a worker), its images/s times the
-usable cores. W6 times it beside its fresh passes (:mod:`shmloader.bench.jpeg`)."""
+usable cores. W6 times it beside its fresh passes (:mod:`shmloader.bench.jpeg`).
+
+Beside it, the same decode run by as many processes as there are cores at once
+(:class:`ParallelDecodePeer`, forked, each over its share): on an idle machine the two
+agree; on a busy one they do not, because the scheduler shares the CPU between sessions
+(Linux's autogroups: every process of one session shares one session's weight), not
+between processes, so a session's several processes get about what its one thread got,
+and no loader's workers reach the one-thread figure times the cores there.
+"""
 
 from __future__ import annotations
 
 import os
 import time
+import traceback
 from typing import Any
 
 LIMIT = "decode limit"  # the peer's name in W6's tables and ratios
+PARALLEL = "decode, all cores"  # the parallel peer's name
 
 
 def usable_cores() -> int:
@@ -77,3 +87,79 @@ class DecodeLimitPeer:
 
     def close(self) -> None:
         """Nothing runs between passes."""
+
+
+class ParallelDecodePeer:
+    """A peer like :class:`DecodeLimitPeer` whose pass runs ``cores`` processes at once,
+    forked from this one, each reading its contiguous share of the samples through the
+    dataset's own ``__getitem__`` with torch on one thread: images/s of all of them
+    together, and their CPU per image (the decode's own in new processes: their
+    copy-on-write pages included), as W6's epoch peers keep them. A process that fails
+    makes the pass raise."""
+
+    def __init__(self, dataset: Any, batch_size: int, cores: int):
+        self.name = PARALLEL
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.cores = cores
+        self.images_per_s: list[float] = []
+        self.all_cpu_ms_per_image: list[float] = []
+
+    def _read_share(self, start: int, stop: int) -> None:
+        torch = _torch_or_none()
+        if torch is not None:
+            torch.set_num_threads(1)
+        for i in range(start, stop):
+            self.dataset[i]
+
+    def _pass(self) -> tuple[int, float, float]:
+        """Images, wall seconds and CPU seconds (of the processes, reaped) of one pass."""
+        n = len(self.dataset)
+        bounds = [n * k // self.cores for k in range(self.cores + 1)]
+        cpu0, t0 = _reaped_cpu_s(), time.perf_counter()
+        pids = []
+        try:
+            for k in range(self.cores):
+                pid = os.fork()
+                if pid == 0:  # the child: read its share, exit without running the parent's cleanup
+                    code = 1
+                    try:
+                        self._read_share(bounds[k], bounds[k + 1])
+                        code = 0
+                    except BaseException:
+                        traceback.print_exc()
+                    finally:
+                        os._exit(code)
+                pids.append(pid)
+        finally:
+            codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        wall = time.perf_counter() - t0
+        if any(codes):
+            raise RuntimeError(
+                f"a decoding process of the parallel decode limit failed (exit codes {codes}): "
+                "run the dataset's __getitem__ in this process to see its error."
+            )
+        return n, wall, _reaped_cpu_s() - cpu0
+
+    def warm_up(self) -> None:
+        """One untimed pass (page cache)."""
+        self._pass()
+
+    def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
+        """One timed pass (the bounds are ignored): batches/s of all processes together,
+        CPU seconds per batch, batches."""
+        n, wall, cpu = self._pass()
+        rate = n / wall
+        self.images_per_s.append(rate)
+        self.all_cpu_ms_per_image.append(cpu / n * 1e3)
+        batches_done = -(-n // self.batch_size)
+        return rate / self.batch_size, cpu / batches_done, batches_done
+
+    def close(self) -> None:
+        """Nothing runs between passes."""
+
+
+def _reaped_cpu_s() -> float:
+    """CPU seconds of this process's children that exited and were waited for."""
+    t = os.times()
+    return t.children_user + t.children_system

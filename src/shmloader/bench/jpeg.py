@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from shmloader.bench.consume import read_every_page
-from shmloader.bench.decodelimit import LIMIT, DecodeLimitPeer, usable_cores
+from shmloader.bench.decodelimit import LIMIT, PARALLEL, DecodeLimitPeer, ParallelDecodePeer, usable_cores
 from shmloader.bench.jpegreport import OURS as _OURS
 from shmloader.bench.jpegreport import w6_table
 from shmloader.bench.machine import children_cpu_s, load1
@@ -215,7 +215,8 @@ def _peers(
     root: Path, batch_size: int, workers: int, backend: str, torch_dl: Any, fresh_count: int
 ) -> tuple[list[EpochPeer], list[EpochPeer]]:
     """The persistent peers over the whole folder, and the fresh ones over its first
-    ``fresh_count`` images, with their decode limit (:class:`DecodeLimitPeer`)."""
+    ``fresh_count`` images, with their decode limit (:class:`DecodeLimitPeer`) and the same
+    decode on all cores at once (:class:`ParallelDecodePeer`)."""
     import torch
 
     from shmloader import DataLoader
@@ -248,7 +249,10 @@ def _peers(
     return (
         [EpochPeer(name, steady[name](), batch_size) for name in PEERS],
         [FreshPeer(name, fresh[name], batch_size, subset) for name in PEERS]
-        + [DecodeLimitPeer(subset, batch_size, usable_cores())],
+        + [
+            DecodeLimitPeer(subset, batch_size, usable_cores()),
+            ParallelDecodePeer(subset, batch_size, usable_cores()),
+        ],
     )
 
 
@@ -289,8 +293,8 @@ def skipped(
 
 def w6_steps(repeat: int) -> int:
     """Progress steps of :func:`measure_w6`: the dataset, then warm-up and timed runs of
-    the long runs and of the fresh passes (and their decode limit)."""
-    return 1 + (2 * len(PEERS) + 1) * (1 + repeat)
+    the long runs and of the fresh passes (and their decode limit, one thread and all cores)."""
+    return 1 + (2 * len(PEERS) + 2) * (1 + repeat)
 
 
 def _summary(peers: list[EpochPeer], rows: dict[str, Row]) -> dict[str, Any]:
@@ -300,6 +304,8 @@ def _summary(peers: list[EpochPeer], rows: dict[str, Row]) -> dict[str, Any]:
     pairs = ((_OURS, _BASE), (_OURS, "torch+ImageFolder"), ("torch+ImageFolder", _BASE))
     if LIMIT in by:
         pairs += ((_OURS, LIMIT), ("torch+ImageFolder", LIMIT))
+    if PARALLEL in by:
+        pairs += ((_OURS, PARALLEL), ("torch+ImageFolder", PARALLEL))
     ratios = {
         f"{a} / {b}": [x / y for x, y in zip(by[a].images_per_s, by[b].images_per_s, strict=True)]
         for a, b in pairs

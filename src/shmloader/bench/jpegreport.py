@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shmloader.bench.decodelimit import LIMIT
+from shmloader.bench.decodelimit import LIMIT, PARALLEL
 
 OURS = "shmloader+ImageFolder"
 
@@ -32,6 +32,12 @@ def _section(title: str, part: dict[str, Any]) -> list[str]:
         lines.append(
             f"decode limit: the dataset's own __getitem__ in this process, one thread, times "
             f"{part['limit_cores']} cores (images/s); its CPU per image is the decode's own."
+        )
+    if PARALLEL in cpu:
+        lines.append(
+            f"{PARALLEL}: the same __getitem__ in {part['limit_cores']} forked processes at once, each "
+            "over its share (on a busy machine the scheduler shares the CPU by session, not by "
+            "process: there the decode limit overstates what any loader's workers can get)."
         )
     return lines
 

@@ -7,7 +7,9 @@ shares every page among the processes mapping it, so the PSS of a parent and its
 adds up to the memory they use together. ``private`` is USS less the pages of shared
 mappings (the ring's slots a worker wrote and the consumer has not read yet, a shared
 dataset's segment): what copy-on-read grows. Read from ``/proc/PID/smaps`` (Linux);
-elsewhere nothing is known and :func:`process_memory` returns None.
+elsewhere nothing is known and :func:`process_memory` returns None. The totals alone
+(:func:`memory_totals`, from ``/proc/PID/smaps_rollup``) cost less to read, and bound
+``private`` from above (by ``uss``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,43 @@ def process_memory(pid: int) -> ProcessMemory | None:
                 private += block_private
             block_private = 0
     return ProcessMemory(uss=uss * 1024, pss=pss * 1024, rss=rss * 1024, private=private * 1024)
+
+
+@dataclass(frozen=True)
+class MemoryTotals:
+    """One process's memory as ``/proc/PID/smaps_rollup`` sums it, in bytes: ``uss``,
+    ``pss`` and ``rss`` as in :class:`ProcessMemory`; not ``private``, which needs each
+    mapping's flags (it is at most ``uss``)."""
+
+    uss: int
+    pss: int
+    rss: int
+
+
+def memory_totals(pid: int) -> MemoryTotals | None:
+    """The memory totals of process ``pid`` now, from ``/proc/PID/smaps_rollup`` (Linux
+    4.14+), or None where it cannot be read (no such process, no rollup file). The same
+    walk of the page tables as :func:`process_memory`, without a block of text per
+    mapping to write and parse: a third to a half of its cost for a process with torch
+    imported (a thousand mappings)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    uss = pss = rss = 0
+    seen = False
+    for line in text.splitlines():
+        head, _, rest = line.partition(b":")
+        if head == b"Rss":
+            rss, seen = int(rest.split()[0]), True
+        elif head == b"Pss":
+            pss = int(rest.split()[0])
+        elif head in (b"Private_Clean", b"Private_Dirty", b"Private_Hugetlb"):
+            uss += int(rest.split()[0])
+    if not seen:
+        return None  # a process exiting: its mappings are gone
+    return MemoryTotals(uss=uss * 1024, pss=pss * 1024, rss=rss * 1024)
 
 
 def exclusive_share(pid: int, pages: list[int]) -> float | None:
