@@ -417,7 +417,7 @@ class DataLoader(Generic[T_co]):
             # Under torch's RNG, what torch draws as it makes (or resets) its iterator.
             draws = _state.draw_for_iter(config, cursor, now, new_workers)
             start = _state.epoch_starter(config, cursor, lambda: now, draws)
-            if kept is None or kept.closed:
+            if new_workers:
                 reports = _Reports(self, weak=True)
                 kept = self._persistent_iter = MultiProcessIter(runtime, settings, start, copy, reports)
             else:
