@@ -325,13 +325,25 @@ def test_a_scheduled_check_reads_in_full_a_worker_whose_unique_memory_reached_th
             read.append(pid)
             return process_memory(pid)
 
+        totals: list[int] = []
+
+        def totals_counted(pid):
+            totals.append(pid)
+            return memory_totals(pid)
+
         monkeypatch.setattr(watch, "process_memory", counted)
+        monkeypatch.setattr(watch, "memory_totals", totals_counted)
         mw = MemoryWatch(dataset=lambda: None, clock=lambda: 10.0)
         mw.started(0, grown.pid)
         mw.started(1, small.pid)
         mw.check(10.0)
-        assert read == [grown.pid]
+        assert read == [grown.pid] and sorted(totals) == sorted([grown.pid, small.pid])
         assert mw.peak_growth >= WARN_MIN_GROWTH and mw.peak_uss >= WARN_MIN_GROWTH
+        # The next check reads the grown one in full at once: its totals would not spare it.
+        read.clear()
+        totals.clear()
+        mw.check(20.0)
+        assert read == [grown.pid] and totals == [small.pid]
     finally:
         for p in (grown, small):
             p.kill()

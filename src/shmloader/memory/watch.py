@@ -133,12 +133,16 @@ class MemoryWatch:
     def _look(self, now: float, workers: list[_Worker]) -> None:
         """A scheduled reading of ``workers``: their totals first; a full reading of those
         whose private memory may have reached WARN_MIN_GROWTH (their USS did), or whose
-        totals cannot be read."""
+        totals cannot be read. A worker whose last full reading had reached it is read in
+        full at once (totals first would only add their cost)."""
         self._read_at = now
         full = []
         for w in workers:
-            totals = memory_totals(w.pid)
             w.read_at = now
+            if w.last is not None and w.last.uss >= WARN_MIN_GROWTH:
+                full.append(w)  # (read in full before, and big then: its totals would not spare it)
+                continue
+            totals = memory_totals(w.pid)
             if totals is None or totals.uss >= WARN_MIN_GROWTH:
                 full.append(w)
             else:
