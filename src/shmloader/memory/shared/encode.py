@@ -48,6 +48,7 @@ _SCALARS = {str, int, float, bool, type(None), bytes}
 # below): the walk recurses a few Python frames per level, so the recursion limit is raised
 # to that while it runs (Python-to-Python calls do not grow the C stack).
 _FRAMES_PER_LEVEL = 6
+_MAX_NESTING = L.MAX_NESTING
 _DONE_RUNS = 16  # runs of written containers' ids kept apart before they are merged
 
 
@@ -235,7 +236,9 @@ class Writer:
                 f"share() met a {type(value).__name__} that contains itself: a cyclic structure "
                 "cannot be laid out flat. Break the cycle (store an index instead of the object)."
             )
-        self._deeper()
+        if self._nesting >= _MAX_NESTING:  # (self._deeper(), inlined: once per container)
+            raise _TooDeep()
+        self._nesting += 1
         self._open.add(key)
         try:
             return write(value)
