@@ -1019,6 +1019,10 @@ class StrayBytes(Arange):
     def __getitem__(self, i: int) -> np.ndarray:
         if i == self.at:
             os.write(self._consumer_socket(), self.stray)
+            # The consumer reads a socket when its wait for a result lasts (a result that
+            # comes while it yields or sleeps on the futex is taken without a poll): the
+            # batch it waits for next comes late, so it polls, as it would for a slow one.
+            time.sleep(1.0)
         return super().__getitem__(i)
 
     def _consumer_socket(self) -> int:
