@@ -4,11 +4,15 @@ one thread (torch's resampler single-threaded, as in a worker), its images/s tim
 usable cores. W6 times it beside its fresh passes (:mod:`shmloader.bench.jpeg`).
 
 Beside it, the same decode run by as many processes as there are cores at once
-(:class:`ParallelDecodePeer`, forked, each over its share): on an idle machine the two
-agree; on a busy one they do not, because the scheduler shares the CPU between sessions
-(Linux's autogroups: every process of one session shares one session's weight), not
-between processes, so a session's several processes get about what its one thread got,
-and no loader's workers reach the one-thread figure times the cores there.
+(:class:`ParallelDecodePeer`, forked, each over its contiguous share): what processes
+forked for one pass reach with nothing but the decode to do, their forks, cold caches,
+exits and the split of the samples included. On a quiet machine it stays a little below
+the limit (the forks and exits of a process with torch imported take milliseconds each:
+benchmarks/HISTORY.md has the figures); on a busy one it stays far below, because the
+scheduler shares the CPU between sessions (Linux's autogroups: every process of one
+session shares one session's weight), not between processes, so a session's several
+processes get about what its one thread got, and no loader's workers reach the
+one-thread figure times the cores there.
 """
 
 from __future__ import annotations
@@ -39,15 +43,15 @@ def _torch_or_none() -> Any:
     return torch
 
 
-class DecodeLimitPeer:
-    """A peer of the one harness (:func:`shmloader.bench.peers.time_peers`) that reads
-    every sample of ``dataset`` through its ``__getitem__`` in this process, one thread:
-    ``run`` gives the rate times ``cores`` (in batches of ``batch_size``), and keeps
-    images/s and the CPU per image (the decode's own) for W6's table, as W6's epoch
-    peers do."""
+class _DecodePeer:
+    """What both decode peers share: a peer of the one harness
+    (:func:`shmloader.bench.peers.time_peers`) that reads every sample of ``dataset``
+    through its ``__getitem__`` in each pass (:meth:`_pass`, the peer's own), and keeps
+    images/s and the CPU per image for W6's table, as W6's epoch peers do."""
+
+    name = ""
 
     def __init__(self, dataset: Any, batch_size: int, cores: int):
-        self.name = LIMIT
         self.dataset = dataset
         self.batch_size = batch_size
         self.cores = cores
@@ -56,6 +60,38 @@ class DecodeLimitPeer:
 
     def _pass(self) -> tuple[int, float, float]:
         """Images, wall seconds and CPU seconds of one pass over the dataset."""
+        raise NotImplementedError
+
+    def _rate(self, images: int, wall: float) -> float:
+        """The images/s this peer reports for a pass of ``images`` in ``wall`` seconds."""
+        return images / wall
+
+    def warm_up(self) -> None:
+        """One untimed pass (page cache, imports, scratch buffers)."""
+        self._pass()
+
+    def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
+        """One timed pass (the bounds are ignored, as for W6's epochs): batches/s (the
+        peer's images/s over the batch size), CPU seconds per batch, batches."""
+        n, wall, cpu = self._pass()
+        rate = self._rate(n, wall)
+        self.images_per_s.append(rate)
+        self.all_cpu_ms_per_image.append(cpu / n * 1e3)
+        batches_done = -(-n // self.batch_size)
+        return rate / self.batch_size, cpu / batches_done, batches_done
+
+    def close(self) -> None:
+        """Nothing runs between passes."""
+
+
+class DecodeLimitPeer(_DecodePeer):
+    """The decode limit: every sample through ``__getitem__`` in this process, one
+    thread; ``run`` gives the rate times ``cores``, and the CPU per image is the
+    decode's own."""
+
+    name = LIMIT
+
+    def _pass(self) -> tuple[int, float, float]:
         torch = _torch_or_none()
         threads = torch.get_num_threads() if torch is not None else 0
         if torch is not None:
@@ -70,40 +106,18 @@ class DecodeLimitPeer:
             if torch is not None:
                 torch.set_num_threads(threads)
 
-    def warm_up(self) -> None:
-        """One untimed pass (page cache, imports, scratch buffers)."""
-        self._pass()
-
-    def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
-        """One timed pass (the bounds are ignored, as for W6's epochs): batches/s at the
-        limit (images/s times the cores, over the batch size), CPU seconds per batch,
-        batches."""
-        n, wall, cpu = self._pass()
-        rate = n / wall * self.cores
-        self.images_per_s.append(rate)
-        self.all_cpu_ms_per_image.append(cpu / n * 1e3)
-        batches_done = -(-n // self.batch_size)
-        return rate / self.batch_size, cpu / batches_done, batches_done
-
-    def close(self) -> None:
-        """Nothing runs between passes."""
+    def _rate(self, images: int, wall: float) -> float:
+        return images / wall * self.cores
 
 
-class ParallelDecodePeer:
-    """A peer like :class:`DecodeLimitPeer` whose pass runs ``cores`` processes at once,
-    forked from this one, each reading its contiguous share of the samples through the
-    dataset's own ``__getitem__`` with torch on one thread: images/s of all of them
-    together, and their CPU per image (the decode's own in new processes: their
-    copy-on-write pages included), as W6's epoch peers keep them. A process that fails
-    makes the pass raise."""
+class ParallelDecodePeer(_DecodePeer):
+    """The decode on all cores: each pass runs ``cores`` processes at once, forked from
+    this one, each reading its contiguous share of the samples through the dataset's own
+    ``__getitem__`` with torch on one thread: images/s of all of them together, and their
+    CPU per image (the decode's own in new processes: their copy-on-write pages and
+    exits included). A process that fails makes the pass raise."""
 
-    def __init__(self, dataset: Any, batch_size: int, cores: int):
-        self.name = PARALLEL
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.cores = cores
-        self.images_per_s: list[float] = []
-        self.all_cpu_ms_per_image: list[float] = []
+    name = PARALLEL
 
     def _read_share(self, start: int, stop: int) -> None:
         torch = _torch_or_none()
@@ -140,23 +154,6 @@ class ParallelDecodePeer:
                 "run the dataset's __getitem__ in this process to see its error."
             )
         return n, wall, _reaped_cpu_s() - cpu0
-
-    def warm_up(self) -> None:
-        """One untimed pass (page cache)."""
-        self._pass()
-
-    def run(self, batches: int, max_s: float) -> tuple[float, float, int]:
-        """One timed pass (the bounds are ignored): batches/s of all processes together,
-        CPU seconds per batch, batches."""
-        n, wall, cpu = self._pass()
-        rate = n / wall
-        self.images_per_s.append(rate)
-        self.all_cpu_ms_per_image.append(cpu / n * 1e3)
-        batches_done = -(-n // self.batch_size)
-        return rate / self.batch_size, cpu / batches_done, batches_done
-
-    def close(self) -> None:
-        """Nothing runs between passes."""
 
 
 def _reaped_cpu_s() -> float:
