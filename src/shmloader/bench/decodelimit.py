@@ -6,9 +6,9 @@ usable cores. W6 times it beside its fresh passes (:mod:`shmloader.bench.jpeg`).
 Beside it, the same decode run by as many processes as there are cores at once
 (:class:`ParallelDecodePeer`, forked, each over its contiguous share): what processes
 forked for one pass reach with nothing but the decode to do, their forks, cold caches,
-exits and the split of the samples included. On a quiet machine it stays a little below
-the limit (the forks and exits of a process with torch imported take milliseconds each:
-benchmarks/HISTORY.md has the figures); on a busy one it stays far below, because the
+exits and the split of the samples included. On a quiet machine it stays below the limit
+(the forks and exits of a process with torch imported take milliseconds each, a share of
+a short pass: benchmarks/HISTORY.md has the figures); on a busy one far below, because the
 scheduler shares the CPU between sessions (Linux's autogroups: every process of one
 session shares one session's weight), not between processes, so a session's several
 processes get about what its one thread got, and no loader's workers reach the

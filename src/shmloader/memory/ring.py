@@ -25,7 +25,7 @@ never a SIGBUS or a kill on a later write:
   batches the consumer holds, in a short epoch) take no memory. Reserving a big ring up
   front keeps the consumer busy before the workers start (a ring is made before they
   fork), and it would move the cost more than save it: mapping a slot already reserved
-  costs a worker about 40% of reserving and mapping it in one call, and reserving it
+  costs a worker under half of reserving and mapping it in one call, and reserving it
   costs the consumer most of the rest (benchmarks/HISTORY.md has the figures);
 - elsewhere (and for rings page-locked for a GPU, which lock every page at once) the
   whole segment is reserved with ``posix_fallocate`` when it is made.
