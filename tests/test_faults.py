@@ -334,9 +334,10 @@ def test_exceptions_are_reraised(method):
 @pytest.mark.parametrize("kind", ["map", "iter"])
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_early_exit(method, kind):
-    """break after 1 batch and after half an epoch (workers stop at once), then exit the
-    interpreter with an iterator still referenced and a persistent loader's iterator
-    alive: exit code 0, under 3 s, nothing left."""
+    """break after 1 batch and after half an epoch: the workers stop at once (gone under
+    3 s from the break, where a stop that waited for JOIN_TIMEOUT_S would take 5); then
+    exit the interpreter with an iterator still referenced and a persistent loader's
+    iterator alive: exit code 0, under 3 s, nothing left."""
     child = run_case("early_exit", method=method, kind=kind)
     data = assert_clean(child, child.data.get("exit_pids", []))
     assert child.err.strip() == "", child.err
