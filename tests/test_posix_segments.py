@@ -92,15 +92,29 @@ def _unnamed_segments_work() -> bool:
     return True
 
 
-_LOOP = """
-import os, sys
-from shmloader.system import segment
-segment._tmpfile_refused = sys.argv[1] == "named"
-print("ready", flush=True)
-while True:
-    fd, _ = segment.create("posix", explicit=True)
-    os.close(fd)
-"""
+def _start_create_loop(path: str) -> int:
+    """Fork a child that makes posix segments in a loop (``path``: "named", as where the
+    kernel refuses O_TMPFILE, or "unnamed") and return its pid once it runs. Forked, not
+    a new interpreter: 25 of those (each importing shmloader) took minutes on a loaded
+    machine, and the loop needs nothing a fork lacks."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: loop until killed, never back into pytest
+        try:
+            os.close(ready_r)
+            segment._tmpfile_refused = path == "named"
+            os.write(ready_w, b"r")
+            while True:
+                fd, _ = segment.create("posix", explicit=True)
+                os.close(fd)
+        finally:
+            os._exit(1)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"r", "the create loop's child exited before it started"
+    finally:
+        os.close(ready_r)
+    return pid
 
 
 @pytest.mark.parametrize("path", ["named", "unnamed"])
@@ -116,13 +130,12 @@ def test_a_create_loop_killed_again_and_again_leaves_nothing_after_the_sweep(pat
 def _kill_loop_then_sweep(path: str, pids: list[int]) -> None:
     try:
         for i in range(25):
-            child = subprocess.Popen([sys.executable, "-c", _LOOP, path], stdout=subprocess.PIPE, text=True)
-            pids.append(child.pid)
-            assert child.stdout.readline().strip() == "ready"
+            pid = _start_create_loop(path)
+            pids.append(pid)
             time.sleep(0.005 + 0.002 * (i % 10))
-            child.send_signal(signal.SIGKILL)
-            child.wait(30)
-            child.stdout.close()
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
         if path == "unnamed" and _unnamed_segments_work():
             assert _leftovers(pids) == []
         left = _leftovers(pids)
