@@ -137,11 +137,17 @@ def test_the_loaders_own_processes_are_not_others(tmp_path):
         cpu = process_seconds(worker.pid)
         ours.measure(began, [worker.pid])
         theirs.measure(began, [])
-        time.sleep(0.5)
+        # Until it has had 0.2 s of CPU: half a second of wall time gives it less on a
+        # loaded machine.
+        deadline = time.monotonic() + 30
+        while process_seconds(worker.pid) - cpu <= 0.2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         spent = round((process_seconds(worker.pid) - cpu) / TICK)
         assert spent * TICK > 0.2, "the CPU-bound process ran"
         _stat_file(stat, {c: 1000 + (spent if c == CPUS[0] else 0) for c in CPUS}, dict.fromkeys(CPUS, 1000))
-        now = time.perf_counter_ns()
+        # The verdicts' clock, as the stat file, is the test's: as much time passed as the
+        # process had CPU (a whole core, however loaded the machine is).
+        now = began + spent * round(TICK * 1e9)
         assert not ours.measure(now, [worker.pid])
         assert theirs.measure(now, [])
     finally:
