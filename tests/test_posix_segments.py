@@ -111,9 +111,12 @@ def _start_create_loop(path: str) -> int:
             os._exit(1)
     os.close(ready_w)
     try:
-        assert os.read(ready_r, 1) == b"r", "the create loop's child exited before it started"
+        started = os.read(ready_r, 1) == b"r"
     finally:
         os.close(ready_r)
+    if not started:
+        os.waitpid(pid, 0)
+        raise AssertionError("the create loop's child exited before it started")
     return pid
 
 
