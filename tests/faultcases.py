@@ -1015,19 +1015,21 @@ def case_stuck_in_fork(method: str, tmp: str, every: bool, kinds: list[str]) -> 
 class StrayBytes(Arange):
     """Map-style, as Arange; sample ``at`` writes ``stray`` to this worker's socket to the
     consumer (the one whose peer is the consumer's pid), between two of the worker's own
-    frames: what a library writing to a descriptor number it no longer owns would do."""
+    frames: what a library writing to a descriptor number it no longer owns would do.
+    Then the sample comes ``pause`` seconds late."""
 
-    def __init__(self, at: int, stray: bytes, **kw: Any) -> None:
+    def __init__(self, at: int, stray: bytes, pause: float = 1.0, **kw: Any) -> None:
         super().__init__(**kw)
-        self.at, self.stray, self.consumer = at, stray, os.getpid()
+        self.at, self.stray, self.pause, self.consumer = at, stray, pause, os.getpid()
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i == self.at:
             os.write(self._consumer_socket(), self.stray)
             # The consumer reads a socket when its wait for a result lasts (a result that
-            # comes while it yields or sleeps on the futex is taken without a poll): the
-            # batch it waits for next comes late, so it polls, as it would for a slow one.
-            time.sleep(1.0)
+            # comes while it yields or sleeps on the futex is taken without a poll), and at
+            # the epoch's end: a pause makes the batch it waits for next come late, so it
+            # polls, as it would for a slow one.
+            time.sleep(self.pause)
         return super().__getitem__(i)
 
     def _consumer_socket(self) -> int:
@@ -1057,12 +1059,14 @@ def case_stray_bytes(method: str) -> dict[str, Any]:
     import struct
 
     out = {}
-    for name, stray in (
-        ("minus_four", struct.pack("!i", -4) + b"junk"),
-        ("huge", struct.pack("!iQ", -1, 2**62)),
-    ):
+    minus_four = struct.pack("!i", -4) + b"junk"
+    for name, stray in (("minus_four", minus_four), ("huge", struct.pack("!iQ", -1, 2**62))):
         ds = StrayBytes(at=9, stray=stray, n=60, sleep=0.05)
         out[name] = _first_error(_loader(ds, method, batch_size=2, num_workers=2))
+    # In the epoch's last batch, on time: no wait of the consumer's lasts, and the bytes
+    # are read as the epoch ends.
+    ds = StrayBytes(at=58, stray=minus_four, pause=0.0, n=60, sleep=0.05)
+    out["at_the_end"] = _first_error(_loader(ds, method, batch_size=2, num_workers=2))
     return out
 
 

@@ -88,6 +88,10 @@ class Collector:
             if not inflight.owes_this_epoch():  # (not counting the next epoch's)
                 inflight.fill()
                 if not inflight.owes_this_epoch():
+                    # What the workers wrote to their sockets and nothing read yet (a
+                    # result taken from its queue needs no poll) is read now, as the epoch
+                    # ends: a late message is handled, bytes that are no frame raise.
+                    self.read_sockets()
                     # A worker that died since the last wait (idle, its work done) is raised
                     # or replaced now, as the epoch ends: not left for the next epoch to find.
                     self.check_exits()
@@ -282,6 +286,11 @@ class Collector:
             # reads comes in); its descriptor is closed at once.
             segment = attach_fd(worker.reader.take_fd(), 1, wire.needed_bytes(payload), populate=False)
         self._inflight.keep(worker, kind, task, payload, segment)  # (an end: tasks sent from now on skip it)
+
+    def read_sockets(self) -> None:
+        """Read every worker's socket that has input now, without waiting."""
+        for worker in self._pool.readable_now():
+            self._receive(worker)
 
     def _drain(self, worker: WorkerHandle) -> None:
         """Handle everything ``worker`` sent before it exited."""
