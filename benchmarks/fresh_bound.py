@@ -12,7 +12,10 @@ bounds that no loader of this design can pass:
   of batch size (9.6 MB) of a fresh memfd, cycling, each slot's pages reserved and
   mapped on first use (``MADV_POPULATE_WRITE``), as a worker writes its first ring slots.
 
-The four alternate in one process, ``--rounds`` times after one untimed round; printed:
+and, beside them, ``threads``: 2 threads of this process, each over its half (no fork,
+no exit, no fresh pages; as fast as the decode releases the GIL).
+
+The five alternate in one process, ``--rounds`` times after one untimed round; printed:
 each one's median time and its share of the limit, per round (median, min-max), and the
 load average. Linux only (memfd, madvise).
 
@@ -27,6 +30,7 @@ import mmap
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -100,6 +104,20 @@ class Passes:
             raise RuntimeError(f"a forked decoding process failed (exit codes {codes})")
         return wall
 
+    def threads(self) -> float:
+        """Threads of this process over their halves, nothing sent."""
+        _torch_threads(1)
+        halves = [
+            threading.Thread(target=self._half, args=(k, None), name=f"fresh-bound-{k}")
+            for k in range(WORKERS)
+        ]
+        t0 = time.perf_counter()
+        for thread in halves:
+            thread.start()
+        for thread in halves:
+            thread.join()
+        return time.perf_counter() - t0
+
     def _half(self, k: int, mapping: mmap.mmap | None) -> None:
         _torch_threads(1)
         start, stop = self.n * k // WORKERS, self.n * (k + 1) // WORKERS
@@ -154,6 +172,7 @@ def main() -> None:
         "bare forks": lambda: passes.forks(False),
         "forks + fresh slots": lambda: passes.forks(True),
         "loader, fresh pass": passes.loader,
+        "threads": passes.threads,
     }
     load0 = os.getloadavg()[0]
     for run in kinds.values():
