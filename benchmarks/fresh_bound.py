@@ -33,12 +33,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from shmloader import DataLoader
 from shmloader.bench.consume import read_every_page
+from shmloader.bench.decodelimit import run_forked
 from shmloader.bench.jpeg import W6_BATCH, W6_FRESH_COUNT, W6_SIZE, ensure_images
 from shmloader.bench.peers import close_loader
 from shmloader.vision import ImageFolder, RandomHorizontalFlip, RandomResizedCrop
@@ -82,20 +84,7 @@ class Passes:
             os.ftruncate(fd, size)
         mapping = mmap.mmap(fd, size) if write else None
         t0 = time.perf_counter()
-        pids = []
-        try:
-            for k in range(WORKERS):
-                pid = os.fork()
-                if pid == 0:
-                    code = 1
-                    try:
-                        self._half(k, mapping)
-                        code = 0
-                    finally:
-                        os._exit(code)
-                pids.append(pid)
-        finally:
-            codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        codes = run_forked([partial(self._half, k, mapping) for k in range(WORKERS)])
         wall = time.perf_counter() - t0
         if mapping is not None:
             mapping.close()

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 LIMIT = "decode limit"  # the peer's name in W6's tables and ratios
@@ -131,22 +133,7 @@ class ParallelDecodePeer(_DecodePeer):
         n = len(self.dataset)
         bounds = [n * k // self.cores for k in range(self.cores + 1)]
         cpu0, t0 = _reaped_cpu_s(), time.perf_counter()
-        pids = []
-        try:
-            for k in range(self.cores):
-                pid = os.fork()
-                if pid == 0:  # the child: read its share, exit without running the parent's cleanup
-                    code = 1
-                    try:
-                        self._read_share(bounds[k], bounds[k + 1])
-                        code = 0
-                    except BaseException:
-                        traceback.print_exc()
-                    finally:
-                        os._exit(code)
-                pids.append(pid)
-        finally:
-            codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        codes = run_forked([partial(self._read_share, bounds[k], bounds[k + 1]) for k in range(self.cores)])
         wall = time.perf_counter() - t0
         if any(codes):
             raise RuntimeError(
@@ -154,6 +141,29 @@ class ParallelDecodePeer(_DecodePeer):
                 "run the dataset's __getitem__ in this process to see its error."
             )
         return n, wall, _reaped_cpu_s() - cpu0
+
+
+def run_forked(jobs: list[Callable[[], object]]) -> list[int]:
+    """Run each of ``jobs`` in its own process forked from this one, all at once, and
+    wait for them all: their exit codes, in order (0: the job returned; 1: it raised, its
+    traceback printed there). A child exits without running this process's cleanup."""
+    pids = []
+    try:
+        for job in jobs:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    job()
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+    finally:
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    return codes
 
 
 def _reaped_cpu_s() -> float:
